@@ -1,0 +1,224 @@
+"""The ``recordkit`` command line.
+
+Only the standard library is imported at module level, so ``recordkit --help``
+is instant and works from a minimal install; each subcommand imports what it
+needs inside its handler. Logging is configured here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_OPTIONAL_PACKAGES = (
+    "numpy",
+    "crc32c",
+    "zstandard",
+    "fsspec",
+    "torch",
+    "tensorflow",
+    "tensorflow-cpu",
+    "s3fs",
+    "gcsfs",
+    "dask",
+    "distributed",
+    "tqdm",
+)
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from . import build_index
+
+    total = 0
+    for target in args.paths:
+        written = build_index(target, verify=not args.no_verify)
+        total += len(written)
+        for w in written:
+            print(w)
+    print(f"wrote {total} index file(s)", file=sys.stderr)
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for name in _OPTIONAL_PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import json
+
+    from . import Dataset, __version__
+    from ._units import format_size
+
+    with Dataset(args.dataset) as ds:
+        shards = ds.shards
+        total_bytes = sum(s.bytes for s in shards)
+        if args.json:
+            doc: dict[str, Any] = {
+                "root": ds.root,
+                "complete": ds.manifest is not None,
+                "records": len(ds),
+                "bytes": total_bytes,
+                "shards": [
+                    {"path": s.path, "records": s.records, "bytes": s.bytes} for s in shards
+                ],
+                "schema": ds.schema.to_json(),
+                "metadata": ds.metadata,
+                "versions": {"recordkit": __version__, **_versions()},
+            }
+            print(json.dumps(doc, indent=1))
+            return 0
+        kind = "recordkit dataset" if ds.manifest is not None else "TFRecords without manifest"
+        print(f"{ds.root}  ({kind})")
+        print(f"  records  {len(ds)}")
+        print(f"  bytes    {total_bytes} ({format_size(total_bytes)})")
+        print(f"  shards   {len(shards)}")
+        for s in shards[: args.max_shards]:
+            print(f"    {s.path}  {s.records} records  {format_size(s.bytes)}")
+        if len(shards) > args.max_shards:
+            print(f"    ... {len(shards) - args.max_shards} more")
+        print("  schema")
+        for name, ftype in ds.schema.features.items():
+            print(f"    {name}: {ftype!r}")
+        if ds.metadata:
+            print(f"  metadata {json.dumps(ds.metadata)[:200]}")
+    print("versions")
+    print(f"  recordkit {__version__}")
+    for name, version in _versions().items():
+        print(f"  {name} {version}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from . import verify
+
+    report = verify(args.dataset, decode=not args.no_decode)
+    for problem in report.problems:
+        print(problem)
+    status = "OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)"
+    print(
+        f"verified {report.shards} shard(s), {report.records} record(s), "
+        f"{report.bytes} bytes: {status}",
+        file=sys.stderr,
+    )
+    return 0 if report.ok else 1
+
+
+def _show(value: Any, width: int) -> str:
+    import numpy as np
+
+    if isinstance(value, bytes):
+        shown = repr(value[:width])
+        return f"bytes[{len(value)}] {shown}{'...' if len(value) > width else ''}"
+    if isinstance(value, list):
+        return (
+            "["
+            + ", ".join(_show(v, width) for v in value[:8])
+            + (", ...]" if len(value) > 8 else "]")
+        )
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            return repr(value.item())
+        body = np.array2string(value.ravel()[:16], separator=", ", threshold=16)
+        return f"{value.dtype}{list(value.shape)} {body}{' ...' if value.size > 16 else ''}"
+    return repr(value)
+
+
+def _cmd_head(args: argparse.Namespace) -> int:
+    from itertools import islice
+
+    from . import Dataset
+
+    with Dataset(args.dataset) as ds:
+        for i, sample in enumerate(islice(ds, args.n)):
+            print(f"[{i}]")
+            for name, value in sample.items():
+                print(f"  {name}: {_show(value, args.width)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to generate the CLI reference)."""
+    from ._version import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="recordkit",
+        description="Indexed, TFRecord-compatible datasets for PyTorch and TensorFlow.",
+    )
+    parser.add_argument("--version", action="version", version=f"recordkit {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "index",
+        help="write DALI/tfrecord-compatible .idx files",
+        description="Scan TFRecord files and write a '{offset} {framed_size}' index beside "
+        "each (FILE.idx), as NVIDIA DALI's tfrecord2idx and the tfrecord package expect.",
+    )
+    p.add_argument(
+        "paths", nargs="+", metavar="FILE|DIR", help="shard files or dataset directories"
+    )
+    p.add_argument(
+        "--no-verify", action="store_true", help="skip payload CRCs (headers are always checked)"
+    )
+    p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser(
+        "info",
+        help="summarise a dataset",
+        description="Show shards, records, bytes, schema and library versions.",
+    )
+    p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--max-shards", type=int, default=10, help="shards to list (default 10)")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "verify",
+        help="check every CRC, index entry and the manifest",
+        description="Check a dataset completely. Prints FILE:OFFSET:RECORD: PROBLEM for each "
+        "problem and exits 1 if there is any.",
+    )
+    p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
+    p.add_argument(
+        "--no-decode", action="store_true", help="check framing and CRCs only, not payloads"
+    )
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser(
+        "head",
+        help="print the first decoded samples",
+        description="Decode and print the first N samples.",
+    )
+    p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
+    p.add_argument("-n", type=int, default=5, help="number of samples (default 5)")
+    p.add_argument("--width", type=int, default=32, help="bytes shown per value (default 32)")
+    p.set_defaults(func=_cmd_head)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    from .errors import RecordkitError
+
+    try:
+        return int(args.func(args))
+    except RecordkitError as exc:
+        print(f"recordkit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `recordkit head ... | head` closes the pipe early
+        return 0

@@ -1,0 +1,19 @@
+"""Payload codecs: the ``tf.train.Example`` wire format, the schema, per-feature zstd."""
+
+from .compression import zstd_compress, zstd_decompress
+from .example import KINDS, decode_example, encode_example
+from .schema import Bytes, FeatureType, Float32, Int64, Schema, Tensor
+
+__all__ = [
+    "KINDS",
+    "Bytes",
+    "FeatureType",
+    "Float32",
+    "Int64",
+    "Schema",
+    "Tensor",
+    "decode_example",
+    "encode_example",
+    "zstd_compress",
+    "zstd_decompress",
+]

@@ -1,0 +1,150 @@
+"""The recordkit error tree.
+
+Every error is a :class:`RecordkitError` *and* a builtin exception, so callers
+that only know the standard library can still catch it sensibly::
+
+    RecordkitError (Exception)
+    ├── CorruptRecordError (ValueError)      bad framing, CRC mismatch, bad payload
+    │   ├── TruncatedRecordError             a record cut short (also in the length field)
+    │   └── RecordTooLargeError              a length field or zstd frame over the limit
+    ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
+    ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
+    ├── SchemaError (ValueError)             a bad schema, or a sample that does not fit it
+    ├── ShardNotFoundError (FileNotFoundError)  a dataset, shard or index that is not there
+    ├── DatasetExistsError (FileExistsError) writing over a dataset without overwrite=True
+    └── MissingDependencyError (ImportError) an optional extra that is not installed
+
+Errors about bytes on disk carry ``path``, ``offset`` (byte offset of the record
+start in the shard) and ``record`` (0-based record number in the shard) where
+they are known, and put all three in the message as ``path:offset:record``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+__all__ = [
+    "CorruptRecordError",
+    "DatasetExistsError",
+    "InvalidIndexError",
+    "ManifestError",
+    "MissingDependencyError",
+    "RecordTooLargeError",
+    "RecordkitError",
+    "SchemaError",
+    "ShardNotFoundError",
+    "TruncatedRecordError",
+]
+
+
+class RecordkitError(Exception):
+    """Base class of every error raised by recordkit."""
+
+
+def _where(path: str | None, offset: int | None, record: int | None) -> str:
+    parts = [str(path) if path is not None else "<buffer>"]
+    parts.append(str(offset) if offset is not None else "?")
+    parts.append(str(record) if record is not None else "?")
+    return ":".join(parts)
+
+
+_E = TypeVar("_E", bound="_LocatedError")
+
+
+class _LocatedError(RecordkitError):
+    """An error about a place in a file: ``path:offset:record: reason``."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        record: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.path = None if path is None else str(path)
+        self.offset = offset
+        self.record = record
+        super().__init__(f"{_where(self.path, offset, record)}: {reason}")
+
+    def located(self: _E, path: str | None, offset: int | None, record: int | None) -> _E:
+        """Return a copy of this error with its location filled in (keeps the subclass)."""
+        err: _E = _rebuild(type(self), self.reason, self.__dict__.copy())
+        err.path = None if path is None else str(path)
+        err.offset, err.record = offset, record
+        Exception.__init__(err, f"{_where(err.path, offset, record)}: {self.reason}")
+        err.__cause__ = self
+        return err
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep keyword-only state when an error crosses a process boundary
+        # (multiprocessing and Dask pickle exceptions; our data never is).
+        return (_rebuild, (type(self), self.reason, self.__dict__.copy()))
+
+
+def _rebuild(cls: type[_E], reason: str, state: dict[str, Any]) -> _E:
+    err = cls.__new__(cls)
+    err.__dict__.update(state)
+    Exception.__init__(err, f"{_where(err.path, err.offset, err.record)}: {reason}")
+    return err
+
+
+class CorruptRecordError(_LocatedError, ValueError):
+    """A record whose framing, CRC or payload is wrong.
+
+    Attributes:
+        path: the shard file.
+        offset: byte offset of the record's first header byte.
+        record: 0-based record number within the shard.
+        expected_crc: the masked CRC stored in the file, when a CRC failed.
+        actual_crc: the masked CRC computed over the bytes, when a CRC failed.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        record: int | None = None,
+        expected_crc: int | None = None,
+        actual_crc: int | None = None,
+    ) -> None:
+        self.expected_crc = expected_crc
+        self.actual_crc = actual_crc
+        if expected_crc is not None and actual_crc is not None:
+            reason = f"{reason} (stored {expected_crc:#010x}, computed {actual_crc:#010x})"
+        super().__init__(reason, path=path, offset=offset, record=record)
+
+
+class TruncatedRecordError(CorruptRecordError):
+    """A record that the end of the file cuts short (a partial header included)."""
+
+
+class RecordTooLargeError(CorruptRecordError):
+    """A length field or a compressed frame that claims more than the limit allows."""
+
+
+class InvalidIndexError(_LocatedError, ValueError):
+    """An index sidecar that is malformed, stale, or does not match its shard."""
+
+
+class ManifestError(_LocatedError, ValueError):
+    """A manifest that cannot be read or disagrees with the files it lists."""
+
+
+class SchemaError(RecordkitError, ValueError):
+    """A schema that is invalid, or a sample or record that does not fit it."""
+
+
+class ShardNotFoundError(RecordkitError, FileNotFoundError):
+    """A dataset directory, shard, or index that does not exist."""
+
+
+class DatasetExistsError(RecordkitError, FileExistsError):
+    """A writer was pointed at a directory that already holds a dataset."""
+
+
+class MissingDependencyError(RecordkitError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""

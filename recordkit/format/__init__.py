@@ -1,0 +1,50 @@
+"""The on-disk format: TFRecord framing, the index sidecar, and the manifest."""
+
+from .crc import crc32c, mask, masked_crc32c, unmask
+from .framing import (
+    DEFAULT_MAX_RECORD_BYTES,
+    OVERHEAD,
+    frame,
+    frame_header,
+    iter_records,
+    read_header,
+    read_record,
+)
+from .index import (
+    ensure_index,
+    index_path,
+    load_index,
+    open_map,
+    parse_index,
+    scan_index,
+    validate_index,
+    write_index,
+)
+from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "OVERHEAD",
+    "Manifest",
+    "ShardInfo",
+    "crc32c",
+    "ensure_index",
+    "frame",
+    "frame_header",
+    "index_path",
+    "iter_records",
+    "load_index",
+    "mask",
+    "masked_crc32c",
+    "open_map",
+    "parse_index",
+    "read_header",
+    "read_manifest",
+    "read_record",
+    "scan_index",
+    "unmask",
+    "validate_index",
+    "write_index",
+]

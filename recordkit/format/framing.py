@@ -1,0 +1,173 @@
+"""TFRecord framing: ``u64 length · u32 masked_crc(length) · payload · u32 masked_crc(payload)``.
+
+All integers are little-endian. A zero-length payload is legal. Unlike
+TensorFlow, a partial header at the end of a file is reported as truncation,
+not taken as a clean end of file: silently losing the last record is how data
+goes missing unnoticed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Iterator
+
+from ..errors import CorruptRecordError, RecordTooLargeError, TruncatedRecordError
+from .crc import masked_crc32c
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_BYTES",
+    "FOOTER_SIZE",
+    "HEADER_SIZE",
+    "OVERHEAD",
+    "frame",
+    "frame_header",
+    "iter_records",
+    "read_header",
+    "read_record",
+]
+
+HEADER_SIZE = 12  # u64 length + u32 masked CRC of the length bytes
+FOOTER_SIZE = 4  # u32 masked CRC of the payload
+OVERHEAD = HEADER_SIZE + FOOTER_SIZE
+# A length field beyond this is treated as corruption before anything is allocated.
+# 2 GiB is TensorFlow's own practical ceiling for one proto; records near it are
+# almost certainly a flipped high bit in the length.
+DEFAULT_MAX_RECORD_BYTES = 2**31
+
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+_HEADER = struct.Struct("<QI")
+
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+
+
+def frame_header(length: int) -> bytes:
+    """Return the 12-byte header for a payload of ``length`` bytes."""
+    length_bytes = _U64.pack(length)
+    return length_bytes + _U32.pack(masked_crc32c(length_bytes))
+
+
+def frame(payload: Buffer) -> bytes:
+    """Return ``payload`` framed as one TFRecord record (header + payload + footer)."""
+    return b"".join((frame_header(len(payload)), payload, _U32.pack(masked_crc32c(payload))))
+
+
+def read_header(
+    buf: Buffer,
+    offset: int,
+    *,
+    path: str | None = None,
+    record: int | None = None,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> int:
+    """Check the header at ``offset`` and return the payload length.
+
+    Raises:
+        TruncatedRecordError: the header or the payload it announces runs past the end.
+        CorruptRecordError: the length CRC does not match.
+        RecordTooLargeError: the length exceeds ``max_record_bytes``.
+    """
+    end = len(buf)
+    if offset + HEADER_SIZE > end:
+        raise TruncatedRecordError(
+            f"partial record header: {end - offset} of {HEADER_SIZE} bytes before end of file",
+            path=path,
+            offset=offset,
+            record=record,
+        )
+    length, stored = _HEADER.unpack_from(buf, offset)
+    actual = masked_crc32c(memoryview(buf)[offset : offset + 8])
+    if stored != actual:
+        raise CorruptRecordError(
+            "length CRC mismatch",
+            path=path,
+            offset=offset,
+            record=record,
+            expected_crc=stored,
+            actual_crc=actual,
+        )
+    if length > max_record_bytes:
+        raise RecordTooLargeError(
+            f"record length {length} exceeds max_record_bytes={max_record_bytes}",
+            path=path,
+            offset=offset,
+            record=record,
+        )
+    if offset + OVERHEAD + length > end:
+        raise TruncatedRecordError(
+            f"record of {length} bytes needs {OVERHEAD + length} bytes, "
+            f"only {end - offset} before end of file",
+            path=path,
+            offset=offset,
+            record=record,
+        )
+    return int(length)
+
+
+def read_record(
+    buf: Buffer,
+    offset: int,
+    *,
+    path: str | None = None,
+    record: int | None = None,
+    verify: bool = True,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    expected_size: int | None = None,
+) -> memoryview:
+    """Return the payload of the record at ``offset`` as a zero-copy ``memoryview``.
+
+    Args:
+        buf: the shard's bytes, usually an ``mmap``.
+        offset: byte offset of the record's header.
+        path: file name for error messages.
+        record: record number for error messages.
+        verify: check the payload CRC (the length CRC is always checked).
+        max_record_bytes: reject length fields larger than this before reading.
+        expected_size: the framed size from an index entry; a mismatch with the
+            length field is corruption (or a stale index).
+    """
+    length = read_header(buf, offset, path=path, record=record, max_record_bytes=max_record_bytes)
+    if expected_size is not None and expected_size != length + OVERHEAD:
+        raise CorruptRecordError(
+            f"length field says {length + OVERHEAD} framed bytes, index says {expected_size}",
+            path=path,
+            offset=offset,
+            record=record,
+        )
+    start = offset + HEADER_SIZE
+    payload = memoryview(buf)[start : start + length]
+    if verify:
+        (stored,) = _U32.unpack_from(buf, start + length)
+        actual = masked_crc32c(payload)
+        if stored != actual:
+            raise CorruptRecordError(
+                "payload CRC mismatch",
+                path=path,
+                offset=offset,
+                record=record,
+                expected_crc=stored,
+                actual_crc=actual,
+            )
+    return payload
+
+
+def iter_records(
+    buf: Buffer,
+    *,
+    path: str | None = None,
+    verify: bool = True,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Iterator[tuple[int, memoryview]]:
+    """Yield ``(offset, payload)`` for every record in ``buf``, in file order.
+
+    Payloads are zero-copy views: copy them before the buffer is closed.
+    """
+    offset, record, end = 0, 0, len(buf)
+    while offset < end:
+        payload = read_record(
+            buf, offset, path=path, record=record, verify=verify, max_record_bytes=max_record_bytes
+        )
+        yield offset, payload
+        offset += len(payload) + OVERHEAD
+        record += 1

@@ -1,0 +1,256 @@
+"""``recordkit.verify`` and ``recordkit.build_index``: check everything, report every problem."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .codec.schema import Schema
+from .errors import (
+    CorruptRecordError,
+    InvalidIndexError,
+    ManifestError,
+    RecordkitError,
+    ShardNotFoundError,
+)
+from .format.crc import crc32c
+from .format.framing import read_record
+from .format.index import index_path, load_index, open_map, scan_index, validate_index, write_index
+from .format.manifest import MANIFEST_NAME, ShardInfo, read_manifest
+from .storage import strip_file_scheme
+
+__all__ = ["Problem", "VerifyReport", "build_index", "verify"]
+
+_CRC_CHUNK = 64 << 20  # whole-file CRC in chunks so a huge shard is not one GIL-free call
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a dataset.
+
+    Attributes:
+        path: the file concerned (shard, index or manifest).
+        offset: byte offset in that file, when known.
+        record: record number (index line number for index files), when known.
+        message: what is wrong.
+    """
+
+    path: str
+    offset: int | None
+    record: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = ":".join(
+            [
+                self.path,
+                "?" if self.offset is None else str(self.offset),
+                "?" if self.record is None else str(self.record),
+            ]
+        )
+        return f"{where}: {self.message}"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """What :func:`verify` checked and found.
+
+    Attributes:
+        root: the dataset directory.
+        shards: shard files checked.
+        records: records whose CRCs (and payloads, with a schema) were checked.
+        bytes: bytes of shard data checked.
+        problems: everything found wrong, in file order.
+    """
+
+    root: str
+    shards: int = 0
+    records: int = 0
+    bytes: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        head = (
+            f"{self.root}: {self.shards} shards, {self.records} records, {self.bytes} bytes: "
+            + ("OK" if self.ok else f"{len(self.problems)} problem(s)")
+        )
+        return "\n".join([head, *map(str, self.problems)])
+
+
+def _shard_list(root: str) -> tuple[list[ShardInfo], Schema | None, list[Problem]]:
+    from .dataset import find_shards
+
+    manifest_path = os.path.join(root, MANIFEST_NAME)
+    if not os.path.exists(manifest_path):
+        return [ShardInfo(p, 0, 0) for p in find_shards(root)], None, []
+    try:
+        manifest = read_manifest(root)
+    except ManifestError as exc:
+        found = [ShardInfo(p, 0, 0) for p in find_shards(root)]
+        return found, None, [Problem(manifest_path, None, None, exc.reason)]
+    problems = []
+    try:
+        schema: Schema | None = Schema.from_json(manifest.schema)
+    except RecordkitError as exc:
+        schema = None
+        problems.append(Problem(manifest_path, None, None, f"bad schema: {exc}"))
+    return list(manifest.shards), schema, problems
+
+
+def verify(
+    path: str | os.PathLike[str], *, schema: Schema | None = None, decode: bool = True
+) -> VerifyReport:
+    """Check a dataset (or one shard) completely and report every problem found.
+
+    Checks the manifest (parse, schema, every listed shard present with the right
+    size, record count and whole-file CRC32C), every index (present, well-formed,
+    matching its shard), every record's length and payload CRC, and with
+    ``decode`` that every payload decodes with the schema. After a bad record it
+    resumes at the next record the index knows of, so one bad bit does not hide
+    the rest of the shard. Never raises for bad data; raises
+    :class:`~recordkit.errors.ShardNotFoundError` only if ``path`` does not exist.
+    """
+    path = os.path.abspath(strip_file_scheme(path))
+    if os.path.isdir(path):
+        root = path
+        infos, manifest_schema, problems = _shard_list(root)
+        schema = schema or manifest_schema
+    elif os.path.isfile(path):
+        root = os.path.dirname(path)
+        infos, problems = [ShardInfo(os.path.basename(path), 0, 0)], []
+    else:
+        raise ShardNotFoundError(f"no such dataset: {path}")
+    report = VerifyReport(root=path, problems=problems)
+    for info in infos:
+        report.problems.extend(_verify_shard(root, info, schema if decode else None, report))
+    return report
+
+
+def _verify_shard(
+    root: str, info: ShardInfo, schema: Schema | None, report: VerifyReport
+) -> Iterator[Problem]:
+    path = os.path.join(root, info.path)
+    try:
+        buf = open_map(path)
+    except ShardNotFoundError:
+        yield Problem(path, None, None, "shard listed in the manifest is missing")
+        return
+    try:
+        report.shards += 1
+        report.bytes += len(buf)
+        listed = info.crc32c is not None  # listed by a manifest, not found by scanning
+        if listed and len(buf) != info.bytes:
+            yield Problem(path, None, None, f"size {len(buf)} != manifest {info.bytes}")
+        if listed and _file_crc(buf) != info.crc32c:
+            yield Problem(path, None, None, "whole-file CRC32C differs from the manifest")
+        entries, index_problems = _check_index(path, buf)
+        yield from index_problems
+        count = 0
+        for problem_or_count in _walk(path, buf, entries, schema):
+            if isinstance(problem_or_count, Problem):
+                yield problem_or_count
+            else:
+                count = problem_or_count
+        report.records += count
+        if listed and entries is not None and len(entries) != info.records:
+            yield Problem(path, None, None, f"{len(entries)} records != manifest {info.records}")
+    finally:
+        if isinstance(buf, mmap.mmap):
+            with contextlib.suppress(BufferError):
+                buf.close()
+
+
+def _file_crc(buf: bytes | mmap.mmap) -> int:
+    crc, view = 0, memoryview(buf)
+    for start in range(0, len(view), _CRC_CHUNK):
+        crc = crc32c(view[start : start + _CRC_CHUNK], crc)
+    view.release()
+    return crc
+
+
+def _check_index(path: str, buf: bytes | mmap.mmap) -> tuple[np.ndarray | None, list[Problem]]:
+    """Load the index; return entries usable for resync (or None) and problems found."""
+    idx = index_path(path)
+    try:
+        entries = load_index(idx)
+    except ShardNotFoundError:
+        return None, [Problem(idx, None, None, "index missing (recordkit index can rebuild it)")]
+    except InvalidIndexError as exc:
+        return None, [Problem(idx, None, exc.record, exc.reason)]
+    try:
+        validate_index(entries, buf, path=path, index_file=idx)
+    except InvalidIndexError as exc:
+        problem = Problem(idx, exc.offset, exc.record, exc.reason)
+        # An index that tiles the file exactly but disagrees with one length field is
+        # still a good map for resyncing past a corrupt header; keep using it.
+        sizes = entries[:, 1]
+        tiles = len(entries) and int(sizes.sum()) == len(buf) and entries[0, 0] == 0
+        return (entries if tiles else None), [problem]
+    return entries, []
+
+
+def _walk(
+    path: str, buf: bytes | mmap.mmap, entries: np.ndarray | None, schema: Schema | None
+) -> Iterator[Problem | int]:
+    """Check every record; yield problems, then the number of records walked."""
+    n = len(entries) if entries is not None else None
+    offset, record, end = 0, 0, len(buf)
+    while (offset < end) if n is None else (record < n):
+        if n is not None:
+            offset = int(entries[record, 0])  # type: ignore[index]
+        try:
+            payload = read_record(buf, offset, path=path, record=record)
+            if schema is not None:
+                try:
+                    schema.decode(payload)
+                except CorruptRecordError as exc:
+                    raise exc.located(path, offset, record) from exc
+            next_offset = offset + len(payload) + 16
+            del payload
+        except CorruptRecordError as exc:
+            yield Problem(path, offset, record, exc.reason)
+            if n is None:
+                break  # without an index there is no trustworthy next offset
+            next_offset = -1
+        record += 1
+        offset = next_offset
+    yield record
+
+
+def build_index(path: str | os.PathLike[str], *, verify: bool = True) -> list[str]:
+    """Write a DALI/``tfrecord``-compatible ``.idx`` beside a shard, or each shard of a directory.
+
+    Returns the index files written. Raises :class:`~recordkit.errors.CorruptRecordError`
+    (naming file, offset and record) if a shard cannot be indexed.
+    """
+    from .dataset import find_shards
+
+    path = os.path.abspath(strip_file_scheme(path))
+    if os.path.isdir(path):
+        try:
+            shards = [s.path for s in read_manifest(path).shards]
+        except ShardNotFoundError:
+            shards = find_shards(path)
+        files = [os.path.join(path, s) for s in shards]
+    elif os.path.isfile(path):
+        files = [path]
+    else:
+        raise ShardNotFoundError(f"no such file or directory: {path}")
+    written = []
+    for f in files:
+        write_index(index_path(f), scan_index(f, verify=verify))
+        written.append(index_path(f))
+    return written

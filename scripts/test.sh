@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite (set-up included). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+.venv/bin/python -m ruff check recordkit converters tests benchmarks examples
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,51 @@
+import json
+import subprocess
+import sys
+
+import recordkit
+
+
+def test_import_is_light():
+    code = (
+        "import sys, json, recordkit; "
+        "print(json.dumps(sorted(m for m in ('torch','tensorflow','fsspec','dask','zstandard') "
+        "if m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert set(json.loads(out.stdout)) <= {"zstandard"}
+
+
+def test_all_is_sorted_and_complete():
+    assert recordkit.__all__ == sorted(recordkit.__all__)
+    for name in recordkit.__all__:
+        assert getattr(recordkit, name) is not None
+
+
+def test_public_symbols_have_docstrings():
+    for name in recordkit.__all__:
+        obj = getattr(recordkit, name)
+        if callable(obj) or isinstance(obj, type):
+            assert obj.__doc__ and obj.__doc__.strip(), name
+
+
+def test_errors_subclass_builtins():
+    from recordkit import errors
+
+    assert issubclass(errors.CorruptRecordError, ValueError)
+    assert issubclass(errors.ShardNotFoundError, FileNotFoundError)
+    assert issubclass(errors.MissingDependencyError, ImportError)
+    assert issubclass(errors.DatasetExistsError, FileExistsError)
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.RecordkitError)
+
+
+def test_located_errors_pickle_for_worker_processes():
+    import pickle
+
+    from recordkit.errors import CorruptRecordError
+
+    err = CorruptRecordError(
+        "payload CRC mismatch", path="a", offset=3, record=1, expected_crc=1, actual_crc=2
+    )
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and back.record == 1 and back.actual_crc == 2
