@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-.venv/bin/python -m ruff check recordkit converters tests benchmarks examples
+.venv/bin/python -m ruff check .
 exec .venv/bin/python -m pytest "$@"
