@@ -1,0 +1,456 @@
+"""Feature types of a schema and their ``tf.train.Example`` form.
+
+Feature types and how each is stored in the Example:
+
+- :class:`Bytes` ``()``: one ``bytes_list`` value; ``(n,)`` or ``(None,)``: a list.
+- :class:`Int64`, :class:`Float32`: the values flattened in C order into an
+  ``int64_list`` / ``float_list`` (so ``tf.io.parse_example`` reads them natively).
+- :class:`Tensor`: one ``bytes_list`` value holding the array's C-order,
+  little-endian raw bytes, or a zstd frame of them with ``compression="zstd"``.
+
+Shapes are tuples of non-negative ints and ``None`` (a dimension that varies
+from record to record). The stored values are flat, so the shape of a record
+is recovered by this rule:
+
+- **no** ``None``: the element count must equal the product of the dims;
+- **exactly one** ``None``: that dim is the element count divided by the
+  product of the others (which must divide it; a zero-sized fixed dim next to
+  a ``None`` is refused, as the ``None`` could not be recovered);
+- **two or more** ``None``: the record also stores an int64 companion feature
+  ``f"{name}/shape"`` holding its full shape. A schema in which another
+  feature is named like a companion is refused.
+
+Encoding validates a sample against the schema and raises
+:class:`~recordkit.errors.SchemaError` naming the feature. Decoding a record
+that does not fit raises :class:`~recordkit.errors.CorruptRecordError` without
+a location; the caller adds it with ``err.located(path, offset, record)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from ..errors import CorruptRecordError, SchemaError
+from .compression import zstd_compress, zstd_decompress
+from .example import as_int64
+
+__all__ = ["Bytes", "FeatureType", "Float32", "Int64", "Tensor"]
+
+Shape = tuple[int | None, ...]
+Features = dict[str, tuple[str | None, Any]]
+
+# Fixed-size dtypes whose raw bytes mean the same thing on every platform
+# (long double and friends do not, and object arrays are pointers).
+_TENSOR_DTYPES = frozenset(
+    ["bool", "float16", "float32", "float64", "complex64", "complex128"]
+    + [f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)]
+)
+_COMPRESSIONS = (None, "zstd")
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _fmt(shape: Sequence[int | None]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _check_shape(owner: object, shape: Any) -> Shape:
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
+        raise SchemaError(f"{type(owner).__name__}: shape must be a tuple, got {shape!r}")
+    dims: list[int | None] = []
+    for dim in shape:
+        if dim is None:
+            dims.append(None)
+        elif isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0:
+            dims.append(int(dim))
+        else:
+            raise SchemaError(
+                f"{type(owner).__name__}: shape dims must be ints >= 0 or None, got {shape!r}"
+            )
+    if dims.count(None) == 1 and 0 in dims:
+        raise SchemaError(
+            f"{type(owner).__name__}: shape {_fmt(dims)} has a zero dim next to a single None, "
+            "so the None dim could not be recovered from the element count; "
+            "use None for the zero dim too (the full shape is then stored)"
+        )
+    return tuple(dims)
+
+
+class _Feature:
+    """Shared behaviour of the feature types (each a frozen, slotted dataclass)."""
+
+    __slots__ = ()
+    type_name: ClassVar[str]  # the "type" in the JSON form
+    shape: Shape
+
+    @property
+    def shape_feature(self) -> bool:
+        """Whether each record stores a companion ``"{name}/shape"`` int64 feature."""
+        return self.shape.count(None) >= 2
+
+    def to_json(self, name: str) -> dict[str, Any]:
+        """This feature's entry in :meth:`Schema.to_json`."""
+        return {"name": name, "type": self.type_name, "shape": list(self.shape)}
+
+    def _check_given(self, name: str, given: tuple[int, ...]) -> None:
+        if len(given) != len(self.shape) or any(
+            want is not None and want != got for want, got in zip(self.shape, given)
+        ):
+            raise SchemaError(
+                f"feature {name!r}: expected shape {_fmt(self.shape)}, got {_fmt(given)}"
+            )
+
+    def _resolve(self, name: str, count: int, record: Features) -> tuple[int, ...]:
+        """The record's shape for ``count`` stored elements, by the module's rule."""
+        shape = self.shape
+        if None not in shape:
+            fixed = cast("tuple[int, ...]", shape)
+            if count != math.prod(fixed):
+                raise CorruptRecordError(
+                    f"feature {name!r}: expected {math.prod(fixed)} elements for shape "
+                    f"{_fmt(shape)}, the record has {count}"
+                )
+            return fixed
+        if shape.count(None) >= 2:
+            full = _companion(name, shape, record)
+            if math.prod(full) != count:
+                raise CorruptRecordError(
+                    f"feature {name!r}: stored shape {_fmt(full)} does not hold {count} elements"
+                )
+            return full
+        known = math.prod(d for d in shape if d is not None)
+        if count % known:
+            raise CorruptRecordError(
+                f"feature {name!r}: {count} elements do not fit shape {_fmt(shape)}"
+            )
+        return tuple(count // known if d is None else d for d in shape)
+
+
+def _companion(name: str, shape: Shape, record: Features) -> tuple[int, ...]:
+    key = f"{name}/shape"
+    full = _values(key, "int64", record)
+    if len(full) != len(shape) or (full < 0).any():
+        raise CorruptRecordError(
+            f"feature {name!r}: companion {key!r} holds {full.tolist()}, "
+            f"not a shape of rank {len(shape)}"
+        )
+    dims = tuple(int(d) for d in full)
+    if any(want is not None and want != got for want, got in zip(shape, dims)):
+        raise CorruptRecordError(
+            f"feature {name!r}: stored shape {_fmt(dims)} does not match {_fmt(shape)}"
+        )
+    return dims
+
+
+def _values(name: str, kind: str, record: Features) -> Any:
+    """The values of a feature of the given wire kind, or a CorruptRecordError."""
+    entry = record.get(name)
+    if entry is None:
+        raise CorruptRecordError(f"feature {name!r} is missing from the record")
+    got, values = entry
+    if got == kind:
+        return values
+    if got is None:  # a Feature with no list set reads as empty, as in TensorFlow
+        return [] if kind == "bytes" else np.empty(0, np.float32 if kind == "float" else np.int64)
+    raise CorruptRecordError(f"feature {name!r}: expected a {kind} list, the record has {got}")
+
+
+def _to_bytes(name: str, value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, _BYTES_LIKE):
+        return value
+    raise SchemaError(f"feature {name!r}: expected bytes or str, got {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Bytes(_Feature):
+    """Bytes: one value (``shape=()``) or a list of ``n`` / any number (``(None,)``) of them.
+
+    Encoding accepts ``bytes``, ``bytearray``, ``memoryview`` and ``str`` (stored
+    as UTF-8). Decoding gives ``memoryview`` slices of the record (``bytes``
+    with ``copy=True``).
+
+    Attributes:
+        shape: ``()``, ``(n,)`` or ``(None,)``.
+    """
+
+    type_name: ClassVar[str] = "bytes"
+    shape: Shape = ()
+
+    def __post_init__(self) -> None:
+        shape = _check_shape(self, self.shape)
+        if len(shape) > 1:
+            raise SchemaError(f"Bytes: shape must be (), (n,) or (None,), got {shape!r}")
+        object.__setattr__(self, "shape", shape)
+
+    def __repr__(self) -> str:
+        return f"Bytes({_fmt(self.shape)})" if self.shape else "Bytes()"
+
+    def _encode(self, name: str, value: Any, out: Features) -> None:
+        if not self.shape:
+            out[name] = ("bytes", [_to_bytes(name, value)])
+            return
+        if isinstance(value, (str, *_BYTES_LIKE)) or not isinstance(value, Iterable):
+            raise SchemaError(
+                f"feature {name!r}: expected a list of bytes for shape {_fmt(self.shape)}, "
+                f"got {type(value).__name__}"
+            )
+        items = [_to_bytes(name, v) for v in value]
+        self._check_given(name, (len(items),))
+        out[name] = ("bytes", items)
+
+    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+        values = _values(name, "bytes", record)
+        if self.shape:
+            self._resolve(name, len(values), record)
+            return [bytes(v) for v in values] if copy else values
+        if len(values) != 1:
+            raise CorruptRecordError(
+                f"feature {name!r}: expected one bytes value, the record has {len(values)}"
+            )
+        return bytes(values[0]) if copy else values[0]
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Int64(_Feature):
+    """64-bit signed integers of any shape, stored flat in an ``int64_list``.
+
+    Encoding accepts integers and integral floats within int64 range.
+
+    Attributes:
+        shape: the array shape; ``()`` for one value.
+    """
+
+    type_name: ClassVar[str] = "int64"
+    shape: Shape = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _check_shape(self, self.shape))
+
+    def __repr__(self) -> str:
+        return f"Int64({_fmt(self.shape)})" if self.shape else "Int64()"
+
+    def _encode(self, name: str, value: Any, out: Features) -> None:
+        if type(value) is int and not self.shape:  # a plain label: skip numpy
+            out[name] = ("int64", value)
+            return
+        arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
+        self._check_given(name, arr.shape)
+        out[name] = ("int64", as_int64(arr, name))
+        _put_shape(self, name, arr.shape, out)
+
+    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+        values = _values(name, "int64", record)
+        # Decoded varints are always a fresh array, so there is nothing to copy.
+        return values.reshape(self._resolve(name, len(values), record))
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Float32(_Feature):
+    """32-bit floats of any shape, stored flat in a ``float_list``.
+
+    Encoding accepts bools, integers and floats; a finite value beyond float32
+    range is refused rather than turned into infinity.
+
+    Attributes:
+        shape: the array shape; ``()`` for one value.
+    """
+
+    type_name: ClassVar[str] = "float32"
+    shape: Shape = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", _check_shape(self, self.shape))
+
+    def __repr__(self) -> str:
+        return f"Float32({_fmt(self.shape)})" if self.shape else "Float32()"
+
+    def _encode(self, name: str, value: Any, out: Features) -> None:
+        arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
+        if arr.dtype.kind not in "biuf":
+            raise SchemaError(f"feature {name!r}: expected numbers, got dtype {arr.dtype}")
+        self._check_given(name, arr.shape)
+        if arr.dtype == np.float32:
+            flat = arr
+        elif arr.dtype.kind != "f" or arr.dtype.itemsize < 4:  # ints never overflow float32
+            flat = arr.astype(np.float32)
+        else:
+            try:
+                with np.errstate(over="raise"):
+                    flat = arr.astype(np.float32)
+            except FloatingPointError:
+                raise SchemaError(f"feature {name!r}: a value is out of float32 range") from None
+        out[name] = ("float", flat)
+        _put_shape(self, name, arr.shape, out)
+
+    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+        values = _values(name, "float", record)
+        values = values.reshape(self._resolve(name, len(values), record))
+        if copy:
+            return values.copy()
+        values.flags.writeable = False  # a view of the record, which may be a shared mmap
+        return values
+
+
+def _put_shape(ftype: _Feature, name: str, shape: tuple[int, ...], out: Features) -> None:
+    if ftype.shape_feature:
+        out[f"{name}/shape"] = ("int64", list(shape))
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class Tensor(_Feature):
+    """An n-d array stored as one bytes value: its raw little-endian C-order bytes.
+
+    Decoding gives a read-only ``np.frombuffer`` view of the record when
+    uncompressed (an owned, writable array with ``copy=True``). Encoding casts
+    numpy arrays with numpy's ``same_kind`` rule, and Python ints by value; an
+    integer that does not fit the dtype is refused, never wrapped around.
+
+    Attributes:
+        dtype: a fixed-size numeric or bool dtype (``bool``, ``intN``, ``uintN``,
+            ``float16/32/64``, ``complex64/128``); normalized to a little-endian
+            ``np.dtype``.
+        shape: the array shape, with ``None`` for dims that vary per record.
+        compression: ``None`` or ``"zstd"`` (one zstd frame per value, level 3).
+    """
+
+    type_name: ClassVar[str] = "tensor"
+    dtype: DTypeLike
+    shape: Shape
+    compression: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            raise SchemaError(f"Tensor: {self.dtype!r} is not a numpy dtype") from None
+        if dtype.name not in _TENSOR_DTYPES or dtype.fields is not None:
+            raise SchemaError(
+                f"Tensor: dtype must be one of {sorted(_TENSOR_DTYPES)}, got {self.dtype!r}"
+            )
+        if self.compression not in _COMPRESSIONS:
+            raise SchemaError(
+                f"Tensor: compression must be one of {_COMPRESSIONS}, got {self.compression!r}"
+            )
+        object.__setattr__(self, "dtype", dtype.newbyteorder("<"))
+        object.__setattr__(self, "shape", _check_shape(self, self.shape))
+
+    def __repr__(self) -> str:
+        extra = f", compression={self.compression!r}" if self.compression else ""
+        return f"Tensor({np.dtype(self.dtype).name!r}, {_fmt(self.shape)}{extra})"
+
+    def to_json(self, name: str) -> dict[str, Any]:
+        """This feature's entry in :meth:`Schema.to_json`."""
+        return {
+            "name": name,
+            "type": self.type_name,
+            "dtype": np.dtype(self.dtype).name,
+            "shape": list(self.shape),
+            "compression": self.compression,
+        }
+
+    def _encode(self, name: str, value: Any, out: Features) -> None:
+        dtype = np.dtype(self.dtype)
+        typed = isinstance(value, (np.ndarray, np.generic))
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        # Python ints carry no dtype (numpy would call them int64), so they are
+        # checked by value below instead of by numpy's casting rule.
+        weak_int = not typed and arr.dtype.kind in "iu" and dtype.kind in "iu"
+        if not weak_int and not np.can_cast(arr.dtype, dtype, "same_kind"):
+            raise SchemaError(
+                f"feature {name!r}: cannot store dtype {arr.dtype} as {dtype.name} "
+                "(only same-kind casts are allowed)"
+            )
+        self._check_given(name, arr.shape)
+        if dtype.kind in "iu" and arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
+            info = np.iinfo(dtype)
+            low, high = arr.min(), arr.max()
+            if low < info.min or high > info.max:
+                bad = low if low < info.min else high
+                raise SchemaError(f"feature {name!r}: {bad} is out of {dtype.name} range")
+        if dtype.kind in "fc" and arr.dtype.kind in "fc" and arr.dtype.itemsize > dtype.itemsize:
+            try:
+                with np.errstate(over="raise"):
+                    arr = arr.astype(dtype)
+            except FloatingPointError:
+                raise SchemaError(
+                    f"feature {name!r}: a value is out of {dtype.name} range"
+                ) from None
+        data = np.ascontiguousarray(arr, dtype=dtype).ravel().view(np.uint8)
+        out[name] = ("bytes", [zstd_compress(data) if self.compression else data])
+        _put_shape(self, name, arr.shape, out)
+
+    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+        values = _values(name, "bytes", record)
+        if len(values) != 1:
+            raise CorruptRecordError(
+                f"feature {name!r}: expected one tensor value, the record has {len(values)}"
+            )
+        dtype = np.dtype(self.dtype)
+        shape: tuple[int, ...] | None = None
+        if self.shape_feature:
+            shape = _companion(name, self.shape, record)
+        elif None not in self.shape:
+            shape = cast("tuple[int, ...]", self.shape)
+        data = values[0]
+        expected = None if shape is None else math.prod(shape) * dtype.itemsize
+        if self.compression:
+            data = zstd_decompress(data, expected_size=expected, max_size=max_size)
+        elif expected is not None and len(data) != expected:
+            raise CorruptRecordError(
+                f"feature {name!r}: expected {expected} bytes for {dtype.name}{_fmt(shape or ())}, "
+                f"the record has {len(data)}"
+            )
+        if len(data) % dtype.itemsize:
+            raise CorruptRecordError(
+                f"feature {name!r}: {len(data)} bytes is not a whole number of {dtype.name}"
+            )
+        arr = np.frombuffer(data, dtype)
+        arr = arr.reshape(shape if shape is not None else self._resolve(name, arr.size, record))
+        if copy:
+            return arr.copy()
+        arr.flags.writeable = False  # a view of the record, which may be a shared mmap
+        return arr
+
+
+FeatureType = Bytes | Int64 | Float32 | Tensor
+_INFERRED: dict[str, type[Bytes | Int64 | Float32]] = {
+    "bytes": Bytes,
+    "int64": Int64,
+    "float": Float32,
+}
+_TYPES: dict[str, type[FeatureType]] = {t.type_name: t for t in (Bytes, Int64, Float32, Tensor)}
+
+
+def _feature_from_json(entry: Any) -> tuple[str, FeatureType]:
+    if not isinstance(entry, Mapping):
+        raise SchemaError(f"schema JSON: each feature must be an object, got {entry!r}")
+    name, type_name = entry.get("name"), entry.get("type")
+    if not isinstance(name, str) or not name:
+        raise SchemaError(f"schema JSON: feature names must be non-empty strings, got {name!r}")
+    cls = _TYPES.get(type_name) if isinstance(type_name, str) else None
+    if cls is None:
+        raise SchemaError(
+            f"schema JSON: feature {name!r} has unknown type {type_name!r} "
+            f"(expected one of {sorted(_TYPES)})"
+        )
+    allowed = {"name", "type", "shape"} | ({"dtype", "compression"} if cls is Tensor else set())
+    unknown = set(entry) - allowed
+    if unknown:
+        raise SchemaError(f"schema JSON: feature {name!r} has unknown keys {sorted(unknown)}")
+    shape = entry.get("shape", [])
+    if not isinstance(shape, list):
+        raise SchemaError(f"schema JSON: feature {name!r} has shape {shape!r}, not a list")
+    if cls is Tensor:
+        if not isinstance(entry.get("dtype"), str):
+            raise SchemaError(f"schema JSON: tensor {name!r} needs a dtype name")
+        ftype: FeatureType = Tensor(entry["dtype"], tuple(shape), entry.get("compression"))
+    else:
+        ftype = cls(tuple(shape))  # type: ignore[call-arg]  # Tensor is handled above
+    return name, ftype
