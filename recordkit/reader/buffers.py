@@ -1,0 +1,92 @@
+"""Reusable batch buffers.
+
+A fresh 16 MiB array per batch costs a page fault per 4 KiB page on first touch
+(~2.6 µs each here, capping a loader at ~1.5 GB/s). The pool hands out arrays
+carved from slabs it keeps, and takes a slab back only when every array,
+view and ``torch.from_numpy`` tensor made from it is gone: each lease is the
+``base`` of the arrays built on it, and a ``weakref.finalize`` on the lease
+returns the slab. A slab is therefore never reused while user code can still
+see it, however long the user keeps a batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BufferPool"]
+
+_ALIGN = 64  # cache line; also what SIMD copies like
+
+
+class _Lease:
+    """Exports a slab's memory to NumPy via ``__array_interface__``; its death frees the slab."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "slab")
+
+    def __init__(self, slab: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
+        self.slab = slab
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": dtype.str,
+            "data": (slab.ctypes.data, False),
+            "version": 3,
+        }
+
+
+class BufferPool:
+    """A thread-safe pool of page-touched slabs that batch arrays are carved from.
+
+    Args:
+        max_free_bytes: slabs kept for reuse beyond this are released to the OS.
+    """
+
+    def __init__(self, max_free_bytes: int = 1 << 30) -> None:
+        self.max_free_bytes = max_free_bytes
+        self._free: list[np.ndarray] = []
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+        self.allocated = 0  # slabs created (for tests and stats)
+
+    def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialised array of ``shape`` and ``dtype`` backed by a pooled slab."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes < 64 << 10:  # small arrays: malloc is cheaper than bookkeeping
+            return np.empty(shape, dtype)
+        slab = self._take(nbytes)
+        lease = _Lease(slab, tuple(int(d) for d in shape), dtype)
+        weakref.finalize(lease, self._give_back, slab)
+        return np.asarray(lease)
+
+    def _take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            best = None
+            for i, slab in enumerate(self._free):
+                # Reuse a slab that fits without wasting more than half of it.
+                if nbytes <= slab.nbytes <= 2 * nbytes and (
+                    best is None or slab.nbytes < self._free[best].nbytes
+                ):
+                    best = i
+            if best is not None:
+                slab = self._free.pop(best)
+                self._free_bytes -= slab.nbytes
+                return slab
+            self.allocated += 1
+        size = -(-nbytes // _ALIGN) * _ALIGN
+        return np.empty(size, dtype=np.uint8)
+
+    def _give_back(self, slab: np.ndarray) -> None:
+        with self._lock:
+            if self._free_bytes + slab.nbytes <= self.max_free_bytes:
+                self._free.append(slab)
+                self._free_bytes += slab.nbytes
+
+    def clear(self) -> None:
+        """Drop every free slab."""
+        with self._lock:
+            self._free.clear()
+            self._free_bytes = 0

@@ -1,0 +1,518 @@
+"""Decode whole batches of records with no per-record Python on the common path.
+
+One native call (``recordkit._native.parse_batch``) checks the framing and CRCs
+of every record of a batch and locates each wanted feature's values in the
+shard; a few more copy them into the batch arrays (``gather`` for bytes and
+floats, ``varints`` for int64s). All of them release the GIL for the whole
+batch, so reader threads decode in parallel. Python runs per batch and per
+feature, plus per record only where a record needs it:
+
+- a record that the fast path cannot take (a bad CRC, a wrong count, a list
+  split over several chunks, ...) is decoded by the reference path
+  (:func:`recordkit.format.read_record` + :meth:`recordkit.codec.Schema.decode`),
+  which either gives its values or the exact error the reference raises;
+- zstd tensors are decompressed one record at a time (zstandard releases the GIL);
+- features of variable shape, and lists of bytes, are decoded per record.
+
+For every record, the result is what ``Schema.decode(payload, copy=True)``
+gives, and a record is reported bad exactly when that (with ``read_record``)
+raises. ``RECORDKIT_NO_NATIVE=1`` swaps the native functions for their pure
+Python twins in :mod:`recordkit.reader._fallback`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+
+from ..codec import Bytes, FeatureType, Float32, Int64, Schema, Tensor
+from ..codec.compression import zstd_decompress
+from ..errors import CorruptRecordError, SchemaError
+from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD, read_record
+from . import _fallback
+
+__all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch"]
+
+Alloc = Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray]
+
+
+def _load() -> tuple[ModuleType, str]:
+    if os.environ.get("RECORDKIT_NO_NATIVE", "") not in ("", "0"):
+        return _fallback, "fallback"
+    try:
+        from .. import _native
+    except ImportError:  # built without a C compiler: the pure Python twins
+        return _fallback, "fallback"
+    return _native, "native"
+
+
+_impl, IMPLEMENTATION = _load()
+"""``"native"`` or ``"fallback"``: which implementation this process decodes with."""
+
+_I64 = np.dtype(np.int64)
+_U8 = np.dtype(np.uint8)
+_F4 = np.dtype("<f4")
+_ANY = -1
+# From this mean framed size up, the largest bytes/float column of a batch is
+# copied by gather_verified, which checks the payload CRC in the same pass over
+# memory (~1.7x faster than a CRC pass and then a copy once a batch outgrows the
+# CPU caches). Below it the second read hits the cache and a fused pass gains nothing.
+_FUSE_MIN_BYTES = 32 << 10
+
+
+@dataclass
+class DecodedBatch:
+    """The result of :meth:`BatchDecoder.decode`.
+
+    Attributes:
+        columns: feature name -> one row per good record, in input order: an
+            array for fixed-shape features (``name + "/lengths"`` too for padded
+            bytes), else a list of per-record values.
+        bad: ``(position in the batch, error)`` for every record that failed;
+            the error has no location yet (``err.located(path, offset, record)``).
+        n: the number of good records (rows).
+        nbytes: framed bytes of all input records, good or bad.
+    """
+
+    columns: dict[str, Any]
+    bad: list[tuple[int, CorruptRecordError]] = field(default_factory=list)
+    n: int = 0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How one feature is decoded.
+
+    ``mode``: ``"int64"``/``"float"`` (fixed-shape numbers), ``"raw"``/``"zstd"``
+    (fixed-shape tensors), ``"bytes"`` (one value), ``"list"`` (per record).
+    """
+
+    name: str
+    ftype: FeatureType
+    mode: str
+    key: int  # index into the keys passed to parse_batch (fast modes)
+    shape: tuple[int, ...] = ()
+    dtype: np.dtype[Any] = _U8
+    row_bytes: int = 0  # bytes per record ("raw"/"zstd": the exact size of the value)
+    count: int = 0  # elements per record
+
+
+class BatchDecoder:
+    """Decodes batches of framed records into per-feature batch arrays.
+
+    Safe to share between threads: ``decode`` keeps no state on the instance.
+
+    Args:
+        schema: the dataset's schema.
+        columns: decode only these features (default all), in schema order.
+        verify: check payload CRCs (length CRCs are always checked).
+        bytes_as: a scalar :class:`~recordkit.codec.Bytes` feature becomes a
+            zero-padded ``uint8`` array ``(n, max_len)`` plus ``name + "/lengths"``
+            (``"padded"``), or a list of ``bytes`` (``"list"``).
+        max_size: the largest decompressed size accepted for a zstd tensor.
+        max_record_bytes: a length field above this is corruption.
+
+    Raises:
+        SchemaError: a column not in the schema, or a padded column's
+            ``"/lengths"`` name taken by another feature.
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        *,
+        columns: Sequence[str] | None = None,
+        verify: bool = True,
+        bytes_as: Literal["padded", "list"] = "padded",
+        max_size: int = 1 << 31,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> None:
+        if bytes_as not in ("padded", "list"):
+            raise ValueError(f"bytes_as must be 'padded' or 'list', got {bytes_as!r}")
+        if max_size < 0 or max_record_bytes < 0:
+            raise ValueError(
+                f"max_size and max_record_bytes must be >= 0, got {max_size}, {max_record_bytes}"
+            )
+        if columns is not None:
+            if isinstance(columns, str):
+                raise SchemaError(f"columns must be a sequence of names, got the str {columns!r}")
+            unknown = [c for c in columns if c not in schema]
+            if unknown:
+                raise SchemaError(f"columns not in the schema: {unknown}; it has {list(schema)}")
+        self.schema = schema
+        self.verify = bool(verify)
+        self.bytes_as = bytes_as
+        self.max_size = max_size
+        self.max_record_bytes = max_record_bytes
+        wanted = set(schema.names if columns is None else columns)
+        self.columns: tuple[str, ...] = tuple(n for n in schema.names if n in wanted)
+        self._columns_arg = None if columns is None else list(self.columns)
+        self._plans, keys = self._plan()
+        # surrogatepass: a name no record can hold (a lone surrogate) still gets a key
+        self._keys = tuple(k.encode("utf-8", "surrogatepass") for k in keys)
+        # What the fast path needs of each fast feature's span: (kind, count, nbytes).
+        fast = [p for p in self._plans if p.mode != "list"]
+        self._nfast = len(fast)
+        self._expect = np.array([self._expected(p) for p in fast], np.int64).reshape(-1, 3)
+        self._list_names = [p.name for p in self._plans if p.mode == "list"]
+        self._python_features = any(p.mode in ("list", "zstd") for p in self._plans)
+        self._fusable = [
+            p
+            for p in self._plans
+            if p.mode in ("raw", "float") or (p.mode == "bytes" and bytes_as == "padded")
+        ]
+        names = {p.name for p in self._plans if p.mode == "bytes" and bytes_as == "padded"}
+        for name in names:
+            if name + "/lengths" in schema:
+                raise SchemaError(
+                    f"feature {name + '/lengths'!r} collides with the lengths column of "
+                    f"padded bytes feature {name!r}; use bytes_as='list'"
+                )
+
+    def _plan(self) -> tuple[list[_Plan], list[str]]:
+        plans: list[_Plan] = []
+        fast_keys: list[str] = []
+        slow_keys: list[str] = []
+        for name in self.columns:
+            ftype = self.schema[name]
+            shape = ftype.shape
+            fixed = None not in shape
+            count = math.prod(d for d in shape if d is not None)
+            key = len(fast_keys)
+            if isinstance(ftype, Int64) and fixed:
+                plan = _Plan(name, ftype, "int64", key, _ints(shape), _I64, 8 * count, count)
+            elif isinstance(ftype, Float32) and fixed:
+                plan = _Plan(name, ftype, "float", key, _ints(shape), _F4, 4 * count, count)
+            elif isinstance(ftype, Tensor) and fixed:
+                dtype = np.dtype(ftype.dtype)
+                mode = "zstd" if ftype.compression else "raw"
+                nbytes = count * dtype.itemsize
+                plan = _Plan(name, ftype, mode, key, _ints(shape), dtype, nbytes, count)
+            elif isinstance(ftype, Bytes) and not shape:
+                plan = _Plan(name, ftype, "bytes", key)
+            else:
+                plan = _Plan(name, ftype, "list", -1)
+                slow_keys.append(name)
+                if ftype.shape_feature:
+                    slow_keys.append(f"{name}/shape")
+            if plan.mode != "list":
+                fast_keys.append(name)
+            plans.append(plan)
+        return plans, fast_keys + slow_keys
+
+    @staticmethod
+    def _expected(plan: _Plan) -> tuple[int, int, int]:
+        if plan.mode == "int64":
+            return (_fallback.KIND_INT64, plan.count, _ANY)
+        if plan.mode == "float":
+            return (_fallback.KIND_FLOAT, plan.count, plan.row_bytes)
+        if plan.mode == "raw":
+            return (_fallback.KIND_BYTES, 1, plan.row_bytes)
+        return (_fallback.KIND_BYTES, 1, _ANY)  # "zstd", "bytes"
+
+    # ------------------------------------------------------------------ decode
+
+    def decode(
+        self,
+        buf: Any,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        alloc: Alloc | None = None,
+    ) -> DecodedBatch:
+        """Decode the records at ``offsets`` (framed ``sizes`` from the index) of ``buf``.
+
+        Args:
+            buf: the shard's bytes (an ``mmap``, or any contiguous buffer).
+            offsets: int64 record start offsets.
+            sizes: int64 framed sizes (payload + 16), as the index gives them.
+            alloc: allocates every batch-sized output array, ``alloc(shape, dtype)``
+                (default ``np.empty``); it must return a C-contiguous writable
+                array of exactly that shape and dtype.
+
+        Returns:
+            The good records' columns and the bad records' errors.
+        """
+        offsets = np.asarray(offsets, _I64)
+        sizes = np.asarray(sizes, _I64)
+        if offsets.ndim != 1 or sizes.shape != offsets.shape:
+            raise ValueError(
+                f"offsets and sizes must be 1-d and of equal length, got shapes "
+                f"{offsets.shape} and {sizes.shape}"
+            )
+        nbytes = int(sizes.sum())
+        fuse = self.verify and bool(self._fusable) and nbytes >= len(offsets) * _FUSE_MIN_BYTES
+        batch = self._decode(buf, offsets, sizes, nbytes, fuse, alloc or np.empty)
+        if batch is None:  # a payload CRC failed in the fused copy: the plain way finds it
+            batch = self._decode(buf, offsets, sizes, nbytes, False, alloc or np.empty)
+        assert batch is not None
+        return batch
+
+    def _decode(
+        self,
+        buf: Any,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        nbytes: int,
+        fuse: bool,
+        alloc: Alloc,
+    ) -> DecodedBatch | None:
+        n = len(offsets)
+        # Records whose spans are not what the fast path expects get a nonzero
+        # status too: whatever is unusual about a record, the reference decides.
+        # With fuse, payload CRCs are checked later, by gather_verified.
+        status_b, spans_b = _impl.parse_batch(
+            buf,
+            offsets,
+            sizes,
+            self._keys,
+            self.verify and not fuse,
+            self.max_record_bytes,
+            self._expect,
+        )
+        status = np.frombuffer(status_b, np.int32)
+        spans = np.frombuffer(spans_b, np.int64).reshape(n, len(self._keys), 4)
+        run = _Run(self, buf, offsets, sizes, spans, status)
+        if fuse:  # the column with the most bytes
+            run.fused = max(self._fusable, key=lambda p: int(spans[:, p.key, 3].sum())).name
+        try:
+            columns, rows = run.finish(alloc)
+        finally:
+            run.view = None  # never keep buf exported past the call
+        if run.crc_failed:
+            return None
+        return DecodedBatch(columns, run.bad, rows, nbytes)
+
+
+def _ints(shape: tuple[int | None, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d is not None)
+
+
+def _unlocated(err: CorruptRecordError) -> CorruptRecordError:
+    """A copy without location or traceback: nothing in it may keep the buffer exported."""
+    copy = err.located(None, None, None)
+    copy.__cause__ = None
+    return copy
+
+
+class _Run:
+    """One call of :meth:`BatchDecoder.decode` (keeps the decoder itself stateless)."""
+
+    def __init__(
+        self,
+        dec: BatchDecoder,
+        buf: Any,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        spans: np.ndarray,
+        status: np.ndarray,
+    ) -> None:
+        self.dec, self.buf, self.spans = dec, buf, spans
+        self.offsets, self.sizes = offsets, sizes
+        self.view: memoryview | None = None
+        # Per-record Python results, by record position: values of "zstd" and
+        # "list" features on the fast path, and whole records on the slow path.
+        self.extra: dict[str, dict[int, Any]] = {}
+        self.slow: dict[int, dict[str, Any]] = {}
+        self.bad: list[tuple[int, CorruptRecordError]] = []
+        self.fused: str | None = None  # the column copied by gather_verified
+        self.crc_failed = False
+        self.all_fast = not status.any()
+        self.fast = status == 0
+        if not self.all_fast or dec._python_features:
+            self._per_record(self.fast)
+            self.all_fast = bool(self.fast.all())
+
+    def _memview(self) -> memoryview:
+        if self.view is None:
+            view = memoryview(self.buf)
+            self.view = view if view.ndim == 1 and view.format == "B" else view.cast("B")
+        return self.view
+
+    def _payload(self, i: int) -> memoryview:
+        start = int(self.offsets[i]) + HEADER_SIZE
+        return self._memview()[start : start + int(self.sizes[i]) - OVERHEAD]
+
+    def _per_record(self, fast: np.ndarray) -> None:
+        """The Python work per record: zstd and list features, then the slow path."""
+        dec = self.dec
+        for plan in dec._plans:
+            if plan.mode == "zstd":
+                self.extra[plan.name] = self._decompress(plan, fast)
+        if dec._list_names:
+            values: dict[int, dict[str, Any]] = {}
+            for i in np.flatnonzero(fast).tolist():
+                try:
+                    values[i] = dec.schema.decode(
+                        self._payload(i), copy=True, max_size=dec.max_size, columns=dec._list_names
+                    )
+                except CorruptRecordError:
+                    fast[i] = False  # the slow path finds the reference's error
+            for name in dec._list_names:
+                self.extra[name] = {i: v[name] for i, v in values.items()}
+        for i in np.flatnonzero(~fast).tolist():
+            self._reference(i)
+
+    def _decompress(self, plan: _Plan, fast: np.ndarray) -> dict[int, Any]:
+        view, spans, out = self._memview(), self.spans, {}
+        for i in np.flatnonzero(fast).tolist():
+            _, _, start, nbytes = spans[i, plan.key].tolist()
+            try:
+                out[i] = zstd_decompress(
+                    view[start : start + nbytes],
+                    expected_size=plan.row_bytes,
+                    max_size=self.dec.max_size,
+                )
+            except CorruptRecordError:
+                fast[i] = False
+        return out
+
+    def _reference(self, i: int) -> None:
+        dec = self.dec
+        offset, size = int(self.offsets[i]), int(self.sizes[i])
+        try:
+            if offset < 0:  # the reference would read from the end; no index holds this
+                raise CorruptRecordError(f"record offset {offset} is negative")
+            payload = read_record(
+                self._memview(),
+                offset,
+                verify=dec.verify,
+                max_record_bytes=dec.max_record_bytes,
+                expected_size=size,
+            )
+            self.slow[i] = dec.schema.decode(
+                payload, copy=True, max_size=dec.max_size, columns=dec._columns_arg
+            )
+        except CorruptRecordError as err:
+            self.bad.append((i, _unlocated(err)))
+
+    # ------------------------------------------------------------------ output
+
+    def finish(self, alloc: Alloc) -> tuple[dict[str, Any], int]:
+        fast, slow = self.fast, self.slow
+        if self.all_fast:
+            good = rows = None  # every record, all on the fast path
+            n = len(fast)
+            sel = self.spans
+        else:
+            keep = fast.copy()
+            keep[list(slow)] = True
+            good = np.flatnonzero(keep)
+            n = len(good)
+            sel = self.spans[good]
+            rows = np.flatnonzero(~fast[good])  # output rows filled from the slow path
+            sel[rows, :, 2:] = 0  # gather writes zeros there; the slow values follow
+        columns: dict[str, Any] = {}
+        for plan in self.dec._plans:
+            self._column(plan, columns, alloc, n, sel, good, rows)
+        return columns, n
+
+    def _column(
+        self,
+        plan: _Plan,
+        columns: dict[str, Any],
+        alloc: Alloc,
+        n: int,
+        sel: np.ndarray,
+        good: np.ndarray | None,
+        rows: np.ndarray | None,
+    ) -> None:
+        name, mode, k = plan.name, plan.mode, plan.key
+        order = range(len(self.fast)) if good is None else good.tolist()
+        if mode == "list" or (mode == "bytes" and self.dec.bytes_as == "list"):
+            columns[name] = [self._value(i, plan) for i in order]
+            return
+        if mode == "bytes":
+            lengths = _alloc(alloc, (n,), _I64)
+            lengths[...] = sel[:, k, 3]
+            slow = self._slow_rows(name, good, rows)
+            for r, value in slow:
+                lengths[r] = len(value)
+            width = int(lengths.max()) if n else 0
+            out = _alloc(alloc, (n, width), _U8)
+            self._gather(name, sel[:, k, 2], sel[:, k, 3], out, width, good)
+            for r, value in slow:
+                out[r, : len(value)] = np.frombuffer(value, _U8)
+            columns[name] = out
+            columns[name + "/lengths"] = lengths
+            return
+        out = _alloc(alloc, (n, *plan.shape), plan.dtype)
+        if mode == "int64":
+            self._varints(plan, out, sel, rows)
+        elif mode == "zstd":
+            decoded = self.extra[name]
+            flat = out.reshape(n, plan.count)
+            for r, i in enumerate(order):
+                if i in decoded:
+                    flat[r] = np.frombuffer(decoded[i], plan.dtype)
+        else:  # "float", "raw": the values are the bytes
+            self._gather(name, sel[:, k, 2], sel[:, k, 3], out, plan.row_bytes, good)
+        for r, value in self._slow_rows(name, good, rows):
+            out[r] = value
+        columns[name] = out
+
+    def _gather(
+        self,
+        name: str,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        out: np.ndarray,
+        row_bytes: int,
+        good: np.ndarray | None,
+    ) -> None:
+        if name != self.fused:
+            _impl.gather(self.buf, starts, lengths, out, row_bytes)
+            return
+        offsets, sizes = self.offsets, self.sizes
+        if good is not None:
+            offsets, sizes = offsets[good], sizes[good]
+        status = _impl.gather_verified(self.buf, offsets, sizes, starts, lengths, out, row_bytes)
+        self.crc_failed = any(status)
+
+    def _varints(
+        self, plan: _Plan, out: np.ndarray, sel: np.ndarray, rows: np.ndarray | None
+    ) -> None:
+        k = plan.key
+        if rows is None or not len(rows):
+            _impl.varints(self.buf, sel[:, k, 2], sel[:, k, 3], sel[:, k, 1], out)
+            return
+        mine = np.ones(len(sel), bool)
+        mine[rows] = False
+        part = sel[mine]
+        tmp = np.empty((len(part), *plan.shape), _I64)
+        _impl.varints(self.buf, part[:, k, 2], part[:, k, 3], part[:, k, 1], tmp)
+        out[mine] = tmp
+
+    def _slow_rows(
+        self, name: str, good: np.ndarray | None, rows: np.ndarray | None
+    ) -> list[tuple[int, Any]]:
+        if good is None or rows is None:
+            return []
+        return [(r, self.slow[int(good[r])][name]) for r in rows.tolist()]
+
+    def _value(self, i: int, plan: _Plan) -> Any:
+        """One record's value of a per-record ("list", or "bytes" as list) feature."""
+        if not self.fast[i]:
+            return self.slow[i][plan.name]
+        if plan.mode == "list":
+            return self.extra[plan.name][i]
+        _, _, start, nbytes = self.spans[i, plan.key].tolist()
+        return bytes(self._memview()[start : start + nbytes])
+
+
+def _alloc(alloc: Alloc, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    out = alloc(shape, dtype)
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(
+            f"alloc{shape, dtype} returned an array of shape {out.shape} and dtype "
+            f"{out.dtype} (C-contiguous: {out.flags.c_contiguous})"
+        )
+    if not out.flags.writeable:
+        raise ValueError(f"alloc{shape, dtype} returned a read-only array")
+    return out

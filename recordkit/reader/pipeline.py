@@ -1,0 +1,249 @@
+"""The thread pool that reads, verifies, decodes and batches off the consuming thread.
+
+Work is handed over in big pieces: a task is one or more whole units (batches,
+or runs of single records) totalling at least ``min_task_records`` records, so
+a thread wakes up once per many records, and the native decoder releases the
+GIL for the whole task. Results are consumed strictly in submission order, so
+the output order never depends on thread timing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ..errors import CorruptRecordError
+from .buffers import BufferPool
+from .decode import BatchDecoder
+from .plan import EpochPlan, Split
+from .shards import ShardSet
+
+__all__ = ["Chunk", "OnError", "ReaderStats", "RecordReader"]
+
+log = logging.getLogger(__name__)
+
+OnError = Literal["raise", "skip", "warn"]
+Columns = dict[str, Any]
+
+
+@dataclass
+class ReaderStats:
+    """Counters a training loop can log (``dataset.stats.as_dict()``).
+
+    Attributes:
+        records: records delivered.
+        bytes: framed bytes read for them (skipped records included).
+        batches: units delivered (batches, or samples without batching).
+        skipped: corrupt records skipped (``on_error="skip"`` or ``"warn"``).
+        wait_seconds: time the consuming thread spent waiting for data.
+        decode_seconds: time reader threads spent verifying and decoding (summed over threads).
+    """
+
+    records: int = 0
+    bytes: int = 0
+    batches: int = 0
+    skipped: int = 0
+    wait_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    def reset(self) -> None:
+        for name, value in asdict(ReaderStats()).items():
+            setattr(self, name, value)
+
+
+@dataclass
+class Chunk:
+    """Decoded records of one task: ``columns`` rows belong to ``units`` in order.
+
+    Attributes:
+        units: for each kept row, the unit (batch or sample) it belongs to.
+        columns: feature name -> batch array (or list for variable shapes).
+        rows: number of kept rows.
+    """
+
+    units: np.ndarray
+    columns: Columns
+    rows: int
+
+
+@dataclass
+class _Done:
+    chunk: Chunk
+    nbytes: int
+    skipped: list[CorruptRecordError]
+    seconds: float
+
+
+class RecordReader:
+    """Decode the units of an epoch plan with a pool of threads, in order.
+
+    Args:
+        shards: the opened shard set.
+        decoder: the batch decoder (schema, columns, verify, bytes layout).
+        num_threads: reader threads.
+        prefetch: tasks in flight ahead of the consumer.
+        on_error: ``"raise"`` stops at the first corrupt record; ``"skip"``
+            leaves it out and counts it; ``"warn"`` also emits a warning.
+        pool: where batch arrays come from (reused buffers).
+        task_records: a task takes whole units until it holds this many records...
+        task_bytes: ...or this many bytes, whichever comes first.
+        stats: counters to update.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        decoder: BatchDecoder,
+        *,
+        num_threads: int,
+        prefetch: int,
+        on_error: OnError = "raise",
+        pool: BufferPool | None = None,
+        task_records: int = 512,
+        task_bytes: int = 8 << 20,
+        stats: ReaderStats | None = None,
+    ) -> None:
+        if on_error not in ("raise", "skip", "warn"):
+            raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
+        if num_threads < 1 or prefetch < 1:
+            raise ValueError(
+                f"num_threads and prefetch must be >= 1, got {num_threads}, {prefetch}"
+            )
+        self.shards = shards
+        self.decoder = decoder
+        self.num_threads = num_threads
+        self.prefetch = prefetch
+        self.on_error = on_error
+        self.pool = pool or BufferPool()
+        self.task_records = task_records
+        self.task_bytes = task_bytes
+        self.stats = stats or ReaderStats()
+        self._stats_lock = threading.Lock()
+        self._avg_bytes = shards.avg_record_bytes
+
+    # -- one task, on a reader thread ------------------------------------------------
+
+    def _decode_task(self, plan: EpochPlan, split: Split, units: Sequence[int]) -> _Done:
+        t0 = time.perf_counter()
+        positions, lengths = plan.unit_positions(split, units)
+        unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
+        shard_ids, records = plan.resolve(positions)
+        edges = np.flatnonzero(np.diff(shard_ids)) + 1
+        bounds = list(zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(records)]))))
+        kept = np.ones(len(records), dtype=bool)
+        parts: list[tuple[Columns, int]] = []
+        nbytes = 0
+        skipped: list[CorruptRecordError] = []
+        for lo, hi in bounds:
+            shard = self.shards.shards[int(shard_ids[lo])]
+            recs = records[lo:hi]
+            offsets, sizes = shard.offsets[recs], shard.sizes[recs]
+            alloc = self.pool.alloc if len(bounds) == 1 else None
+            batch = self.decoder.decode(shard.buf, offsets, sizes, alloc=alloc)
+            nbytes += batch.nbytes
+            for pos, err in batch.bad:
+                located = err.located(shard.path, int(offsets[pos]), int(recs[pos]))
+                if self.on_error == "raise":
+                    raise located
+                skipped.append(located)
+                kept[lo + pos] = False
+            if batch.n:
+                parts.append((batch.columns, batch.n))
+        columns, rows = _concat(parts, self.pool.alloc) if parts else ({}, 0)
+        chunk = Chunk(units=unit_of_row[kept], columns=columns, rows=rows)
+        return _Done(chunk, nbytes, skipped, time.perf_counter() - t0)
+
+    # -- the consumer side -------------------------------------------------------------
+
+    def _tasks(self, plan: EpochPlan, units: range) -> Iterator[range]:
+        size = plan.options.batch_size or 1
+        per_record = max(self._avg_bytes, 1.0)
+        per_task = max(1, min(self.task_records // size, int(self.task_bytes / per_record) // size))
+        step = units.step
+        for first in range(units.start, units.stop, per_task * step):
+            yield range(first, min(first + per_task * step, units.stop), step)
+
+    def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
+        """Yield decoded chunks covering ``units`` in order (chunks with no rows included).
+
+        Stops the threads when the iterator is closed or garbage collected.
+        """
+        tasks = self._tasks(plan, units)
+        executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
+        pending: deque[Future[_Done]] = deque()
+
+        def refill() -> None:
+            while len(pending) < self.prefetch:
+                task = next(tasks, None)
+                if task is None:
+                    return
+                pending.append(executor.submit(self._decode_task, plan, split, task))
+
+        try:
+            refill()
+            while pending:
+                future = pending.popleft()
+                t0 = time.perf_counter()
+                done = future.result()
+                waited = time.perf_counter() - t0
+                refill()
+                self._account(done, waited)
+                yield done.chunk
+        finally:
+            for future in pending:
+                future.cancel()
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def _account(self, done: _Done, waited: float) -> None:
+        s = self.stats
+        with self._stats_lock:
+            s.wait_seconds += waited
+            s.decode_seconds += done.seconds
+            s.bytes += done.nbytes
+            s.skipped += len(done.skipped)
+        for err in done.skipped:
+            if self.on_error == "warn":
+                warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=3)
+            else:
+                log.debug("skipped corrupt record: %s", err)
+
+
+def _concat(
+    parts: list[tuple[Columns, int]], alloc: Callable[[tuple[int, ...], Any], np.ndarray]
+) -> tuple[Columns, int]:
+    """Join the per-shard pieces of one batch (most batches have one piece)."""
+    if len(parts) == 1:
+        return parts[0]
+    rows = sum(n for _, n in parts)
+    out: Columns = {}
+    for key, first in parts[0][0].items():
+        pieces = [cols[key] for cols, _ in parts]
+        if isinstance(first, np.ndarray):
+            if first.ndim == 2 and any(p.shape[1] != first.shape[1] for p in pieces):
+                # padded bytes of different widths: pad to the widest, with zeros
+                width = max(p.shape[1] for p in pieces)
+                joined = alloc((rows, width), first.dtype)
+                row = 0
+                for p in pieces:
+                    joined[row : row + len(p), : p.shape[1]] = p
+                    joined[row : row + len(p), p.shape[1] :] = 0
+                    row += len(p)
+            else:
+                joined = alloc((rows, *first.shape[1:]), first.dtype)
+                np.concatenate(pieces, out=joined)
+            out[key] = joined
+        else:
+            out[key] = [v for p in pieces for v in p]
+    return out, rows

@@ -1,0 +1,456 @@
+"""PyTorch integration: a memory-mapped, thread-based ``IterableDataset``.
+
+``RecordDataset`` reads shards through ``mmap`` and their indexes, and a pool of
+reader threads verifies CRCs, decodes and assembles whole batches in native code
+with the GIL released, off the training thread. Output order is a pure function
+of (seed, epoch, rank, world size, shard set) — see :mod:`recordkit.reader.plan` —
+and, with ``batch_size`` set, does not depend on the number of ``DataLoader``
+workers or reader threads.
+
+Batch layout (``batch_size`` set): a ``dict`` of ``torch.Tensor``, one per feature:
+
+- fixed-shape ``Int64`` / ``Float32`` / ``Tensor`` features: ``(batch, *shape)``;
+- ``Bytes()``: a zero-padded ``uint8`` tensor ``(batch, longest)`` plus
+  ``"{name}/lengths"`` (``int64``, ``(batch,)``), with ``bytes_as="padded"`` (the
+  default: one copy, no Python objects per record); a ``list`` of ``bytes`` with
+  ``bytes_as="list"``;
+- features with ``None`` in their shape, and ``Bytes`` lists: a ``list`` with one
+  tensor (or list of ``bytes``) per record.
+
+Without ``batch_size`` the dataset yields single samples (the same layout without
+the batch dimension; ``Bytes()`` as ``bytes``); use ``DataLoader(ds, batch_size=None)``
+or let recordkit batch, which is faster and keeps the order independent of workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from ._deps import require
+
+torch = require("torch", extra="torch")
+
+from torch.utils.data import DataLoader as _TorchDataLoader  # noqa: E402
+from torch.utils.data import Dataset as _TorchDataset  # noqa: E402
+from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
+
+from .codec.schema import Schema  # noqa: E402
+from .reader.buffers import BufferPool  # noqa: E402
+from .reader.decode import BatchDecoder  # noqa: E402
+from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
+from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
+from .reader.shards import ShardSet, open_shards  # noqa: E402
+
+__all__ = ["DataLoader", "RecordDataset", "RecordMapDataset"]
+
+_STATE_VERSION = 1
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _to_torch(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        if not value.flags.writeable:  # torch warns on read-only arrays; copy those few
+            value = value.copy()
+        return torch.from_numpy(value)
+    if isinstance(value, list):
+        return [_to_torch(v) for v in value]
+    return value
+
+
+class RecordDataset(IterableDataset):  # type: ignore[type-arg]
+    """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
+
+    Args:
+        path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
+            file. (Remote URLs are read through a local cache.)
+        batch_size: records per batch; ``None`` yields single samples.
+        shuffle: a seeded, mostly-sequential permutation per epoch (shards, then
+            blocks within a window of shards, then records within a block).
+        seed: shuffle seed.
+        num_threads: reader threads; default: the CPUs this process may use,
+            divided among ``DataLoader`` workers.
+        drop_last: make every rank see the same number of full batches (drops
+            the tail of the shuffled epoch); without it every record is read
+            exactly once and the last batch of a rank may be short.
+        on_error: corrupt records: ``"raise"`` (default) raises
+            :class:`~recordkit.errors.CorruptRecordError` naming file, offset and
+            record; ``"skip"`` leaves them out (a batch is then short) and counts
+            them in :attr:`stats`; ``"warn"`` does the same with a ``RuntimeWarning``.
+        columns: read only these features.
+        transform: applied to each batch (or sample) before it is yielded, in
+            the consuming thread (or DataLoader worker).
+        bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
+        verify: check payload CRCs (length CRCs are always checked).
+        schema: overrides the manifest's (or the inferred) schema.
+        block_records: records per shuffle block (0: about 1 MiB worth).
+        window_shards: shards whose blocks are shuffled together.
+        prefetch: decode tasks in flight ahead of the consumer (default: 2 per thread).
+        rank: this process's rank; default ``torch.distributed``'s, else 0.
+        world_size: number of ranks; default ``torch.distributed``'s, else 1.
+
+    Attributes:
+        stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
+        epoch: the epoch the next iteration reads; advances by itself after a
+            full pass in this process; set it with :meth:`set_epoch` (needed with
+            a plain ``DataLoader`` with workers; :class:`DataLoader` does it).
+    """
+
+    def __init__(
+        self,
+        path_or_url: str | os.PathLike[str],
+        *,
+        batch_size: int | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_threads: int | None = None,
+        drop_last: bool = False,
+        on_error: OnError = "raise",
+        columns: Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        bytes_as: Literal["padded", "list"] = "padded",
+        verify: bool = True,
+        schema: Schema | None = None,
+        block_records: int = 0,
+        window_shards: int = 8,
+        prefetch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        if on_error not in ("raise", "skip", "warn"):
+            raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
+        self.path = os.fspath(path_or_url)
+        self.options = PlanOptions(
+            shuffle=shuffle,
+            seed=seed,
+            block_records=block_records,
+            window_shards=window_shards,
+            batch_size=batch_size,
+            drop_last=drop_last,
+        )
+        self.num_threads = num_threads
+        self.on_error: OnError = on_error
+        self.columns = list(columns) if columns is not None else None
+        self.transform = transform
+        self.bytes_as = bytes_as
+        self.verify = verify
+        self.prefetch = prefetch
+        self._rank, self._world = rank, world_size
+        self.epoch = 0
+        self.stats = ReaderStats()
+        self._resume: tuple[int, int] | None = None  # (epoch, units consumed)
+        self._next_unit = 0
+        self._shards: ShardSet | None = None
+        self._pid = -1
+        shards = self._open()  # fail early, in the main process, on a bad path or schema
+        self.schema = schema or shards.schema
+        self._decoder()  # validates columns against the schema
+
+    # -- process-local state ---------------------------------------------------------
+
+    def _open(self) -> ShardSet:
+        # Maps are per process: DataLoader workers (fork or spawn) reopen them.
+        if self._shards is None or self._pid != os.getpid():
+            self._shards = open_shards(self.path, getattr(self, "schema", None))
+            self._pid = os.getpid()
+            self._pool = BufferPool()
+        return self._shards
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_shards"] = None  # mmaps stay in their process
+        state.pop("_pool", None)
+        return state
+
+    def _decoder(self) -> BatchDecoder:
+        return BatchDecoder(
+            self.schema, columns=self.columns, verify=self.verify, bytes_as=self.bytes_as
+        )
+
+    def _split(self) -> Split:
+        rank, world = self._rank, self._world
+        if rank is None or world is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank() if rank is None else rank
+                world = dist.get_world_size() if world is None else world
+        info = get_worker_info()
+        return Split(
+            rank=rank or 0,
+            world_size=world or 1,
+            worker=info.id if info else 0,
+            num_workers=info.num_workers if info else 1,
+        )
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        shards = self._open()
+        return EpochPlan(
+            shards.counts, self.options, epoch, avg_record_bytes=shards.avg_record_bytes
+        )
+
+    # -- public API --------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = epoch
+        self._next_unit = 0
+
+    def __len__(self) -> int:
+        """Batches (or samples) this rank reads per epoch, over all its DataLoader workers."""
+        split = self._split()
+        return self._plan(self.epoch).unit_count(split.rank, split.world_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        split = self._split()
+        epoch = self.epoch
+        start = 0
+        if self._resume is not None and self._resume[0] == epoch:
+            start = self._resume[1]
+        if get_worker_info() is None:
+            self._resume = None  # a worker's copy cannot clear the parent's; DataLoader does
+        plan = self._plan(epoch)
+        threads = self.num_threads or max(1, _cpus() // split.num_workers)
+        reader = RecordReader(
+            self._open(),
+            self._decoder(),
+            num_threads=threads,
+            prefetch=self.prefetch or 2 * threads,
+            on_error=self.on_error,
+            pool=self._pool,
+            stats=self.stats,
+        )
+        units = plan.units(split, start)
+        self._next_unit = start
+        batched = self.options.batch_size is not None
+        chunks = reader.read(plan, split, units)
+        try:
+            for chunk in chunks:
+                items = self._batches(chunk) if batched else self._samples(chunk)
+                for unit, item in items:
+                    self._next_unit = unit + 1
+                    if self.transform is not None:
+                        item = self.transform(item)
+                    yield item
+        finally:
+            chunks.close()
+        if get_worker_info() is None and self.epoch == epoch:
+            self.epoch = epoch + 1  # a full pass: the next iteration reads the next epoch
+            self._next_unit = 0
+
+    def _batches(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
+        if not chunk.rows:
+            return
+        edges = np.flatnonzero(np.diff(chunk.units)) + 1
+        starts = np.concatenate(([0], edges))
+        ends = np.concatenate((edges, [chunk.rows]))
+        for lo, hi in zip(starts.tolist(), ends.tolist()):
+            batch = {}
+            for name, value in chunk.columns.items():
+                part = value[lo:hi]
+                lengths = chunk.columns.get(name + "/lengths")
+                if lengths is not None and isinstance(part, np.ndarray) and part.ndim == 2:
+                    width = int(lengths[lo:hi].max()) if hi > lo else 0
+                    part = part[:, :width]  # trim to this batch's longest value
+                batch[name] = _to_torch(part)
+            self.stats.records += hi - lo
+            self.stats.batches += 1
+            yield int(chunk.units[lo]), batch
+
+    def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
+        cols = chunk.columns
+        names = [n for n in cols if not (n.endswith("/lengths") and n[: -len("/lengths")] in cols)]
+        for i in range(chunk.rows):
+            sample = {}
+            for name in names:
+                value = cols[name]
+                lengths = cols.get(name + "/lengths")
+                if lengths is not None:
+                    sample[name] = value[i, : int(lengths[i])].tobytes()
+                else:
+                    sample[name] = _to_torch(value[i])
+            self.stats.records += 1
+            self.stats.batches += 1
+            yield int(chunk.units[i]), sample
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The position to resume from: epoch and units (batches or samples) consumed.
+
+        Args:
+            consumed: units of this epoch consumed so far. Leave it out when this
+                object is iterated directly (it counts itself); :class:`DataLoader`
+                passes it when workers do the iterating.
+        """
+        shards = self._open()
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "consumed": self._next_unit if consumed is None else consumed,
+            "seed": self.options.seed,
+            "shuffle": self.options.shuffle,
+            "batch_size": self.options.batch_size,
+            "drop_last": self.options.drop_last,
+            "world_size": self._split().world_size,
+            "shards": shards.fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration starts at the first unit not consumed.
+
+        Raises:
+            ValueError: the state was saved with another shard set, seed, batch
+                size or world size, where "the next unseen record" is undefined.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported state version {state.get('version')!r}")
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "batch_size", "drop_last", "world_size", "shards"):
+            if state[key] != mine[key]:
+                raise ValueError(
+                    f"cannot resume: {key} was {state[key]!r} when saved, is {mine[key]!r} now"
+                )
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, int(state["consumed"]))
+        self._next_unit = int(state["consumed"])
+
+
+class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
+    """``torch.utils.data.DataLoader`` that can save and resume a :class:`RecordDataset`.
+
+    With worker processes, the dataset object in the training process does not
+    see what the workers read; this loader counts the batches it yields, so
+    :meth:`state_dict` is exact, and advances the dataset's epoch after each
+    full pass. ``batch_size`` defaults to ``None`` (the dataset batches).
+    """
+
+    def __init__(
+        self, dataset: RecordDataset, *, batch_size: int | None = None, **kwargs: Any
+    ) -> None:
+        if not isinstance(dataset, RecordDataset):
+            raise TypeError("recordkit.torch.DataLoader takes a recordkit.torch.RecordDataset")
+        if batch_size is not None:
+            raise ValueError(
+                "let the dataset batch: RecordDataset(..., batch_size=N) with "
+                "DataLoader(batch_size=None); that is faster and keeps resume exact"
+            )
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self._consumed = 0
+
+    # A generator, not a _BaseDataLoaderIter: it wraps one to count what it yields.
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds = self.dataset
+        assert isinstance(ds, RecordDataset)
+        epoch = ds.epoch
+        self._consumed = ds._resume[1] if ds._resume and ds._resume[0] == epoch else 0
+        it = super().__iter__()
+        if self.num_workers > 0:
+            ds._resume = None  # the workers have their copies now (in-process, iter clears it)
+        for item in it:
+            self._consumed += 1
+            yield item
+        # A full pass: the next one reads the next epoch (in-process, the dataset
+        # has already advanced itself).
+        if ds.epoch == epoch:
+            ds.set_epoch(epoch + 1)
+        self._consumed = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        ds = self.dataset
+        assert isinstance(ds, RecordDataset)
+        return ds.state_dict(consumed=self._consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ds = self.dataset
+        assert isinstance(ds, RecordDataset)
+        ds.load_state_dict(state)
+        self._consumed = int(state["consumed"])
+
+
+class RecordMapDataset(_TorchDataset):  # type: ignore[type-arg]
+    """Random access to records by global index, for your own samplers.
+
+    ``ds[i]`` decodes record ``i`` through the memory map into a ``dict`` of
+    tensors (``Bytes()`` as ``bytes``); ``__getitems__`` decodes a whole list of
+    indices in one native call, which ``DataLoader`` uses for batched sampling.
+
+    Args:
+        path: a dataset directory, a folder of ``.tfrecord`` files, or one file.
+        columns: read only these features.
+        transform: applied to each sample.
+        verify: check payload CRCs.
+        schema: overrides the manifest's (or the inferred) schema.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        columns: Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        verify: bool = True,
+        schema: Schema | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.columns = list(columns) if columns is not None else None
+        self.transform = transform
+        self.verify = verify
+        self._shards: ShardSet | None = None
+        self._pid = -1
+        shards = self._open()
+        self.schema = schema or shards.schema
+        self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
+        self._dec = BatchDecoder(self.schema, columns=self.columns, verify=verify, bytes_as="list")
+
+    def _open(self) -> ShardSet:
+        if self._shards is None or self._pid != os.getpid():
+            self._shards = open_shards(self.path, getattr(self, "schema", None))
+            self._pid = os.getpid()
+        return self._shards
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_shards"] = None
+        return state
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        shards = self._open()
+        n = len(self)
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(idx) and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"index out of range for a dataset of {n} records")
+        idx = np.where(idx < 0, idx + n, idx)
+        which = np.searchsorted(self._starts, idx, side="right") - 1
+        out: list[dict[str, Any]] = [{} for _ in range(len(idx))]
+        for s in np.unique(which).tolist():
+            rows = np.flatnonzero(which == s)
+            shard = shards.shards[s]
+            recs = idx[rows] - self._starts[s]
+            offsets, sizes = shard.offsets[recs], shard.sizes[recs]
+            batch = self._dec.decode(shard.buf, offsets, sizes)
+            if batch.bad:
+                pos, err = batch.bad[0]
+                raise err.located(shard.path, int(offsets[pos]), int(recs[pos]))
+            for j, row in enumerate(rows.tolist()):
+                out[row] = {k: _to_torch(v[j]) for k, v in batch.columns.items()}
+        if self.transform is not None:
+            out = [self.transform(x) for x in out]
+        return out

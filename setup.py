@@ -1,0 +1,22 @@
+"""Builds the optional C extension; all project metadata lives in pyproject.toml.
+
+``optional=True``: without a C compiler the install still succeeds and recordkit
+uses the pure Python/NumPy decoder (``recordkit/reader/_fallback.py``) instead.
+"""
+
+import sys
+
+from setuptools import Extension, setup
+
+if sys.platform == "win32":
+    args = ["/O2"]
+else:
+    args = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "recordkit._native", ["recordkit/_native.c"], optional=True, extra_compile_args=args
+        )
+    ]
+)

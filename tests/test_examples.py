@@ -1,0 +1,62 @@
+"""Every example runs, as a user would run it: an example that is not run is broken."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(
+    os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="error::DeprecationWarning:recordkit"
+)
+
+
+def _run(script, *args, timeout=300):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.tf
+@pytest.mark.torch
+@pytest.mark.slow
+def test_quickstart(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorflow")
+    out = _run("examples/quickstart.py", "--out", tmp_path / "q", "-n", 300)
+    assert "verify  " in out and ": OK" in out
+    assert "torch   read 300 samples" in out
+    assert "tf.data read 300 samples" in out
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pytorch_train(tmp_path, workers):
+    pytest.importorskip("torch")
+    out = _run(
+        "examples/pytorch/train.py",
+        "--data",
+        tmp_path / "d",
+        "--samples",
+        2048,
+        "--epochs",
+        3,
+        "--workers",
+        workers,
+    )
+    assert "epoch 2:" in out and "resume state after training: epoch 3, consumed 0" in out
+
+
+def test_every_example_is_tested():
+    tested = {"examples/quickstart.py", "examples/pytorch/train.py"}
+    found = {str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.py")}
+    assert found <= tested, f"examples without a test: {sorted(found - tested)}"
