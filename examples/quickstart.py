@@ -56,19 +56,20 @@ def check_verify(out: str) -> None:
 
 def read_torch(out: str, samples: list[dict]) -> None:
     import torch
-    from torch.utils.data import DataLoader
 
-    with rk.Dataset(out) as ds:
-        loader = DataLoader(ds, batch_size=64, shuffle=False)
-        seen = 0
-        for batch in loader:
-            images, labels = batch["image"], batch["label"]
-            expected = np.stack([s["image"] for s in samples[seen : seen + len(labels)]])
-            assert torch.equal(images, torch.from_numpy(expected))
-            seen += len(labels)
+    from recordkit.torch import RecordDataset
+
+    ds = RecordDataset(out, batch_size=64)
+    seen = 0
+    for batch in ds:
+        images, labels = batch["image"], batch["label"]
+        expected = np.stack([s["image"] for s in samples[seen : seen + len(labels)]])
+        assert torch.equal(images, torch.from_numpy(expected))
+        seen += len(labels)
     print(
-        f"torch   read {seen} samples in batches of 64: image {tuple(images.shape[1:])} "
-        f"{images.dtype}, label {labels.dtype}; values equal what was written"
+        f"torch   read {seen} samples with recordkit.torch.RecordDataset in batches of 64: "
+        f"image {tuple(images.shape[1:])} {images.dtype}, label {labels.dtype}; "
+        "values equal what was written"
     )
 
 

@@ -16,6 +16,7 @@ STATUS_TOO_LARGE: int
 STATUS_LENGTH_MISMATCH: int
 STATUS_PAYLOAD_CRC: int
 STATUS_MALFORMED: int
+STATUS_UNEXPECTED: int
 
 KIND_ABSENT: int
 KIND_BYTES: int
@@ -33,7 +34,18 @@ def parse_batch(
     keys: tuple[bytes, ...],
     verify: bool,
     max_record_bytes: int = ...,
+    expect: Any = None,
     /,
 ) -> tuple[bytearray, bytearray]: ...
 def gather(buf: Any, starts: Any, lengths: Any, out: Any, row_bytes: int, /) -> None: ...
+def gather_verified(
+    buf: Any,
+    offsets: Any,
+    sizes: Any,
+    starts: Any,
+    lengths: Any,
+    out: Any,
+    row_bytes: int,
+    /,
+) -> bytearray: ...
 def varints(buf: Any, starts: Any, nbytes: Any, counts: Any, out: Any, /) -> None: ...

@@ -4,7 +4,10 @@ The invariant: for every record, ``BatchDecoder.decode`` gives exactly what
 ``read_record`` + ``Schema.decode(payload, copy=True)`` give (values equal in
 type, dtype, shape and bit pattern), and reports a record bad exactly when
 those raise, with an error of the same class and reason. Every test runs on
-both implementations: the C extension and its pure Python twin.
+both implementations: the C extension and its pure Python twin; the main ones
+also with every batch taking the fused CRC + copy path of large records.
+Set ``RECORDKIT_REQUIRE_NATIVE=1`` (in CI) to fail rather than skip when the
+extension did not build.
 """
 
 from __future__ import annotations
@@ -1034,6 +1037,20 @@ def test_native_calls_release_the_gil(native):
             assert seen < 20, f"{name} held the GIL through every call"
     finally:
         sys.setswitchinterval(old)
+
+
+def test_implementations_share_names_and_constants(native):
+    names = sorted(n for n in dir(native) if n.isupper() or not n.startswith("_"))
+    assert sorted(_fallback.__all__) == names
+    for name in names:
+        if name.isupper() and name != "CRC32C_IMPL":
+            assert getattr(native, name) == getattr(_fallback, name), name
+
+
+@pytest.mark.skipif(not os.environ.get("RECORDKIT_REQUIRE_NATIVE"), reason="native optional")
+def test_native_extension_is_built():
+    assert _native is not None, "recordkit._native did not build (setup.py: optional=True)"
+    assert decode.IMPLEMENTATION == "native"
 
 
 def test_env_var_forces_the_fallback():
