@@ -100,6 +100,11 @@ class Schema:
             return NotImplemented
         return list(self._features.items()) == list(other._features.items())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # DataLoader workers started with "spawn" receive the dataset by pickle;
+        # the schema crosses as its JSON form, not as Python objects.
+        return (Schema.from_json, (self.to_json(),))
+
     def __hash__(self) -> int:
         return hash(tuple(self._features.items()))
 

@@ -280,3 +280,25 @@ def test_ddp_two_ranks_two_workers(ds_path, tmp_path):
         union = first[0][epoch] + first[1][epoch]
         assert sorted(union) == list(range(N))  # exactly once over ranks x workers
     assert first[0][0] != first[0][1]  # a new order each epoch
+
+
+def _collate_ids(samples):
+    return [int(x["idx"]) for x in samples]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_spawned_workers(ds_path):
+    """Workers started with spawn get the dataset by pickle: it must travel without its maps."""
+    ds = RecordDataset(ds_path, batch_size=16, num_threads=1)
+    loader = DataLoader(ds, num_workers=2, multiprocessing_context="spawn")
+    assert _ids(loader) == list(range(N))
+    maps = RecordMapDataset(ds_path)
+    plain = torch.utils.data.DataLoader(
+        maps,
+        batch_size=32,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        collate_fn=_collate_ids,
+    )
+    assert [i for b in plain for i in b] == list(range(N))
