@@ -254,21 +254,27 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
     def _batches(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
         if not chunk.rows:
             return
+        # Per-chunk work is done once, vectorised: the consuming thread shares the
+        # GIL with the training step, so its per-batch Python must stay tiny.
         edges = np.flatnonzero(np.diff(chunk.units)) + 1
         starts = np.concatenate(([0], edges))
-        ends = np.concatenate((edges, [chunk.rows]))
-        for lo, hi in zip(starts.tolist(), ends.tolist()):
-            batch = {}
-            for name, value in chunk.columns.items():
-                part = value[lo:hi]
-                lengths = chunk.columns.get(name + "/lengths")
-                if lengths is not None and isinstance(part, np.ndarray) and part.ndim == 2:
-                    width = int(lengths[lo:hi].max()) if hi > lo else 0
-                    part = part[:, :width]  # trim to this batch's longest value
-                batch[name] = _to_torch(part)
+        ends = np.concatenate((edges, [chunk.rows])).tolist()
+        tensors = {name: _to_torch(value) for name, value in chunk.columns.items()}
+        widths = {
+            name: np.maximum.reduceat(lengths, starts).tolist()
+            for name, value in chunk.columns.items()
+            if isinstance(value, np.ndarray)
+            and value.ndim == 2
+            and isinstance(lengths := chunk.columns.get(name + "/lengths"), np.ndarray)
+        }
+        unit_ids = chunk.units[starts].tolist()
+        for b, (lo, hi) in enumerate(zip(starts.tolist(), ends)):
+            batch = {name: t[lo:hi] for name, t in tensors.items()}
+            for name, w in widths.items():
+                batch[name] = batch[name][:, : w[b]]  # trim to this batch's longest value
             self.stats.records += hi - lo
             self.stats.batches += 1
-            yield int(chunk.units[lo]), batch
+            yield unit_ids[b], batch
 
     def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
         cols = chunk.columns

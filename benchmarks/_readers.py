@@ -1,0 +1,229 @@
+"""Workloads and the readers ``read_bench.py`` compares, one per fresh process.
+
+Each reader returns an iterator that yields, per batch of 64, the number of records
+in it, after the batch has been made into framework tensors (or NumPy arrays) and
+touched; the caller times the loop. Heavy imports happen inside the readers: the
+``tfrecord`` package and TensorFlow cannot share a process (both register the same
+protobuf symbols), and torch is not needed by ``tf.data``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+BATCH = 64
+
+# The default collate makes tensors of read-only arrays (np.frombuffer over bytes) before
+# stacking them into a new batch tensor; the warning is about the former, which is never
+# written to. Set here, before DataLoader workers fork, so they inherit it.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A synthetic dataset: ``records`` Examples with ``data`` (random bytes), ``label``
+    (int64) and, when ``vec`` > 0, ``vec`` (``vec`` float32s)."""
+
+    name: str
+    records: int
+    payload: int
+    vec: int = 0
+    shards: int = 8
+
+    def scaled(self, fraction: int) -> Workload:
+        return replace(self, records=self.records // fraction)
+
+    @property
+    def per_shard(self) -> int:
+        return self.records // self.shards
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "records": self.records,
+            "payload": self.payload,
+            "vec": self.vec,
+            "shards": self.shards,
+        }
+
+
+WORKLOADS = {
+    "W1": Workload("W1", records=8192, payload=256 << 10),  # 2 GiB of 256 KiB records
+    "W2": Workload("W2", records=1_000_000, payload=1 << 10, vec=16),  # many small records
+}
+QUICK_FRACTION = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Files:
+    """Where a workload's shards live under the data directory."""
+
+    root: str
+
+    @property
+    def tfrecord_dir(self) -> str:
+        return os.path.join(self.root, "tfrecord")
+
+    @property
+    def wds_dir(self) -> str:
+        return os.path.join(self.root, "wds")
+
+    def tfrecords(self, wl: Workload) -> list[str]:
+        return [os.path.join(self.tfrecord_dir, f"part-{s:05d}.tfrecord") for s in range(wl.shards)]
+
+    def tars(self, wl: Workload) -> list[str]:
+        return [os.path.join(self.wds_dir, f"part-{s:05d}.tar") for s in range(wl.shards)]
+
+    def framed_bytes(self, wl: Workload) -> int:
+        return sum(os.path.getsize(f) for f in self.tfrecords(wl))
+
+
+def files_for(data: str, wl: Workload, quick: bool) -> Files:
+    return Files(os.path.join(data, "quick" if quick else "", wl.name))
+
+
+# -- readers ---------------------------------------------------------------------------------
+#
+# A reader imports its framework and builds its pipeline when called (outside the
+# timed region), and returns the iterator that is timed: from its first ``next()``
+# to exhaustion, DataLoader worker start-up and per-worker index loading included.
+
+Reader = Callable[[Workload, Files], Iterator[int]]
+
+
+def _count(batches: Iterable[Any], label: Callable[[Any], Any]) -> Iterator[int]:
+    for batch in batches:
+        labels = label(batch)
+        int(labels.sum())  # touch the batch; it is already tensors, no copy
+        yield int(labels.shape[0])
+
+
+def _recordkit(wl: Workload, files: Files) -> Iterator[int]:
+    import recordkit.torch as rkt
+
+    ds = rkt.RecordDataset(files.tfrecord_dir, batch_size=BATCH)
+    return _count(ds, lambda b: b["label"])
+
+
+def _tfdata(wl: Workload, files: Files) -> Iterator[int]:
+    import tensorflow as tf
+
+    spec = {
+        "data": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    if wl.vec:
+        spec["vec"] = tf.io.FixedLenFeature([wl.vec], tf.float32)
+    ds = (
+        tf.data.TFRecordDataset(files.tfrecords(wl), num_parallel_reads=2)
+        .batch(BATCH)
+        .map(lambda b: tf.io.parse_example(b, spec), num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    # ``.numpy()`` of every tensor: the arrays a torch user would take from it.
+    arrays = ({k: v.numpy() for k, v in batch.items()} for batch in ds)
+    return _count(arrays, lambda a: a["label"])
+
+
+def _tfr_transform(sample: dict[str, Any]) -> dict[str, Any]:
+    # The package yields a single bytes value as ``bytes``; make it an array so the
+    # default collate stacks it into a uint8 tensor.
+    sample["data"] = np.frombuffer(sample["data"], dtype=np.uint8)
+    return sample
+
+
+def _tfrecord_pkg(num_workers: int) -> Reader:
+    def read(wl: Workload, files: Files) -> Iterator[int]:
+        import torch.utils.data as tud
+        from tfrecord.torch.dataset import TFRecordDataset
+
+        desc = {"data": "byte", "label": "int"}
+        if wl.vec:
+            desc["vec"] = "float"
+        # One dataset per shard; each shards itself across workers through its index.
+        chain = tud.ChainDataset(
+            [
+                TFRecordDataset(f, f + ".idx", desc, transform=_tfr_transform)
+                for f in files.tfrecords(wl)
+            ]
+        )
+        loader = tud.DataLoader(chain, batch_size=BATCH, num_workers=num_workers)
+        return _count(loader, lambda b: b["label"])
+
+    return read
+
+
+def _wds_collate(samples: list[tuple[bytes, ...]]) -> tuple[Any, ...]:
+    import torch
+
+    cols = list(zip(*samples, strict=True))
+    longest = max(len(b) for b in cols[0])
+    ragged = any(len(b) != longest for b in cols[0])
+    data = (np.zeros if ragged else np.empty)((len(samples), longest), dtype=np.uint8)
+    for i, b in enumerate(cols[0]):
+        data[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+    out = [torch.from_numpy(data), torch.tensor([int(c) for c in cols[1]], dtype=torch.int64)]
+    if len(cols) > 2:
+        vec = np.frombuffer(b"".join(cols[2]), dtype="<f4").reshape(len(samples), -1)
+        out.append(torch.from_numpy(vec.copy()))
+    return tuple(out)
+
+
+def _webdataset(wl: Workload, files: Files) -> Iterator[int]:
+    import torch.utils.data as tud
+    import webdataset as wds
+
+    keys = ("bin", "cls", "f32") if wl.vec else ("bin", "cls")
+    ds = wds.WebDataset(files.tars(wl), shardshuffle=False).to_tuple(*keys)
+    loader = tud.DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=_wds_collate)
+    return _count(loader, lambda b: b[1])
+
+
+class _MapStyle:
+    """``DataLoader``'s map-style baseline: record ``i`` through ``recordkit.Dataset[i]``."""
+
+    def __init__(self, folder: str) -> None:
+        import recordkit
+
+        self.folder = folder
+        with recordkit.Dataset(folder) as ds:
+            self.n = len(ds)
+        self._ds: Any = None
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self._pid != os.getpid():  # the Dataset holds mmaps: open one per worker
+            import recordkit
+
+            self._ds, self._pid = recordkit.Dataset(self.folder), os.getpid()
+        sample = self._ds[i]
+        sample["data"] = np.frombuffer(sample["data"], dtype=np.uint8)
+        return sample
+
+
+def _dataloader_map(wl: Workload, files: Files) -> Iterator[int]:
+    import torch.utils.data as tud
+
+    loader = tud.DataLoader(_MapStyle(files.tfrecord_dir), batch_size=BATCH, num_workers=2)
+    return _count(loader, lambda b: b["label"])
+
+
+READERS: dict[str, Reader] = {
+    "recordkit": _recordkit,
+    "tf.data": _tfdata,
+    "tfrecord-dl0": _tfrecord_pkg(0),
+    "tfrecord-dl2": _tfrecord_pkg(2),
+    "webdataset": _webdataset,
+    "dataloader-map": _dataloader_map,
+}
+# Readers whose decoding happens in DataLoader worker processes: their RSS and CPU
+# figures below are the main process's only.
+WORKER_READERS = frozenset({"tfrecord-dl2", "webdataset", "dataloader-map"})
