@@ -111,7 +111,7 @@ class RecordReader:
         prefetch: int,
         on_error: OnError = "raise",
         pool: BufferPool | None = None,
-        task_records: int = 512,
+        task_records: int = 4096,
         task_bytes: int = 8 << 20,
         stats: ReaderStats | None = None,
     ) -> None:
