@@ -72,7 +72,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
 
     Args:
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
-            file. (Remote URLs are read through a local cache.)
+            file, on local disk (remote URLs: fill a local copy or cache first).
         batch_size: records per batch; ``None`` yields single samples.
         shuffle: a seeded, mostly-sequential permutation per epoch (shards, then
             blocks within a window of shards, then records within a block).
