@@ -67,7 +67,36 @@ def _to_torch(value: Any) -> Any:
     return value
 
 
-class RecordDataset(IterableDataset):  # type: ignore[type-arg]
+class _ProcessLocalShards:
+    """Shard maps (and what hangs off them) live in one process each.
+
+    DataLoader workers, forked or spawned, get a copy of the dataset without its
+    maps and reopen them on first use.
+    """
+
+    path: str
+    schema: Schema
+    _shards: ShardSet | None = None
+    _pid = -1
+
+    def _open(self) -> ShardSet:
+        if self._shards is None or self._pid != os.getpid():
+            self._shards = open_shards(self.path, getattr(self, "schema", None))
+            self._pid = os.getpid()
+            self._opened()
+        return self._shards
+
+    def _opened(self) -> None:
+        """Called in each process after its maps are opened."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_shards"] = None  # mmaps stay in their process
+        state.pop("_pool", None)
+        return state
+
+
+class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-arg]
     """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
 
     Args:
@@ -152,27 +181,14 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         self.stats = ReaderStats()
         self._resume: tuple[int, int] | None = None  # (epoch, units consumed)
         self._next_unit = 0
-        self._shards: ShardSet | None = None
-        self._pid = -1
         shards = self._open()  # fail early, in the main process, on a bad path or schema
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
 
     # -- process-local state ---------------------------------------------------------
 
-    def _open(self) -> ShardSet:
-        # Maps are per process: DataLoader workers (fork or spawn) reopen them.
-        if self._shards is None or self._pid != os.getpid():
-            self._shards = open_shards(self.path, getattr(self, "schema", None))
-            self._pid = os.getpid()
-            self._pool = BufferPool()
-        return self._shards
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_shards"] = None  # mmaps stay in their process
-        state.pop("_pool", None)
-        return state
+    def _opened(self) -> None:
+        self._pool = BufferPool()  # batch buffers are per process too
 
     def _decoder(self) -> BatchDecoder:
         return BatchDecoder(
@@ -385,7 +401,7 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
         self._consumed = int(state["consumed"])
 
 
-class RecordMapDataset(_TorchDataset):  # type: ignore[type-arg]
+class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type-arg]
     """Random access to records by global index, for your own samplers.
 
     ``ds[i]`` decodes record ``i`` through the memory map into a ``dict`` of
@@ -413,23 +429,10 @@ class RecordMapDataset(_TorchDataset):  # type: ignore[type-arg]
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.verify = verify
-        self._shards: ShardSet | None = None
-        self._pid = -1
         shards = self._open()
         self.schema = schema or shards.schema
         self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
         self._dec = BatchDecoder(self.schema, columns=self.columns, verify=verify, bytes_as="list")
-
-    def _open(self) -> ShardSet:
-        if self._shards is None or self._pid != os.getpid():
-            self._shards = open_shards(self.path, getattr(self, "schema", None))
-            self._pid = os.getpid()
-        return self._shards
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_shards"] = None
-        return state
 
     def __len__(self) -> int:
         return int(self._starts[-1])

@@ -22,6 +22,7 @@ from .format.crc import crc32c
 from .format.framing import read_record
 from .format.index import index_path, load_index, open_map, scan_index, validate_index, write_index
 from .format.manifest import MANIFEST_NAME, ShardInfo, read_manifest
+from .reader.shards import find_shards
 from .storage import strip_file_scheme
 
 __all__ = ["Problem", "VerifyReport", "build_index", "verify"]
@@ -91,8 +92,6 @@ class VerifyReport:
 
 
 def _shard_list(root: str) -> tuple[list[ShardInfo], Schema | None, list[Problem]]:
-    from .dataset import find_shards
-
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.exists(manifest_path):
         return [ShardInfo(p, 0, 0) for p in find_shards(root)], None, []
@@ -236,8 +235,6 @@ def build_index(path: str | os.PathLike[str], *, verify: bool = True) -> list[st
     Returns the index files written. Raises :class:`~recordkit.errors.CorruptRecordError`
     (naming file, offset and record) if a shard cannot be indexed.
     """
-    from .dataset import find_shards
-
     path = os.path.abspath(strip_file_scheme(path))
     if os.path.isdir(path):
         try:

@@ -1,9 +1,9 @@
 """The thread pool that reads, verifies, decodes and batches off the consuming thread.
 
-Work is handed over in big pieces: a task is one or more whole units (batches,
-or runs of single records) totalling at least ``min_task_records`` records, so
-a thread wakes up once per many records, and the native decoder releases the
-GIL for the whole task. Results are consumed strictly in submission order, so
+Work is handed over in big pieces: a task is as many whole units (batches, or
+single records) as fit in ``task_records`` records or ``task_bytes`` bytes (at
+least one), so a thread wakes up once per many records and the native decoder
+releases the GIL for large calls. Results are consumed strictly in submission order, so
 the output order never depends on thread timing.
 """
 

@@ -200,7 +200,7 @@ class EpochPlan:
         positions = np.asarray(positions, dtype=np.int64)
         if not len(positions):
             return positions.copy(), positions.copy()
-        if (positions[0] < 0 or positions[-1] >= self.total):
+        if positions[0] < 0 or positions[-1] >= self.total:
             raise IndexError(f"positions out of range for an epoch of {self.total} records")
         blocks = np.searchsorted(self.block_pos, positions, side="right") - 1
         within = positions - self.block_pos[blocks]

@@ -202,5 +202,3 @@ def _infer(root: str, shards: list[MappedShard]) -> Schema:
     schema = Schema.infer(examples)
     log.info("inferred schema from %d records: %r", len(examples), schema)
     return schema
-
-
