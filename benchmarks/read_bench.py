@@ -199,7 +199,13 @@ def _first(batches: Iterator[int]) -> int:
     return next(batches)  # start-up (threads, workers, first batch) is left out of both passes
 
 
-def child_gil(reader: str, wl: Workload, files: Files, limit: int) -> dict:
+def child_gil(reader: str, wl: Workload, files: Files, limit: int, accel: float = 0.0) -> dict:
+    """Overlap of a loader with a training step of about the unloaded batch time.
+
+    The step is pure-Python work (GIL held, one core busy) for ``1 - accel`` of
+    it and, for ``accel`` of it, a wait on a simulated accelerator (GIL released,
+    no CPU), as a real step waits on its GPU kernels.
+    """
     iters_per_s = 200_000 / _time_busy(200_000, runs=5)
     # 1. unloaded: the loader alone, for up to ``limit`` batches after the first.
     batches = READERS[reader](wl, files)
@@ -213,17 +219,22 @@ def child_gil(reader: str, wl: Workload, files: Files, limit: int) -> dict:
     del batches
     cores = (_cpu_seconds() - cpu0) / (load * steps)
     # 2. under pressure: after each batch, pure-Python work calibrated to take ~load.
-    iters = max(1, round(load * iters_per_s))
+    python = load * (1.0 - accel)
+    wait = load * accel
+    iters = max(1, round(python * iters_per_s))
     for _ in range(3):  # refine: the first rate was taken on a cold interpreter
-        compute = _time_busy(iters)
-        iters = max(1, round(iters * load / compute))
-    compute = _time_busy(iters)
+        busy = _time_busy(iters)
+        iters = max(1, round(iters * python / busy))
+    busy = _time_busy(iters)
+    compute = busy + wait
     batches = READERS[reader](wl, files)
     _first(batches)
     steps, spent, t0 = 0, 0.0, time.perf_counter()
     while True:
         c = time.perf_counter()
         _busy(iters)
+        if wait:
+            time.sleep(wait)
         spent += time.perf_counter() - c
         if steps == limit or next(batches, None) is None:
             break
@@ -232,7 +243,7 @@ def child_gil(reader: str, wl: Workload, files: Files, limit: int) -> dict:
     del batches
     ideal = steps * max(load, compute) + compute  # perfect overlap, neither slowed down
     cpus = os.cpu_count() or 1
-    ceiling = max(load, compute) / max(load, compute, (cores * load + compute) / cpus)
+    ceiling = max(load, compute) / max(load, compute, (cores * load + busy) / cpus)
     return {
         "load_ms": load * 1e3,
         "compute_ms": compute * 1e3,
@@ -240,6 +251,7 @@ def child_gil(reader: str, wl: Workload, files: Files, limit: int) -> dict:
         "step_ms": wall / (steps + 1) * 1e3,
         "next_ms": (wall - spent) / (steps + 1) * 1e3,
         "efficiency": ideal / wall,
+        "accel": accel,
         "cores": cores,
         "ceiling": ceiling,
     }
@@ -274,7 +286,7 @@ def _measure(args: argparse.Namespace, mode: str, reader: str, wl: Workload, fil
     """One measurement in a fresh process; ``other`` = cores used by other processes meanwhile."""
     _warm(_warm_paths(reader, wl, files))
     cmd = ["child", "--data", args.data, "--mode", mode, "--reader", reader, "--workloads", wl.name]
-    cmd += ["--gil-batches", str(args.gil_batches)]
+    cmd += ["--gil-batches", str(args.gil_batches), "--accel", str(args.accel)]
     kids0, ticks0, t0 = _cpu_children(), _busy_ticks(), time.perf_counter()
     res = run_child(__file__, cmd + (["--quick"] if args.quick else []))
     wall = time.perf_counter() - t0
@@ -399,6 +411,13 @@ def main() -> None:
         default=4000,
         help="batches per pass in the GIL run (W2 has 15625)",
     )
+    ap.add_argument(
+        "--accel",
+        type=float,
+        default=0.0,
+        help="GIL run: the fraction of each step spent waiting on a simulated accelerator "
+        "(GIL released, no CPU); the rest is pure Python (default 0: all Python)",
+    )
     ap.add_argument("--mode", choices=("epoch", "gil"), help=argparse.SUPPRESS)
     ap.add_argument("--reader", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -415,7 +434,7 @@ def main() -> None:
         wl = workloads[0]
         files = files_for(args.data, wl, args.quick)
         if args.mode == "gil":
-            print(json.dumps(child_gil(args.reader, wl, files, args.gil_batches)))
+            print(json.dumps(child_gil(args.reader, wl, files, args.gil_batches, args.accel)))
         else:
             print(json.dumps(child_epoch(args.reader, wl, files)))
         return
