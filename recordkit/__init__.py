@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # Submodules that pull in heavy frameworks: imported only when first touched.
-_LAZY_SUBMODULES = frozenset({"torch"})  # "tf" joins with recordkit/tf.py
+_LAZY_SUBMODULES = frozenset({"torch", "tf"})
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,394 @@
+"""TensorFlow: read recordkit datasets through ``tf.data``'s own C++ reader.
+
+:func:`dataset` builds a ``tf.data.Dataset`` from a dataset's manifest (or a
+folder of foreign TFRecords plus a schema) with no Python in the per-record
+path: ``TFRecordDataset`` over the shard list with a parallel interleave,
+``tf.io.parse_example`` with a feature spec derived from the schema,
+``tf.io.decode_raw`` for :class:`~recordkit.codec.Tensor` features, and
+``prefetch(AUTOTUNE)``. :func:`feature_spec` gives that spec to users who build
+their own pipeline.
+
+What each feature becomes (``B`` = the batch dimension, absent without ``batch_size``):
+
+=====================================  ==================================================
+schema                                 element
+=====================================  ==================================================
+``Bytes()``                            ``tf.string`` ``[B]``
+``Bytes((n,))``                        ``tf.string`` ``[B, n]``
+``Bytes((None,))``                     ``tf.string`` ragged ``[B, None]``
+``Int64(shape)`` / ``Float32(shape)``  ``tf.int64`` / ``tf.float32`` ``[B, *shape]``
+``Tensor(dtype, shape)``               ``dtype`` ``[B, *shape]``
+=====================================  ==================================================
+
+A shape with ``None`` dims gives, batched, a ``tf.RaggedTensor`` whose ragged
+dims are those ``None`` dims (per-record shapes are honoured: one ``None`` is
+recovered from the element count, two or more from the ``name/shape``
+companion feature). A zstd-compressed ``Tensor`` is decompressed in a
+``tf.numpy_function`` -- the slow path: Python, under the GIL, once per record.
+
+Remote datasets: paths TensorFlow reads natively (local paths and ``gs://``)
+go straight to TensorFlow's file system layer; other URLs (``s3://``,
+``http(s)://``, ...) raise an error naming the local shard cache, through which
+they are read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ._deps import require
+from .codec import Bytes, Float32, Int64, Schema, Tensor
+from .codec.compression import zstd_decompress
+from .errors import SchemaError, ShardNotFoundError, TruncatedRecordError
+from .format.manifest import MANIFEST_NAME, Manifest
+from .storage import strip_file_scheme
+
+tf = require("tensorflow", extra="tf")
+
+__all__ = ["dataset", "feature_spec", "shard_files"]
+
+# URL schemes TensorFlow's file system layer reads by itself.
+_TF_NATIVE = ("gs://",)
+_COMPANION = "/shape"
+# Records parsed per parse_example call when the caller asked for no batching.
+_PARSE_CHUNK = 256
+# Read-ahead per open shard (TFRecordDataset's buffer_size): big sequential reads.
+_READ_BUFFER = 8 << 20
+
+
+def _tf_dtype(np_dtype: Any) -> Any:
+    dtype = np.dtype(np_dtype)
+    if dtype.name == "bool":
+        return tf.bool
+    return tf.as_dtype(dtype.newbyteorder("="))
+
+
+def feature_spec(schema: Schema, columns: Sequence[str] | None = None) -> dict[str, Any]:
+    """The ``tf.io.parse_example`` feature spec of a schema.
+
+    Fixed shapes become ``tf.io.FixedLenFeature``; a shape with ``None`` dims
+    becomes a ``tf.io.RaggedFeature`` holding the record's flat values (reshape
+    them with the per-record shape, see the module docs), and for two or more
+    ``None`` dims the ``"name/shape"`` companion is added as a fixed int64
+    vector. :class:`~recordkit.codec.Tensor` values parse as one ``tf.string``
+    holding the raw (or zstd) bytes, for ``tf.io.decode_raw``.
+
+    Args:
+        schema: the dataset's schema.
+        columns: only these features (default: all).
+
+    Raises:
+        SchemaError: a column is not in the schema.
+    """
+    spec: dict[str, Any] = {}
+    for name in _columns(schema, columns):
+        ftype = schema[name]
+        if isinstance(ftype, Tensor):
+            spec[name] = tf.io.FixedLenFeature([], tf.string)
+        else:
+            dtype = {Bytes: tf.string, Int64: tf.int64, Float32: tf.float32}[type(ftype)]
+            if None in ftype.shape:
+                spec[name] = tf.io.RaggedFeature(dtype, row_splits_dtype=tf.int64)
+            else:
+                spec[name] = tf.io.FixedLenFeature(list(ftype.shape), dtype)
+        if ftype.shape_feature:
+            spec[name + _COMPANION] = tf.io.FixedLenFeature([len(ftype.shape)], tf.int64)
+    return spec
+
+
+def _columns(schema: Schema, columns: Sequence[str] | None) -> list[str]:
+    if columns is None:
+        return list(schema.names)
+    missing = [c for c in columns if c not in schema]
+    if missing:
+        raise SchemaError(f"columns {missing} are not in the schema {list(schema.names)}")
+    return [n for n in schema.names if n in set(columns)]
+
+
+# -- where the shards are ----------------------------------------------------------------------
+
+
+def _is_native(path: str) -> bool:
+    return "://" not in path or path.startswith(_TF_NATIVE)
+
+
+def _join(root: str, rel: str) -> str:
+    return root.rstrip("/") + "/" + rel if "://" in root else os.path.join(root, rel)
+
+
+def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manifest | None]:
+    """Shard paths (in manifest or name order), the schema, and the manifest if any."""
+    from .reader.shards import find_shards  # local folders of foreign TFRecords
+
+    path = strip_file_scheme(path)
+    if not _is_native(path):
+        raise ShardNotFoundError(
+            f"{path!r}: TensorFlow cannot read this URL scheme itself; read it through "
+            "recordkit's local shard cache (recordkit.cache), or copy the shards to local "
+            "disk or gs://"
+        )
+    gfile = tf.io.gfile
+    manifest_path = _join(path, MANIFEST_NAME)
+    if gfile.isdir(path) and gfile.exists(manifest_path):
+        with gfile.GFile(manifest_path, "rb") as f:
+            manifest = Manifest.loads(f.read(), path=manifest_path)
+        files = [_join(path, s.path) for s in manifest.shards]
+        return files, schema or Schema.from_json(manifest.schema), manifest
+    if gfile.isdir(path):
+        if "://" in path:
+            names = sorted(
+                os.path.basename(p)
+                for pat in ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
+                for p in gfile.glob(_join(path, pat))
+                if not p.endswith(".idx")
+            )
+        else:
+            names = find_shards(path)
+        files = [_join(path, n) for n in names]
+    elif gfile.exists(path):
+        files = [path]
+    else:
+        raise ShardNotFoundError(f"no such dataset: {path}")
+    if not files:
+        raise ShardNotFoundError(f"no manifest and no .tfrecord files in {path}")
+    if schema is None:
+        schema = _infer(files[0])
+    return files, schema, None
+
+
+def _infer(first: str) -> Schema:
+    from .codec.example import decode_example
+    from .format.framing import iter_records
+
+    examples = []
+    limit = 16 << 20  # enough for the leading records
+    with tf.io.gfile.GFile(first, "rb") as f:
+        data = f.read(limit)
+    try:
+        for _, payload in iter_records(memoryview(data), path=first):
+            examples.append(decode_example(payload))
+            if len(examples) == 64:
+                break
+    except TruncatedRecordError:
+        if len(data) < limit or not examples:  # a real cut, not the end of what we read
+            raise
+    if not examples:
+        raise ShardNotFoundError(f"cannot infer a schema from {first}: it has no records")
+    return Schema.infer(examples)
+
+
+def shard_files(
+    files: Sequence[str], num_pipelines: int, pipeline_id: int
+) -> tuple[list[str], bool]:
+    """This pipeline's share of ``files``: ``(files, by_record)``.
+
+    With at least as many shards as pipelines each pipeline takes every
+    ``num_pipelines``-th shard (whole files, no wasted reads); otherwise every
+    pipeline reads all shards and keeps every ``num_pipelines``-th record
+    (``by_record=True``). Either way every record goes to exactly one pipeline.
+    """
+    if num_pipelines < 1 or not 0 <= pipeline_id < num_pipelines:
+        raise ValueError(f"bad input context: pipeline {pipeline_id} of {num_pipelines}")
+    if len(files) >= num_pipelines:
+        return list(files[pipeline_id::num_pipelines]), False
+    return list(files), num_pipelines > 1
+
+
+# -- decoding ----------------------------------------------------------------------------------
+
+
+def _decoder(
+    schema: Schema, names: list[str], *, batched: bool
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Turn parsed features into the output element (one record, or a parsed batch)."""
+
+    def shape_of(name: str, ftype: Any, parsed: dict[str, Any], count: Any) -> Any:
+        if ftype.shape_feature:
+            return parsed[name + _COMPANION]
+        known = math.prod(d for d in ftype.shape if d is not None)
+        return [count // known if d is None else d for d in ftype.shape]
+
+    def one(name: str, ftype: Any, parsed: dict[str, Any]) -> Any:
+        value = parsed[name]
+        if isinstance(ftype, Tensor):
+            dtype = _tf_dtype(ftype.dtype)
+            if ftype.compression:
+                value = _zstd(value, ftype)
+            else:
+                value = tf.io.decode_raw(value, dtype, little_endian=True)
+            if None not in ftype.shape:
+                return tf.reshape(value, list(ftype.shape))
+            count = tf.size(value, out_type=tf.int64)
+            return tf.reshape(value, shape_of(name, ftype, parsed, count))
+        if None not in ftype.shape or isinstance(ftype, Bytes):
+            return value
+        count = tf.size(value, out_type=tf.int64)
+        return tf.reshape(value, shape_of(name, ftype, parsed, count))
+
+    def per_record(parsed: dict[str, Any]) -> dict[str, Any]:
+        return {n: one(n, schema[n], parsed) for n in names}
+
+    def per_batch(parsed: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for n in names:
+            ftype, value = schema[n], parsed[n]
+            if isinstance(ftype, Tensor):
+                value = tf.io.decode_raw(value, _tf_dtype(ftype.dtype), little_endian=True)
+                value = tf.reshape(value, [-1, *ftype.shape])
+            out[n] = value
+        return out
+
+    return per_batch if batched else per_record
+
+
+def _zstd(value: Any, ftype: Tensor) -> Any:
+    dtype = np.dtype(ftype.dtype)
+    size = None if None in ftype.shape else math.prod(ftype.shape) * dtype.itemsize  # type: ignore[arg-type]
+
+    def decompress(frame: bytes) -> np.ndarray:
+        raw = zstd_decompress(frame, expected_size=size, max_size=1 << 31)
+        return np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="), copy=False)
+
+    out = tf.numpy_function(decompress, [value], _tf_dtype(dtype), stateful=False)
+    out.set_shape([None])
+    return out
+
+
+def _fast(schema: Schema, names: list[str]) -> bool:
+    """Whether a whole batch decodes with vectorised ops (no per-record shapes, no zstd)."""
+    for n in names:
+        ftype = schema[n]
+        if None in ftype.shape or (isinstance(ftype, Tensor) and ftype.compression):
+            return False
+    return True
+
+
+# -- the pipeline ------------------------------------------------------------------------------
+
+
+def dataset(
+    path_or_url: str | os.PathLike[str],
+    *,
+    batch_size: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 10_000,
+    drop_remainder: bool = False,
+    columns: Sequence[str] | None = None,
+    input_context: Any = None,
+    deterministic: bool = True,
+    schema: Schema | None = None,
+    num_parallel_reads: int | None = None,
+) -> Any:
+    """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
+
+    Args:
+        path_or_url: a dataset directory (with ``recordkit.json``), a folder of
+            TFRecord files, one file, or a ``gs://`` URL of any of these.
+        batch_size: batch this many records (``parse_example`` on whole batches);
+            ``None`` yields single records.
+        shuffle: reshuffle every epoch: the shard order (a seeded permutation,
+            new each time the dataset is iterated), records alternating between
+            the shards being read, and a buffer of ``shuffle_buffer`` records.
+            The same seed gives the same orders.
+        seed: the shuffle seed.
+        shuffle_buffer: records in the shuffle buffer (memory: this many records).
+        drop_remainder: drop a last, smaller batch.
+        columns: decode only these features (default: all).
+        input_context: a ``tf.distribute.InputContext``: this pipeline reads
+            whole shards (every ``num_input_pipelines``-th) when there are at
+            least as many shards as pipelines, else every
+            ``num_input_pipelines``-th record. Each record is read by exactly one
+            pipeline per epoch.
+        deterministic: keep the interleave order fixed (a pure function of the
+            seed and the shard set); ``False`` lets TensorFlow trade order for speed.
+        schema: the schema of a foreign folder (default: inferred from its first
+            records); overrides a manifest's.
+        num_parallel_reads: shards read at once, their records alternating.
+            Default: up to 4 when shuffling; 1 otherwise, so that records come
+            in dataset order (shard after shard, as the manifest lists them).
+
+    With a manifest the dataset knows its length (``len(ds)``: batches, or
+    records, of this pipeline), so Keras knows the steps per epoch.
+
+    Raises:
+        ShardNotFoundError: no dataset at the path, or a URL TensorFlow cannot read.
+        SchemaError: a column not in the schema.
+    """
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if shuffle_buffer < 1:
+        raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
+    files, schema, manifest = _locate(os.fspath(path_or_url), schema)
+    names = _columns(schema, columns)
+    spec = feature_spec(schema, names)
+    counts = dict(zip(files, (s.records for s in manifest.shards))) if manifest else None
+    by_record = False
+    if input_context is not None:
+        files, by_record = shard_files(
+            files, input_context.num_input_pipelines, input_context.input_pipeline_id
+        )
+    autotune = tf.data.AUTOTUNE
+    if num_parallel_reads is None:
+        num_parallel_reads = min(4, len(files)) if shuffle else 1
+    cycle = max(1, min(num_parallel_reads, len(files)))
+    ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, dtype=tf.string))
+    if shuffle and len(files) > 1:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if cycle == 1:  # shard after shard, in order
+        ds = ds.flat_map(lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER))
+    else:  # records alternate between ``cycle`` shards read in parallel
+        ds = ds.interleave(
+            lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER),
+            cycle_length=cycle,
+            block_length=1,
+            num_parallel_calls=autotune,
+            deterministic=deterministic,
+        )
+    if by_record:
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    opts = tf.data.Options()
+    opts.deterministic = deterministic
+    ds = ds.with_options(opts)
+    fast = _fast(schema, names)
+    if batch_size is not None and fast:
+        decode = _decoder(schema, names, batched=True)
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        ds = ds.map(
+            lambda s: decode(tf.io.parse_example(s, spec)),
+            num_parallel_calls=autotune,
+            deterministic=deterministic,
+        )
+    elif fast:
+        decode = _decoder(schema, names, batched=True)
+        ds = ds.batch(_PARSE_CHUNK).map(
+            lambda s: decode(tf.io.parse_example(s, spec)),
+            num_parallel_calls=autotune,
+            deterministic=deterministic,
+        )
+        ds = ds.unbatch()
+    else:
+        decode = _decoder(schema, names, batched=False)
+        ds = ds.map(
+            lambda s: decode(tf.io.parse_single_example(s, spec)),
+            num_parallel_calls=autotune,
+            deterministic=deterministic,
+        )
+        if batch_size is not None:
+            ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+    if counts is not None:  # len(ds) and Keras' steps per epoch
+        records = sum(counts[f] for f in files)
+        if by_record:
+            p, i = input_context.num_input_pipelines, input_context.input_pipeline_id
+            records = max(0, records - i + p - 1) // p
+        if batch_size is not None:
+            records = records // batch_size if drop_remainder else -(-records // batch_size)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(records))
+    return ds.prefetch(autotune)
