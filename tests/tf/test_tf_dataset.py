@@ -160,7 +160,8 @@ def test_same_records_and_values_as_the_torch_reader(written):
             value = value.numpy()
         return _norm(name, value)
 
-    from_torch = [{n: norm_torch(n, v) for n, v in r.items()} for r in torch_mod.RecordDataset(root)]
+    rows = torch_mod.RecordDataset(root)
+    from_torch = [{n: norm_torch(n, v) for n, v in r.items()} for r in rows]
     from_tf = [{n: _norm(n, v) for n, v in r.items()} for r in rtf.dataset(root)]
     assert from_tf == from_torch
 
@@ -273,7 +274,7 @@ def test_keras_fits_on_a_dataset(fixed):
 
 @pytest.mark.parametrize(
     ("batch_size", "drop", "pipelines"),
-    [(None, False, 1), (8, False, 1), (8, True, 1), (7, False, 3), (4, True, 16), (None, False, 16)],
+    [(None, False, 1), (8, False, 1), (8, True, 1), (7, False, 3), (4, True, 16), (None, 0, 16)],
 )
 def test_length_is_known_and_true(fixed, batch_size, drop, pipelines):
     for i in range(pipelines):
