@@ -1,0 +1,60 @@
+"""A remote-to-local shard cache that grows while training runs, with eviction.
+
+For datasets larger than the local disk: background workers copy shards of a
+remote dataset (an fsspec URL such as ``s3://bucket/train``, or a path) into a
+local directory that never holds more than ``max_bytes``; readers take, at each
+epoch start, every shard that is complete by then, so early epochs see a sample
+of the data and later ones more of it. When the budget is full, shards that
+were already read this epoch are evicted first, then the least recently used;
+a shard a reader has pinned is never evicted::
+
+    from recordkit.cache import ShardCache
+
+    with ShardCache("s3://bucket/train", "/scratch/cache", max_bytes="50GiB") as cache:
+        for epoch in range(10):
+            with cache.snapshot(epoch) as snap:           # pins what is there now
+                for path in snap.paths:                   # complete, verified shards
+                    ...                                   # map and read it
+                    snap.mark_consumed(path, release=True)  # unmapped: may be evicted
+
+Reader protocol (what ``recordkit.torch`` and ``recordkit.tf`` call):
+
+1. ``snap = cache.snapshot(epoch, min_shards=1, timeout=...)`` at the start of
+   each epoch. ``snap.shards`` lists :class:`~recordkit.format.ShardInfo` in
+   the remote dataset's order (relative paths under ``snap.root``),
+   ``snap.paths`` the absolute paths, ``snap.manifest`` the remote manifest
+   (its schema). The epoch plan is a function of that list, so an epoch is
+   deterministic given its shard set; ``snap.fingerprint()`` hashes it as
+   ``ShardSet.fingerprint`` does. To map them::
+
+       ShardSet(snap.root, snap.manifest,
+                [MappedShard(snap.root, info) for info in snap.shards], schema)
+
+2. ``snap.mark_consumed(shard)`` after a shard is read; ``release=True`` (or
+   ``snap.release(shard)``) once it is no longer mapped; ``snap.close()`` at
+   epoch end. Pins of a process that dies are released by the kernel.
+3. For an exact resume, save ``[s.path for s in snap.shards]`` in the
+   ``state_dict`` and call ``cache.snapshot(epoch, shards=saved)``: missing
+   shards are fetched first.
+
+Processes that only read (DataLoader workers, other local ranks) open the
+same directory with ``ShardCache(None, local_dir, max_bytes=...)`` and never
+call ``start()``. Everything is coordinated with ``flock`` file locks, so one
+machine's processes share one directory safely; a directory left by a killed
+process is rescanned by ``start()`` and its temp files removed.
+"""
+
+from ._cache import CacheEvents, CacheStatus, ShardCache
+from ._errors import CacheFullError, DownloadError
+from ._remote import RetryOptions
+from ._snapshot import Snapshot
+
+__all__ = [
+    "CacheEvents",
+    "CacheFullError",
+    "CacheStatus",
+    "DownloadError",
+    "RetryOptions",
+    "ShardCache",
+    "Snapshot",
+]

@@ -1,0 +1,154 @@
+"""File locks that die with their process.
+
+Two primitives, both on ``fcntl.flock``:
+
+- :class:`DirLock`, one mutex per cache directory for the short critical
+  sections that read and change the cache's state (the budget, the lease and
+  pin files, publishing and evicting). It serialises threads of one process and
+  processes of one machine alike: each acquisition opens its own file
+  description, and Linux ``flock`` locks on distinct descriptions conflict even
+  inside one process.
+- :class:`HeldFile`, a small JSON file whose *existence plus lock* is a claim
+  (a space reservation, a pin). Its owner keeps it open and ``LOCK_EX``-locked
+  for as long as the claim holds. The kernel drops the lock when the owner dies
+  — SIGKILL included — so :func:`live_claims` can tell a live claim from a
+  dead process's leftover by trying the lock, and removes the leftovers.
+
+Claims are created, changed, read and removed only under the :class:`DirLock`,
+so a claim is never seen between its creation and its locking. ``flock`` is
+local to one machine: a cache directory on NFS shared by several hosts is not
+supported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class DirLock:
+    """A mutex over a cache directory for threads and processes (re-entrant per thread)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._fd = -1
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._thread_lock:
+            if self._depth == 0:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    fd, self._fd = self._fd, -1
+                    os.close(fd)  # closing the last descriptor drops the flock
+
+
+class HeldFile:
+    """A claim: a JSON file this process keeps open and exclusively locked.
+
+    Create, update and release it only while holding the directory's :class:`DirLock`.
+    """
+
+    def __init__(self, path: str, content: dict[str, Any]) -> None:
+        self.path = path
+        self.content = dict(content)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._fd = fd
+            self._write()
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def _write(self) -> None:
+        data = json.dumps(self.content, separators=(",", ":")).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    def update(self, **changes: Any) -> None:
+        """Rewrite the claim's content in place (the lock stays held)."""
+        if self._fd < 0:
+            raise ValueError(f"claim {self.path} was released")
+        self.content.update(changes)
+        self._write()
+
+    def release(self) -> None:
+        """Remove the claim. Idempotent."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        fd, self._fd = self._fd, -1
+        os.close(fd)
+
+
+def live_claims(directory: str) -> dict[str, dict[str, Any]]:
+    """The live claims in ``directory`` by file name; removes those of dead processes.
+
+    Call it under the directory's :class:`DirLock`. A live claim whose content
+    cannot be parsed maps to ``{"unreadable": True}`` so callers can be
+    conservative about it.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return out
+    for name in sorted(names):
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raw = os.pread(fd, 1 << 24, 0)
+                try:
+                    content = json.loads(raw)
+                    if not isinstance(content, dict):
+                        raise ValueError("not an object")
+                except ValueError:
+                    content = {"unreadable": True}
+                out[name] = content
+                continue
+            # We got the lock: its owner is gone. Unlink while holding it.
+            log.info("removing stale claim %s (its process is gone)", path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        finally:
+            os.close(fd)
+    return out
