@@ -100,6 +100,17 @@ def read_tensorflow(out: str, samples: list[dict]) -> None:
         seen += n
     print(f"tf.data read {seen} samples with TFRecordDataset + parse_example; values equal")
 
+    # The same pipeline, built from the manifest by recordkit.tf.dataset.
+    import recordkit.tf
+
+    seen = 0
+    for batch in recordkit.tf.dataset(out, batch_size=64):
+        n = int(batch["label"].shape[0])
+        want = samples[seen : seen + n]
+        assert np.array_equal(batch["image"].numpy(), np.stack([s["image"] for s in want]))
+        seen += n
+    print(f"recordkit.tf.dataset read {seen} samples; values equal")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -35,6 +35,7 @@ def test_quickstart(tmp_path):
     assert "verify  " in out and ": OK" in out
     assert "torch   read 300 samples" in out
     assert "tf.data read 300 samples" in out
+    assert "recordkit.tf.dataset read 300 samples" in out
 
 
 @pytest.mark.torch
@@ -56,7 +57,21 @@ def test_pytorch_train(tmp_path, workers):
     assert "epoch 2:" in out and "resume state after training: epoch 3, consumed 0" in out
 
 
+@pytest.mark.tf
+@pytest.mark.slow
+def test_keras_train(tmp_path):
+    pytest.importorskip("tensorflow")
+    out = _run("examples/tensorflow/train_keras.py", "--data", tmp_path / "d", "--epochs", 3)
+    assert "64 batches per epoch" in out
+    accuracy = float(out.strip().splitlines()[-1].rsplit(" ", 1)[1])
+    assert accuracy > 0.9, out  # the classes are separable: a model that learns gets there
+
+
 def test_every_example_is_tested():
-    tested = {"examples/quickstart.py", "examples/pytorch/train.py"}
+    tested = {
+        "examples/quickstart.py",
+        "examples/pytorch/train.py",
+        "examples/tensorflow/train_keras.py",
+    }
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.py")}
     assert found <= tested, f"examples without a test: {sorted(found - tested)}"
