@@ -24,7 +24,9 @@ or let recordkit batch, which is faster and keeps the order independent of worke
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -39,15 +41,33 @@ from torch.utils.data import Dataset as _TorchDataset  # noqa: E402
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 from .codec.schema import Schema  # noqa: E402
+from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
 
-__all__ = ["DataLoader", "RecordDataset", "RecordMapDataset"]
+__all__ = ["DataLoader", "DevicePrefetcher", "RecordDataset", "RecordMapDataset"]
+
+log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
+# Guards (re)opening the shard maps of a dataset object; opening is rare (once per
+# process), so one lock for all datasets is enough.
+_OPEN_LOCK = threading.Lock()
+
+
+def _can_pin() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return bool(torch.cuda.is_available())
+
+
+def _pinned_slab(nbytes: int) -> np.ndarray:
+    """A page-locked slab; the array keeps the tensor (and so the memory) alive."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
 
 def _cpus() -> int:
@@ -80,11 +100,17 @@ class _ProcessLocalShards:
     _pid = -1
 
     def _open(self) -> ShardSet:
-        if self._shards is None or self._pid != os.getpid():
-            self._shards = open_shards(self.path, getattr(self, "schema", None))
-            self._pid = os.getpid()
-            self._opened()
-        return self._shards
+        shards = self._shards
+        if shards is not None and self._pid == os.getpid():
+            return shards
+        with _OPEN_LOCK:  # several threads may iterate one dataset: open once
+            if self._shards is None or self._pid != os.getpid():
+                shards = open_shards(self.path, getattr(self, "schema", None))
+                self._opened()  # before publishing: a thread that sees the maps sees the rest
+                self._shards = shards
+                self._pid = os.getpid()
+            assert self._shards is not None
+            return self._shards
 
     def _opened(self) -> None:
         """Called in each process after its maps are opened."""
@@ -124,6 +150,11 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         block_records: records per shuffle block (0: about 1 MiB worth).
         window_shards: shards whose blocks are shuffled together.
         prefetch: decode tasks in flight ahead of the consumer (default: 2 per thread).
+        pin_memory: decode straight into page-locked (pinned) buffers, so a batch
+            can be copied to the GPU asynchronously with no staging copy (see
+            :class:`DevicePrefetcher`). Only in the process that iterates
+            without ``DataLoader`` workers, and only where an accelerator is
+            present; elsewhere ordinary memory is used (logged at INFO).
         rank: this process's rank; default ``torch.distributed``'s, else 0.
         world_size: number of ranks; default ``torch.distributed``'s, else 1.
 
@@ -154,6 +185,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         prefetch: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -176,6 +208,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self.bytes_as = bytes_as
         self.verify = verify
         self.prefetch = prefetch
+        self.pin_memory = pin_memory
         self._rank, self._world = rank, world_size
         self.epoch = 0
         self.stats = ReaderStats()
@@ -188,7 +221,19 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
     # -- process-local state ---------------------------------------------------------
 
     def _opened(self) -> None:
-        self._pool = BufferPool()  # batch buffers are per process too
+        self._pool = self._make_pool()  # batch buffers are per process too
+
+    def _make_pool(self) -> BufferPool:
+        if not self.pin_memory:
+            return BufferPool()
+        if get_worker_info() is not None:
+            log.info("pin_memory: not in DataLoader workers (batches cross processes)")
+        elif not _can_pin():
+            log.info("pin_memory: no accelerator, so batches use ordinary memory")
+        else:
+            # Every array pinned (min_bytes=0): a batch then needs no staging copy.
+            return BufferPool(allocate=_pinned_slab, min_bytes=0)
+        return BufferPool()
 
     def _decoder(self) -> BatchDecoder:
         return BatchDecoder(
@@ -288,8 +333,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             batch = {name: t[lo:hi] for name, t in tensors.items()}
             for name, w in widths.items():
                 batch[name] = batch[name][:, : w[b]]  # trim to this batch's longest value
-            self.stats.records += hi - lo
-            self.stats.batches += 1
+            self.stats.add(records=hi - lo, batches=1)
             yield unit_ids[b], batch
 
     def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -304,8 +348,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                     sample[name] = value[i, : int(lengths[i])].tobytes()
                 else:
                     sample[name] = _to_torch(value[i])
-            self.stats.records += 1
-            self.stats.batches += 1
+            self.stats.add(records=1, batches=1)
             yield int(chunk.units[i]), sample
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:

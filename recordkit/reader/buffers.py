@@ -7,12 +7,19 @@ view and ``torch.from_numpy`` tensor made from it is gone: each lease is the
 ``base`` of the arrays built on it, and a ``weakref.finalize`` on the lease
 returns the slab. A slab is therefore never reused while user code can still
 see it, however long the user keeps a batch.
+
+The slabs themselves come from ``allocate`` (default: ``np.empty``); the PyTorch
+reader passes one that returns page-locked (pinned) memory, so batches can be
+copied to a GPU asynchronously with no staging copy. Everything here is guarded
+by one lock, and finalizers may run on any thread: the pool is safe to share
+between reader threads and consumers, also on free-threaded CPython.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,15 +44,31 @@ class _Lease:
         }
 
 
+def _empty(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 class BufferPool:
     """A thread-safe pool of page-touched slabs that batch arrays are carved from.
 
     Args:
         max_free_bytes: slabs kept for reuse beyond this are released to the OS.
+        allocate: makes a new slab: ``allocate(nbytes)`` returns a 1-D ``uint8``
+            array of at least ``nbytes`` (e.g. pinned memory); default ``np.empty``.
+        min_bytes: smaller arrays come from ``np.empty`` (malloc is cheaper than
+            the bookkeeping below 64 KiB); 0 makes every array a pooled one.
     """
 
-    def __init__(self, max_free_bytes: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        max_free_bytes: int = 1 << 30,
+        *,
+        allocate: Callable[[int], np.ndarray] | None = None,
+        min_bytes: int = 64 << 10,
+    ) -> None:
         self.max_free_bytes = max_free_bytes
+        self.min_bytes = min_bytes
+        self._allocate = allocate or _empty
         self._free: list[np.ndarray] = []
         self._free_bytes = 0
         self._lock = threading.Lock()
@@ -55,7 +78,7 @@ class BufferPool:
         """An uninitialised array of ``shape`` and ``dtype`` backed by a pooled slab."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes < 64 << 10:  # small arrays: malloc is cheaper than bookkeeping
+        if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
         slab = self._take(nbytes)
         lease = _Lease(slab, tuple(int(d) for d in shape), dtype)
@@ -76,8 +99,11 @@ class BufferPool:
                 self._free_bytes -= slab.nbytes
                 return slab
             self.allocated += 1
-        size = -(-nbytes // _ALIGN) * _ALIGN
-        return np.empty(size, dtype=np.uint8)
+        size = max(_ALIGN, -(-nbytes // _ALIGN) * _ALIGN)
+        slab = self._allocate(size)
+        if slab.dtype != np.uint8 or slab.ndim != 1 or slab.nbytes < nbytes:
+            raise ValueError(f"allocate({size}) must return a 1-D uint8 array of >= {size} bytes")
+        return slab
 
     def _give_back(self, slab: np.ndarray) -> None:
         with self._lock:

@@ -35,9 +35,17 @@ OnError = Literal["raise", "skip", "warn"]
 Columns = dict[str, Any]
 
 
+# One lock for every ReaderStats: updates are per task or per batch, so it is never
+# contended, and a module-level lock keeps the dataclass picklable (DataLoader workers).
+_STATS_LOCK = threading.Lock()
+
+
 @dataclass
 class ReaderStats:
     """Counters a training loop can log (``dataset.stats.as_dict()``).
+
+    Safe to update from several threads (reader threads, several iterators of one
+    dataset, free-threaded CPython): :meth:`add` updates under a lock.
 
     Attributes:
         records: records delivered.
@@ -55,12 +63,22 @@ class ReaderStats:
     wait_seconds: float = 0.0
     decode_seconds: float = 0.0
 
+    def add(self, **deltas: float) -> None:
+        """Add to several counters at once, atomically: ``stats.add(records=64, batches=1)``."""
+        with _STATS_LOCK:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
     def as_dict(self) -> dict[str, float]:
-        return asdict(self)
+        """A consistent snapshot of the counters."""
+        with _STATS_LOCK:
+            return asdict(self)
 
     def reset(self) -> None:
-        for name, value in asdict(ReaderStats()).items():
-            setattr(self, name, value)
+        """Set every counter back to zero."""
+        with _STATS_LOCK:
+            for name, value in asdict(ReaderStats()).items():
+                setattr(self, name, value)
 
 
 @dataclass
@@ -130,7 +148,6 @@ class RecordReader:
         self.task_records = task_records
         self.task_bytes = task_bytes
         self.stats = stats or ReaderStats()
-        self._stats_lock = threading.Lock()
         self._avg_bytes = shards.avg_record_bytes
 
     # -- one task, on a reader thread ------------------------------------------------
@@ -207,12 +224,12 @@ class RecordReader:
             executor.shutdown(wait=True, cancel_futures=True)
 
     def _account(self, done: _Done, waited: float) -> None:
-        s = self.stats
-        with self._stats_lock:
-            s.wait_seconds += waited
-            s.decode_seconds += done.seconds
-            s.bytes += done.nbytes
-            s.skipped += len(done.skipped)
+        self.stats.add(
+            wait_seconds=waited,
+            decode_seconds=done.seconds,
+            bytes=done.nbytes,
+            skipped=len(done.skipped),
+        )
         for err in done.skipped:
             if self.on_error == "warn":
                 warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=3)
