@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from ._deps import require
 from .format._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir, temp_name
 
-__all__ = ["DirectoryTarget", "is_remote", "open_target", "strip_file_scheme"]
+__all__ = ["DirectoryTarget", "Location", "is_remote", "open_target", "strip_file_scheme"]
 
 log = logging.getLogger(__name__)
 
@@ -168,3 +168,142 @@ def open_target(
 def is_temp_name(name: str) -> bool:
     """True for the temp files an interrupted writer leaves (``name.tmp-<hex>``)."""
     return TMP_MARKER in name
+
+
+class Location:
+    """A file or directory to read from, local or remote, that survives pickling.
+
+    Holds only ``(url, storage_options)``; the filesystem is built on first use in
+    each process (fsspec's async filesystems are not fork-safe, and a subprocess
+    must not inherit a parent's sessions). Remote filesystems are private
+    instances whose listing cache is dropped before every listing, so files that
+    other processes published are seen.
+
+    Args:
+        url: a local path, ``file://`` URL, or any fsspec URL.
+        storage_options: passed to fsspec for remote URLs.
+    """
+
+    def __init__(
+        self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+    ) -> None:
+        self.url = os.fspath(url)
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+        self._path = ""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["storage_options"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"Location({self.url!r})"
+
+    @property
+    def remote(self) -> bool:
+        """True for remote URLs (anything but a local path or ``file://``)."""
+        return is_remote(self.url)
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            fsspec = require("fsspec", extra="s3")
+            opts = {"skip_instance_cache": True, **self.storage_options}
+            self._fs, self._path = fsspec.core.url_to_fs(self.url, **opts)
+        return self._fs, self._path
+
+    def _local(self, rel: str = "") -> str:
+        root = strip_file_scheme(self.url)
+        return os.path.join(root, *rel.split("/")) if rel else root
+
+    def _remote(self, rel: str = "") -> str:
+        path = self._filesystem()[1]
+        return f"{path.rstrip('/')}/{rel}" if rel else path
+
+    def join(self, rel: str) -> str:
+        """The URL (or path) of ``rel`` below this location."""
+        return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
+
+    def child(self, rel: str) -> Location:
+        """A :class:`Location` for ``rel`` below this one, with the same options."""
+        return Location(self.join(rel), self.storage_options)
+
+    def exists(self, rel: str = "") -> bool:
+        """Whether ``rel`` (or this location itself) exists."""
+        if not self.remote:
+            return os.path.exists(self._local(rel))
+        fs, _ = self._filesystem()
+        fs.invalidate_cache()
+        return bool(fs.exists(self._remote(rel)))
+
+    def isdir(self, rel: str = "") -> bool:
+        """Whether ``rel`` (or this location itself) is a directory (a prefix, remotely)."""
+        if not self.remote:
+            return os.path.isdir(self._local(rel))
+        fs, _ = self._filesystem()
+        fs.invalidate_cache()
+        return bool(fs.isdir(self._remote(rel)))
+
+    def walk(self) -> list[tuple[str, int]]:
+        """Every file below this directory as ``(relative posix path, size)``, sorted.
+
+        A location that is a single file gives ``[("", size)]``. Temp files of
+        interrupted writers are skipped.
+        """
+        if not self.remote:
+            root = self._local()
+            if os.path.isfile(root):
+                return [("", os.path.getsize(root))]
+            found = []
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames.sort()
+                for name in filenames:
+                    full = os.path.join(dirpath, name)
+                    rel = os.path.relpath(full, root).replace(os.sep, "/")
+                    found.append((rel, os.path.getsize(full)))
+        else:
+            fs, path = self._filesystem()
+            fs.invalidate_cache()
+            if not fs.isdir(path):
+                return [("", int(fs.size(path)))]
+            base = path.rstrip("/") + "/"
+            info = fs.find(path, detail=True)
+            missing = [k for k, v in info.items() if v.get("size") is None]
+            # HTTP listings carry no sizes; ask for them all at once (one HEAD each).
+            sizes = dict(zip(missing, fs.sizes(missing))) if missing else {}
+            found = []
+            for key, entry in info.items():
+                if not key.startswith(base):
+                    continue
+                size = entry.get("size")
+                found.append((key[len(base) :], int(sizes.get(key, size) or 0)))
+        return sorted((rel, size) for rel, size in found if not is_temp_name(rel))
+
+    def size(self, rel: str = "") -> int:
+        """The size of the file ``rel`` (or of this location) in bytes."""
+        if not self.remote:
+            return os.path.getsize(self._local(rel))
+        fs, _ = self._filesystem()
+        return int(fs.size(self._remote(rel)))
+
+    def open(self, rel: str = "", *, block_size: int | None = None) -> Any:
+        """Open the file ``rel`` (or this location) for binary reading; seekable.
+
+        Args:
+            rel: a relative path below this location, ``""`` for the location itself.
+            block_size: read-ahead of remote files (fsspec's default when ``None``).
+        """
+        if not self.remote:
+            return open(self._local(rel), "rb")
+        fs, _ = self._filesystem()
+        kwargs = {} if block_size is None else {"block_size": block_size}
+        return fs.open(self._remote(rel), "rb", **kwargs)
+
+    def read_bytes(self, rel: str = "") -> bytes:
+        """The whole content of the file ``rel`` (or of this location)."""
+        if not self.remote:
+            with open(self._local(rel), "rb") as f:
+                return f.read()
+        fs, _ = self._filesystem()
+        return bytes(fs.cat_file(self._remote(rel)))

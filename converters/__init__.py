@@ -1,0 +1,80 @@
+"""Converters from common dataset formats to recordkit, found by name.
+
+Each module holds one :class:`~converters.base.Source`. Built-in names:
+``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset`` and
+``tfrecord``. Third parties add their own through the ``recordkit.converters``
+entry-point group::
+
+    [project.entry-points."recordkit.converters"]
+    myformat = "mypackage.converter:MySource"
+
+or at run time with :func:`register` (in-process only: writer subprocesses
+import the class by its module path, so it must be importable there).
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+
+from .base import Item, Source, SourceError, SourceNotFoundError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Item",
+    "Source",
+    "SourceError",
+    "SourceNotFoundError",
+    "available",
+    "get",
+    "register",
+]
+
+ENTRY_POINT_GROUP = "recordkit.converters"
+
+# Built-ins resolve without package metadata (a source checkout that was never
+# installed); pyproject.toml declares the same names in the entry-point group.
+_BUILTIN = {
+    "csv": "converters.csv:CsvSource",
+    "imagefolder": "converters.imagefolder:ImageFolderSource",
+    "jsonl": "converters.jsonl:JsonlSource",
+    "numpy": "converters.numpy:NumpySource",
+    "parquet": "converters.parquet:ParquetSource",
+    "tfrecord": "converters.tfrecord:TFRecordSource",
+    "webdataset": "converters.webdataset:WebDatasetSource",
+}
+_registered: dict[str, type[Source]] = {}
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available() -> list[str]:
+    """The names of every converter: built-in, from entry points, and registered."""
+    return sorted({*_BUILTIN, *_entry_points(), *_registered})
+
+
+def register(name: str, cls: type[Source]) -> None:
+    """Make ``cls`` available as ``name`` in this process (overrides other sources)."""
+    if not (isinstance(cls, type) and issubclass(cls, Source)):
+        raise TypeError(f"register({name!r}, ...): expected a Source subclass, got {cls!r}")
+    _registered[name] = cls
+
+
+def get(name: str) -> type[Source]:
+    """The :class:`Source` class for ``name``.
+
+    Raises:
+        ValueError: no converter has that name (the message lists those that do).
+    """
+    if name in _registered:
+        return _registered[name]
+    target = _BUILTIN.get(name) or _entry_points().get(name)
+    if target is None:
+        raise ValueError(f"no converter named {name!r}; available: {', '.join(available())}")
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Source)):
+        raise TypeError(f"converter {name!r} ({target}) is not a Source subclass")
+    return cls

@@ -1,0 +1,79 @@
+"""``jsonl``: JSON Lines files, one object per line; keys become features.
+
+Options:
+    chunk_bytes: files larger than this are cut into byte ranges (whole lines
+        each) that different partitions read in parallel; 64 MiB by default.
+        Gzipped files (``*.gz``) are read whole.
+    infer_rows: how many leading rows type inference looks at (default 1000).
+
+Inferred types: ints and bools -> ``Int64``, floats -> ``Float32``, strings ->
+``Bytes`` (UTF-8), objects -> ``Bytes`` holding their JSON text, lists of those
+-> list shapes (``(n,)`` when every row has ``n``, else ``(None,)``), nested
+numeric lists -> ``Tensor``. Give a schema for anything else (or for exact
+float64: ``Tensor("float64", ())``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
+
+from recordkit import Schema
+from recordkit.errors import SchemaError
+
+from ._tabular import byte_range_lines, convert_value, files_as_items, infer_columns, open_text
+from .base import Item, Source, SourceError
+
+__all__ = ["JsonlSource"]
+
+
+class JsonlSource(Source):
+    """JSON Lines (``*.jsonl``, ``*.ndjson``, ``*.json``, optionally ``.gz``) -> records."""
+
+    name: ClassVar[str] = "jsonl"
+    defaults: ClassVar[Mapping[str, Any]] = {"chunk_bytes": 64 << 20, "infer_rows": 1000}
+    suffixes = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz")
+
+    def list_items(self) -> list[Item]:
+        self.check_exists()
+        chunk = int(self.options["chunk_bytes"])
+        return files_as_items(self.location, self.suffixes, fmt=self.name, chunk_bytes=chunk)
+
+    def _lines(self, item: Item) -> Iterator[tuple[str, bytes | str]]:
+        rel, start, stop = item.ref
+        if stop is None:
+            with open_text(self.location, rel) as f:
+                for number, line in enumerate(f, 1):
+                    yield f"line {number}", line
+        else:
+            for number, line in enumerate(byte_range_lines(self.location, rel, start, stop)):
+                yield f"line {number + 1} after byte {start}", line
+
+    def _rows(self, item: Item) -> Iterator[tuple[str, dict[str, Any]]]:
+        for where, line in self._lines(item):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise SourceError(f"{item.key}: {where}: not JSON: {exc}") from exc
+            if not isinstance(row, dict):
+                raise SourceError(f"{item.key}: {where}: expected a JSON object per line")
+            yield where, row
+
+    def infer_schema(self, items: Sequence[Item]) -> Schema:
+        limit = int(self.options["infer_rows"])
+        rows = itertools.islice((r for it in items for _, r in self._rows(it)), limit)
+        where = items[0].key if items else self.location.url
+        return infer_columns(rows, where=where, strings=False)
+
+    def samples(self, item: Item, schema: Schema) -> Iterator[Mapping[str, Any]]:
+        features = schema.features
+        for where, row in self._rows(item):
+            if row.keys() != features.keys():
+                missing = sorted(set(features) - set(row))
+                extra = sorted(set(row) - set(features))
+                raise SchemaError(f"{item.key}: {where}: missing {missing}, unexpected {extra}")
+            yield {k: convert_value(k, row[k], features[k], text=False) for k in features}

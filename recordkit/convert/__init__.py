@@ -1,0 +1,50 @@
+"""``recordkit.convert``: turn a dataset in another format into a recordkit dataset.
+
+The module is itself callable: ``recordkit.convert(src, dst, format="jsonl")``
+is :func:`recordkit.convert.convert`. See ``docs/convert.md``.
+
+Importing it is light (no fsspec, no dask): filesystems are built when a
+conversion starts, Dask only when ``engine="dask"`` runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from ._errors import ConvertError, DiskFullError, PartitionsFailedError
+from .partition import PartitionResult, PartitionTask, run_partition
+from .plan import ConvertOptions, Partition, Plan, make_plan
+from .progress import LogProgress, NullProgress, Progress, TqdmProgress
+from .run import ConvertResult, convert, plan_conversion
+
+__all__ = [
+    "ConvertError",
+    "ConvertOptions",
+    "ConvertResult",
+    "DiskFullError",
+    "LogProgress",
+    "NullProgress",
+    "Partition",
+    "PartitionResult",
+    "PartitionTask",
+    "PartitionsFailedError",
+    "Plan",
+    "Progress",
+    "TqdmProgress",
+    "convert",
+    "make_plan",
+    "plan_conversion",
+    "run_partition",
+]
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``recordkit.convert(...)`` call :func:`convert` although it is a package."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ConvertResult:
+        return convert(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
