@@ -204,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=5, help="number of samples (default 5)")
     p.add_argument("--width", type=int, default=32, help="bytes shown per value (default 32)")
     p.set_defaults(func=_cmd_head)
+
+    from .convert._cli import add_parser as add_convert  # stdlib-only module
+
+    add_convert(sub)
     return parser
 
 

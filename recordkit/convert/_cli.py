@@ -1,0 +1,219 @@
+"""``recordkit convert``: the subcommand's parser and handler.
+
+Only the standard library at module level (``recordkit --help`` stays instant);
+the handler imports the conversion machinery when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "parse_schema"]
+
+_EXAMPLES = """\
+examples:
+  recordkit convert imgs/ data/train --from imagefolder
+  recordkit convert s3://bucket/rows/ data/rows --from jsonl --schema 'id:int64,text:bytes'
+  recordkit convert arrays.npz s3://bucket/ds --from numpy --compress zstd --workers 8
+  recordkit convert shards/ out/ --from webdataset --engine dask --scheduler tcp://h:8786
+
+A killed or failed conversion resumes when rerun with the same arguments.
+"""
+
+_SPEC = re.compile(r"^\s*([^:\s]+)\s*:\s*(tensor:)?([a-z0-9]+)\s*(?:\[([^\]]*)\])?\s*$")
+
+
+def parse_schema(text: str) -> Any:
+    """A ``recordkit.Schema`` from ``--schema``: JSON, ``@file.json``, or a compact spec.
+
+    The compact spec is ``name:type[shape],...``: ``bytes``, ``int64`` and
+    ``float32`` are Example features (``int64[3]``, ``float32[None]``, ``bytes[]``
+    for a list of any length); any other numpy dtype (``uint8[32,32,3]``,
+    ``float64``) is a ``Tensor``; ``tensor:int64[4]`` forces a ``Tensor``.
+    """
+    from .. import Bytes, Float32, Int64, Schema, Tensor
+    from ..errors import SchemaError
+
+    text = text.strip()
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as f:
+            text = f.read().strip()
+    if text.startswith("{"):
+        try:
+            return Schema.from_json(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"--schema is not valid JSON: {exc}") from exc
+    features: dict[str, Any] = {}
+    for part in _split_top(text):
+        match = _SPEC.match(part)
+        if not match:
+            raise SchemaError(f"--schema: cannot parse {part!r}; expected name:type[shape]")
+        name, forced, kind, dims = match.groups()
+        shape: tuple[int | None, ...] = ()
+        if dims is not None:
+            shape = tuple(
+                None if d.strip() in ("", "None", "none", "?") else int(d)
+                for d in (dims.split(",") if dims.strip() else [""])
+            )
+        if not forced and kind in ("bytes", "int64", "float32"):
+            features[name] = {"bytes": Bytes, "int64": Int64, "float32": Float32}[kind](shape)
+        else:
+            features[name] = Tensor(kind, shape)
+    if not features:
+        raise SchemaError("--schema is empty")
+    return Schema(features)
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current).strip())
+    return [p for p in parts if p]
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"recordkit convert: --option {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value  # a plain string, e.g. delimiter=;
+    return out
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from . import ConvertOptions, LogProgress, PartitionsFailedError, TqdmProgress, convert
+
+    log = logging.getLogger("recordkit.convert")
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)  # progress lines and the plan are what this command is for
+    progress: Any
+    if args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()):
+        try:
+            progress = TqdmProgress()
+        except ImportError:
+            progress = LogProgress(args.log_interval)
+    elif args.progress == "none":
+        progress = None
+    else:
+        progress = LogProgress(args.log_interval)
+    storage_options = json.loads(args.storage_options) if args.storage_options else None
+    dst_options = json.loads(args.dst_storage_options) if args.dst_storage_options else None
+    options = ConvertOptions(
+        shard_size=args.shard_size,
+        max_records=args.max_records,
+        partition_bytes=args.partition_size,
+        compress=args.compress,
+        fsync=not args.no_fsync,
+        retries=args.retries,
+    )
+    try:
+        result = convert(
+            args.src,
+            args.dst,
+            format=args.from_,
+            schema=parse_schema(args.schema) if args.schema else None,
+            workers=args.workers,
+            engine=args.engine,
+            scheduler=args.scheduler,
+            resume=True if args.resume else None,
+            overwrite=args.overwrite,
+            storage_options=storage_options,
+            dst_storage_options=dst_options,
+            source_options=_options(args.option),
+            options=options,
+            progress=progress,
+        )
+    except PartitionsFailedError as group:
+        print(f"recordkit convert: error: {group.message}", file=sys.stderr)
+        for exc in group.exceptions:
+            print(f"  {type(exc).__name__}: {exc}", file=sys.stderr)
+            for note in getattr(exc, "__notes__", []):
+                print(f"    {note}", file=sys.stderr)
+        return 1
+    print(result.summary(), file=sys.stderr)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``convert`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "convert",
+        help="convert a dataset in another format into a recordkit dataset",
+        description="Convert SRC (a local path or fsspec URL) into a recordkit dataset at DST, "
+        "in writer subprocesses (or on a Dask cluster). A rerun resumes a killed or failed "
+        "conversion and ends byte-identical to an uninterrupted one.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", help="source: a path or URL (s3://, gs://, http(s)://, memory://)")
+    p.add_argument("dst", help="dataset directory: a path or URL")
+    p.add_argument(
+        "--from",
+        dest="from_",
+        required=True,
+        metavar="FORMAT",
+        help="source format: imagefolder, jsonl, csv, numpy, parquet, webdataset, tfrecord, "
+        "or one a plugin registers",
+    )
+    p.add_argument(
+        "--schema",
+        help="JSON, @file.json, or 'name:type[shape],...' (default: inferred from the source)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, help="writer processes (default: CPU count; 0: inline)"
+    )
+    p.add_argument("--shard-size", default="256MiB", help="shard roll-over size (default 256MiB)")
+    p.add_argument("--max-records", type=int, default=None, help="also roll over after N records")
+    p.add_argument(
+        "--partition-size",
+        default=None,
+        help="source bytes per partition, the unit of work and resume (default: shard size)",
+    )
+    p.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
+    p.add_argument("--engine", choices=["local", "dask"], default="local")
+    p.add_argument("--scheduler", default=None, help="Dask scheduler address (default: local)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume a partial run (also the default when DST holds one of the same plan)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace what is at DST")
+    p.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a converter option (value parsed as JSON when it is JSON)",
+    )
+    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (SRC and DST)")
+    p.add_argument("--dst-storage-options", default=None, help="fsspec options for DST as JSON")
+    p.add_argument("--retries", type=int, default=3, help="retries on transient remote errors")
+    p.add_argument("--no-fsync", action="store_true", help="do not fsync shards (scratch data)")
+    p.add_argument(
+        "--progress",
+        choices=["auto", "bar", "log", "none"],
+        default="auto",
+        help="a tqdm bar when stderr is a terminal, log lines otherwise (default auto)",
+    )
+    p.add_argument(
+        "--log-interval", type=float, default=10.0, help="seconds between progress log lines"
+    )
+    p.set_defaults(func=_cmd_convert)
