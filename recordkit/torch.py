@@ -46,6 +46,7 @@ from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
+from .reader.process import ProcessReader  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
 
 __all__ = ["DataLoader", "DevicePrefetcher", "RecordDataset", "RecordMapDataset"]
@@ -155,6 +156,13 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             :class:`DevicePrefetcher`). Only in the process that iterates
             without ``DataLoader`` workers, and only where an accelerator is
             present; elsewhere ordinary memory is used (logged at INFO).
+        reader_process: decode in a separate spawned loader process (its own
+            GIL) that hands chunks over through shared memory, zero-copy and
+            without pickling arrays (:mod:`recordkit.reader.process`); for a
+            training step whose Python holds the GIL. ``num_threads`` then
+            defaults to all CPUs (the threads run in that process). Not inside
+            ``DataLoader`` workers. Keep (``clone()``) batches you hold on to
+            across many steps: a few chunks' worth may be held at a time.
         rank: this process's rank; default ``torch.distributed``'s, else 0.
         world_size: number of ranks; default ``torch.distributed``'s, else 1.
 
@@ -186,6 +194,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         rank: int | None = None,
         world_size: int | None = None,
         pin_memory: bool = False,
+        reader_process: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -209,6 +218,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self.verify = verify
         self.prefetch = prefetch
         self.pin_memory = pin_memory
+        self.reader_process = reader_process
         self._rank, self._world = rank, world_size
         self.epoch = 0
         self.stats = ReaderStats()
@@ -285,15 +295,33 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             self._resume = None  # a worker's copy cannot clear the parent's; DataLoader does
         plan = self._plan(epoch)
         threads = self.num_threads or max(1, _cpus() // split.num_workers)
-        reader = RecordReader(
-            self._open(),
-            self._decoder(),
-            num_threads=threads,
-            prefetch=self.prefetch or 2 * threads,
-            on_error=self.on_error,
-            pool=self._pool,
-            stats=self.stats,
-        )
+        reader: RecordReader | ProcessReader
+        if self.reader_process:
+            if get_worker_info() is not None:
+                raise ValueError(
+                    "reader_process=True inside DataLoader workers: use one or the other"
+                )
+            shards = self._open()
+            reader = ProcessReader(
+                self.path,
+                self.schema,
+                shards.fingerprint(),
+                decoder={"columns": self.columns, "verify": self.verify, "bytes_as": self.bytes_as},
+                num_threads=threads,
+                prefetch=self.prefetch or 2 * threads,
+                on_error=self.on_error,
+                stats=self.stats,
+            )
+        else:
+            reader = RecordReader(
+                self._open(),
+                self._decoder(),
+                num_threads=threads,
+                prefetch=self.prefetch or 2 * threads,
+                on_error=self.on_error,
+                pool=self._pool,
+                stats=self.stats,
+            )
         units = plan.units(split, start)
         self._next_unit = start
         batched = self.options.batch_size is not None

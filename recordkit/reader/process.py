@@ -1,0 +1,494 @@
+"""Decode in a separate loader process; hand chunks over through shared memory.
+
+:class:`ProcessReader` has :class:`~recordkit.reader.pipeline.RecordReader`'s
+``read`` interface, but its reader threads run in a spawned child process, with
+a GIL of their own: the training process only receives chunks. Arrays are never
+pickled: the child copies each decoded chunk into one of ``slots`` shared-memory
+segments and sends a small control message (slot, offsets, dtypes, shapes and
+counters). The parent maps the slot's arrays in place, zero-copy. A slot goes
+back to the child only when every array, view and tensor made from it is gone
+(the same lease-and-finalizer scheme as :mod:`recordkit.reader.buffers`), so a
+batch stays valid however long user code keeps it; if user code keeps batches
+of all ``slots`` chunks while asking for more, :class:`RuntimeError` says so
+instead of deadlocking.
+
+The parent creates, grows (on the child's request) and unlinks every segment,
+so nothing is left in ``/dev/shm`` when the child is killed. The child is
+stopped when the iteration ends, is closed or collected: a stop message, then
+join → terminate → kill, with a log line at each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import itertools
+import logging
+import mmap
+import os
+import pickle
+import secrets
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Generator
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from ..codec.schema import Schema
+from ..errors import CorruptRecordError, RecordkitError
+from .buffers import BufferPool
+from .decode import BatchDecoder
+from .pipeline import Chunk, OnError, ReaderStats, RecordReader, _Done
+from .plan import EpochPlan, PlanOptions, Split
+
+__all__ = ["ProcessReader"]
+
+_ENTRY = "from recordkit.reader.process import _child_entry; _child_entry()"
+
+log = logging.getLogger(__name__)
+
+_ALIGN = 64
+_POLL_SECONDS = 1.0
+_JOIN_SECONDS = 5.0
+
+
+def _address(shm: SharedMemory) -> int:
+    """The mapping's address, without keeping a buffer export (which would block close)."""
+    c = ctypes.c_char.from_buffer(shm.buf)
+    try:
+        return ctypes.addressof(c)
+    finally:
+        del c
+
+
+def _attach(name: str, size: int) -> mmap.mmap:
+    """Map a parent-owned segment in the child.
+
+    Not through ``SharedMemory``: before Python 3.13 that registers the segment
+    with a resource tracker of the child's own, which would unlink it when the
+    child exits. The parent owns, and unlinks, every segment.
+    """
+    if os.name == "nt":
+        return mmap.mmap(-1, size, tagname=name)
+    import _posixshmem  # CPython's own module behind SharedMemory
+
+    fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+# -- the child ---------------------------------------------------------------------------
+
+
+class _ChildReader(RecordReader):
+    """Collects what ``RecordReader`` would count and warn about, to send it to the parent."""
+
+    pending: list[tuple[int, float, list[CorruptRecordError]]]
+
+    def _account(self, done: _Done, waited: float) -> None:
+        self.pending.append((done.nbytes, done.seconds, done.skipped))
+
+
+def _layout(chunk: Chunk) -> tuple[list[tuple[Any, ...]], list[tuple[int, np.ndarray]], int]:
+    """Where each array of a chunk goes in a slot: (metadata, copies, bytes needed)."""
+    meta: list[tuple[Any, ...]] = []
+    copies: list[tuple[int, np.ndarray]] = []
+    size = 0
+
+    def place(a: np.ndarray) -> tuple[str, tuple[int, ...], int]:
+        nonlocal size
+        offset = size
+        copies.append((offset, a))
+        size += -(-a.nbytes // _ALIGN) * _ALIGN
+        return a.dtype.str, a.shape, offset
+
+    meta.append(("array", "/units", *place(chunk.units)))
+    for name, value in chunk.columns.items():
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            meta.append(("array", name, *place(value)))
+        elif isinstance(value, list) and all(
+            isinstance(v, np.ndarray) and v.dtype != object for v in value
+        ):
+            meta.append(("arrays", name, [place(v) for v in value]))
+        elif isinstance(value, list) and all(isinstance(v, bytes) for v in value):
+            blob = np.frombuffer(b"".join(value), np.uint8)
+            meta.append(("bytes", name, place(blob)[2], [len(v) for v in value]))
+        else:  # lists of bytes lists: small Python values, sent as they are
+            meta.append(("object", name, value))
+    return meta, copies, size
+
+
+def _child_entry() -> None:
+    """``python -c 'from recordkit.reader.process import _child_entry; _child_entry()' W R``.
+
+    A plain subprocess, not ``multiprocessing``'s spawn: it imports only recordkit
+    and NumPy, not the parent's ``__main__`` (and so not torch).
+    """
+    data = Connection(int(sys.argv[1]), readable=False)
+    ctrl = Connection(int(sys.argv[2]), writable=False)
+    try:
+        job = ctrl.recv()
+    except EOFError:
+        return
+    _child_main(job, data, ctrl)
+
+
+def _child_main(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
+    """The loader process: read the plan's units and hand chunks over, slot by slot."""
+    try:
+        _child_loop(job, data, ctrl)
+    except BaseException as exc:
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = RecordkitError(f"loader process failed: {type(exc).__name__}: {exc}")
+        with contextlib.suppress(OSError):
+            data.send(("error", exc))
+
+
+def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
+    from .shards import open_shards
+
+    shards = open_shards(job["path"], Schema.from_json(job["schema"]))
+    if shards.fingerprint() != job["fingerprint"]:
+        raise RecordkitError(f"the shards of {job['path']} changed under the loader process")
+    plan = EpochPlan(
+        shards.counts, job["options"], job["epoch"], avg_record_bytes=shards.avg_record_bytes
+    )
+    reader = _ChildReader(
+        shards,
+        BatchDecoder(shards.schema, **job["decoder"]),
+        num_threads=job["num_threads"],
+        prefetch=job["prefetch"],
+        on_error="skip" if job["on_error"] == "warn" else job["on_error"],
+        pool=BufferPool(),
+    )
+    reader.pending = []
+    free = list(range(job["slots"]))
+    segments: dict[int, mmap.mmap] = {}
+
+    def wait_ctrl() -> tuple[Any, ...]:
+        try:
+            msg: tuple[Any, ...] = ctrl.recv()  # EOF when the parent is gone
+        except EOFError:
+            raise SystemExit(0) from None
+        if msg[0] == "stop":
+            raise SystemExit(0)
+        return msg
+
+    def handle(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "free":
+            free.append(msg[1])
+
+    chunks = reader.read(plan, job["split"], job["units"])
+    try:
+        for chunk in chunks:
+            meta, copies, size = _layout(chunk)
+            while ctrl.poll(0):
+                handle(wait_ctrl())
+            while not free:
+                handle(wait_ctrl())
+            slot = free.pop(0)
+            seg = segments.get(slot)
+            if seg is None or len(seg) < size:
+                if seg is not None:
+                    seg.close()
+                data.send(("grow", slot, size))
+                while (msg := wait_ctrl())[0] != "segment":
+                    handle(msg)
+                seg = segments[slot] = _attach(msg[2], msg[3])
+            for offset, a in copies:
+                dst = np.ndarray(a.shape, a.dtype, buffer=seg, offset=offset)
+                np.copyto(dst, a)
+                del dst  # no export left behind: the segment must stay closable
+            done, reader.pending = reader.pending, []
+            data.send(("chunk", slot, chunk.rows, meta, done))
+        data.send(("end",))
+    finally:
+        chunks.close()
+        for seg in segments.values():
+            seg.close()
+
+
+# -- the parent --------------------------------------------------------------------------
+
+
+class _Segment:
+    """One parent-owned shared-memory segment; mapped while any lease on it lives."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(size, 1)
+        # Named after this process, so leftovers (there should be none) are traceable.
+        name = f"rk_{os.getpid()}_{secrets.token_hex(6)}"
+        self.shm = SharedMemory(name=name, create=True, size=self.size)
+        self.address = _address(self.shm)
+        self.unlinked = False
+
+    def unlink(self) -> None:
+        if not self.unlinked:
+            self.unlinked = True
+            with contextlib.suppress(FileNotFoundError):
+                self.shm.unlink()
+
+
+class _Lease:
+    """Exports ``size`` bytes of a segment to NumPy; its death frees the slot."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "segment")
+
+    def __init__(self, segment: _Segment, size: int) -> None:
+        self.segment = segment  # keeps the mapping alive
+        self.__array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (segment.address, False),
+            "version": 3,
+        }
+
+
+class _Slots:
+    """The parent's side of the slot protocol (thread-safe: finalizers run anywhere)."""
+
+    def __init__(self, ctrl: Connection, count: int) -> None:
+        self.ctrl = ctrl
+        self.count = count
+        self.segments: dict[int, _Segment] = {}
+        self.held: set[int] = set()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self.lock:
+            if not self.closed:
+                with contextlib.suppress(OSError):  # the child is gone: nothing to tell
+                    self.ctrl.send(msg)
+
+    def grow(self, slot: int, size: int) -> None:
+        old = self.segments.pop(slot, None)
+        if old is not None:
+            old.unlink()  # its leases are gone (the slot was free); the map goes with the object
+        seg = _Segment(size + size // 4)  # headroom: chunk sizes vary a little
+        self.segments[slot] = seg
+        self.send(("segment", slot, seg.shm.name, seg.size))
+
+    def region(self, slot: int, size: int) -> np.ndarray:
+        lease = _Lease(self.segments[slot], size)
+        with self.lock:
+            self.held.add(slot)
+        weakref.finalize(lease, self.release, slot)
+        return np.asarray(lease)
+
+    def release(self, slot: int) -> None:
+        with self.lock:
+            self.held.discard(slot)
+        self.send(("free", slot))
+
+    def all_held(self) -> bool:
+        with self.lock:
+            return len(self.held) >= self.count
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+        for seg in self.segments.values():
+            seg.unlink()  # live leases keep their mapping; the name is gone now
+
+
+def _columns(region: np.ndarray, meta: list[tuple[Any, ...]]) -> tuple[np.ndarray, dict[str, Any]]:
+    def view(dtype: str, shape: tuple[int, ...], offset: int) -> np.ndarray:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return region[offset : offset + n].view(dtype).reshape(shape)
+
+    units = np.empty(0, np.int64)
+    columns: dict[str, Any] = {}
+    for entry in meta:
+        kind, name = entry[0], entry[1]
+        if kind == "array":
+            value: Any = view(*entry[2:])
+            if name == "/units":
+                units = value
+                continue
+        elif kind == "arrays":
+            value = [view(*m) for m in entry[2]]
+        elif kind == "bytes":
+            offset, lengths = entry[2], entry[3]
+            ends = np.cumsum([0, *lengths]) + offset
+            value = [region[a:b].tobytes() for a, b in itertools.pairwise(ends)]
+        else:
+            value = entry[2]
+        columns[name] = value
+    return units, columns
+
+
+class ProcessReader:
+    """Decode the units of an epoch plan in a spawned loader process, in order.
+
+    Args:
+        path: the dataset path (the child opens its own maps).
+        schema: the schema.
+        fingerprint: the parent's ``ShardSet.fingerprint()``; the child refuses
+            to read a shard set that differs.
+        decoder: ``BatchDecoder`` keyword arguments (``columns``, ``verify``, ``bytes_as``).
+        num_threads: reader threads in the child.
+        prefetch: tasks in flight in the child.
+        on_error: as :class:`~recordkit.reader.pipeline.RecordReader`; warnings
+            and skip counts arrive in this process.
+        slots: shared-memory segments (one chunk each) between the processes.
+        stats: counters to update in this process.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        schema: Schema,
+        fingerprint: str,
+        *,
+        decoder: dict[str, Any],
+        num_threads: int,
+        prefetch: int,
+        on_error: OnError = "raise",
+        slots: int = 4,
+        stats: ReaderStats | None = None,
+    ) -> None:
+        if slots < 2:
+            raise ValueError(f"slots must be >= 2, got {slots}")
+        self.path = path
+        self.schema = schema
+        self.fingerprint = fingerprint
+        self.decoder = decoder
+        self.num_threads = num_threads
+        self.prefetch = prefetch
+        self.on_error = on_error
+        self.slots = slots
+        self.stats = stats or ReaderStats()
+
+    def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
+        """Yield decoded chunks covering ``units`` in order; stops the child when closed."""
+        options: PlanOptions = plan.options
+        job = {
+            "path": self.path,
+            "schema": self.schema.to_json(),
+            "fingerprint": self.fingerprint,
+            "options": options,
+            "epoch": plan.epoch,
+            "split": split,
+            "units": units,
+            "decoder": self.decoder,
+            "num_threads": self.num_threads,
+            "prefetch": self.prefetch,
+            "on_error": self.on_error,
+            "slots": self.slots,
+        }
+        data_r, data_w = os.pipe()
+        ctrl_r, ctrl_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _ENTRY, str(data_w), str(ctrl_r)],
+                pass_fds=(data_w, ctrl_r),
+            )
+        except BaseException:
+            for fd in (data_r, data_w, ctrl_r, ctrl_w):
+                os.close(fd)
+            raise
+        os.close(data_w)
+        os.close(ctrl_r)
+        data_recv = Connection(data_r, writable=False)
+        ctrl_send = Connection(ctrl_w, readable=False)
+        slots = _Slots(ctrl_send, self.slots)
+        log.debug("loader process %d started for %s", proc.pid, self.path)
+        try:
+            slots.send(job)
+            waited = 0.0
+            while True:
+                t0 = time.perf_counter()
+                msg = self._receive(data_recv, proc, slots)
+                waited += time.perf_counter() - t0
+                if msg[0] == "grow":
+                    slots.grow(msg[1], msg[2])
+                elif msg[0] == "chunk":
+                    _, slot, rows, meta, done = msg
+                    region = slots.region(slot, slots.segments[slot].size)
+                    units_, columns = _columns(region, meta)
+                    del region  # the arrays hold the lease now
+                    self._account(done, waited)
+                    waited = 0.0
+                    yield Chunk(units=units_, columns=columns, rows=rows)
+                elif msg[0] == "end":
+                    return
+                else:
+                    raise msg[1]
+        finally:
+            slots.send(("stop",))
+            _stop(proc)
+            slots.close()
+            data_recv.close()
+            ctrl_send.close()
+
+    def _receive(self, conn: Connection, proc: Any, slots: _Slots) -> tuple[Any, ...]:
+        while not conn.poll(_POLL_SECONDS):
+            if proc.poll() is not None and not conn.poll(0):
+                raise RecordkitError(
+                    f"the loader process exited (code {proc.returncode}) before the epoch ended"
+                )
+            if slots.all_held():
+                gc.collect()  # batches in reference cycles
+                if slots.all_held():
+                    raise RuntimeError(
+                        f"all {slots.count} shared-memory slots are held by batches that are "
+                        "still referenced, so the loader process cannot hand over more: copy "
+                        "the batches you keep (tensor.clone()), or read with more slots"
+                    )
+        try:
+            msg: tuple[Any, ...] = conn.recv()
+        except (EOFError, OSError):  # the child closed its end: it has died
+            try:
+                code = proc.wait(_JOIN_SECONDS)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise RecordkitError(
+                f"the loader process exited (code {code}) before the epoch ended"
+            ) from None
+        return msg
+
+    def _account(
+        self, done: list[tuple[int, float, list[CorruptRecordError]]], waited: float
+    ) -> None:
+        nbytes = sum(d[0] for d in done)
+        seconds = sum(d[1] for d in done)
+        skipped = [e for d in done for e in d[2]]
+        self.stats.add(
+            wait_seconds=waited, decode_seconds=seconds, bytes=nbytes, skipped=len(skipped)
+        )
+        for err in skipped:
+            if self.on_error == "warn":
+                warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=4)
+            else:
+                log.debug("skipped corrupt record: %s", err)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(_JOIN_SECONDS)
+    except subprocess.TimeoutExpired:
+        log.warning(
+            "loader process %s did not stop in %.0f s: terminating", proc.pid, _JOIN_SECONDS
+        )
+        proc.terminate()
+        try:
+            proc.wait(_JOIN_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("loader process %s ignored SIGTERM: killing", proc.pid)
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        log.debug("loader process %s exited with code %s", proc.pid, proc.returncode)
