@@ -33,6 +33,10 @@ Policy = Literal["consumed-lru", "lru"]
 # How often idle or blocked fill workers look again for work that other processes
 # made possible (an eviction, a released pin); in-process changes wake them at once.
 _POLL_S = 0.5
+# A shard whose download failed (after its read retries) waits this long, doubling
+# with each failure, before the next try.
+_COOLDOWN_S = 5.0
+_MAX_COOLDOWN_S = 300.0
 
 
 class CacheEvents(Protocol):
@@ -178,6 +182,7 @@ class ShardCache:
         self._wake = threading.Event()
         self._failure: BaseException | None = None
         self._cooldown: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
         self._state_lock = threading.Lock()
         self.errors: list[BaseException] = []
 
@@ -279,10 +284,14 @@ class ShardCache:
     def gc(self) -> list[str]:
         """Remove orphans left by dead processes and shards the remote no longer has."""
         known = self._known()
+        fetched = self.dir.load_state()["shards"]
 
         def keep(rel: str, size: int) -> bool:
             info = known.get(rel)
-            return info is not None and (info.crc32c is None or info.bytes == size)
+            if info is None or info.crc32c is None:
+                return info is not None
+            crc = fetched.get(rel, {}).get("crc32c")  # what the download had
+            return info.bytes == size and crc in (None, info.crc32c)
 
         return self.dir.gc(keep)
 
@@ -357,11 +366,13 @@ class ShardCache:
         try:
             self._fetch(info, lease)
         except DownloadError as exc:
-            self._cooldown[info.path] = (
-                time.monotonic() + 10 * (self._retry or RetryOptions()).backoff
-            )
+            # Retried later, less and less often: the remote may recover, a corrupt
+            # object may be rewritten. Meanwhile the other shards go ahead.
+            fails = self._failures[info.path] = self._failures.get(info.path, 0) + 1
+            wait = min(_MAX_COOLDOWN_S, _COOLDOWN_S * 2 ** (fails - 1))
+            self._cooldown[info.path] = time.monotonic() + wait
             self.errors.append(exc)
-            log.error("could not fetch %s: %s", info.path, exc)
+            log.error("could not fetch %s (retrying in %.0f s): %s", info.path, wait, exc)
         finally:
             self.dir.release(lease)
         return "worked"

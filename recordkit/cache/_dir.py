@@ -215,16 +215,19 @@ class CacheDir:
         """Evictable shards in eviction order.
 
         ``consumed-lru`` puts shards consumed in the current epoch first, then the
-        least recently used; with ``displace`` (making room for a download rather
-        than for a reader) it only offers shards read at least once since they
-        arrived, so the filler never throws away data no reader has seen. ``lru``
-        is plain least-recently-used and displaces anything unpinned.
+        least recently used; ``lru`` is plain least-recently-used. With
+        ``displace`` (making room for another download) only shards that readers
+        used since they arrived are offered — consumed (``consumed-lru``) or at
+        least taken into a snapshot (``lru``) — so a filler without readers fills
+        the budget and stops instead of churning, and never discards data no
+        reader has had.
         """
         epoch = state["epoch"]
         meta = state["shards"]
         cands = [r for r in scan.complete if not scan.is_pinned(r)]
-        if displace and policy == "consumed-lru":
-            cands = [r for r in cands if meta.get(r, {}).get("reads", 0) > 0]
+        if displace:
+            used = "reads" if policy == "consumed-lru" else "uses"
+            cands = [r for r in cands if meta.get(r, {}).get(used, 0) > 0]
 
         def order(rel: str) -> tuple[int, float, float, str]:
             m = meta.get(rel, {})
@@ -321,7 +324,7 @@ class CacheDir:
             meta = state["shards"].setdefault(rel, {})
             now = time.time()
             meta.update(extra)
-            meta.update(seen=meta.get("seen", 0) + 1, published=now, used=now, reads=0)
+            meta.update(seen=meta.get("seen", 0) + 1, published=now, used=now, reads=0, uses=0)
             meta.pop("consumed", None)
             self.save_state(state)
             lease.release()
@@ -357,6 +360,7 @@ class CacheDir:
             for rel in rels:
                 meta = state["shards"].setdefault(rel, {})
                 meta["used"] = now
+                meta["uses"] = meta.get("uses", 0) + 1
                 if consumed:
                     meta["consumed"] = state["epoch"] if epoch is None else epoch
                     meta["reads"] = meta.get("reads", 0) + 1

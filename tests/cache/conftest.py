@@ -1,0 +1,89 @@
+"""Fixtures for the cache tests: datasets with checkable records, and real servers."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import recordkit as rk
+from recordkit.cache import _dir
+from tests.servers import s3_server
+
+SCHEMA = rk.Schema(i=rk.Int64(), x=rk.Tensor("uint8", (None,)))
+
+
+def sample(i: int, size: int) -> dict:
+    """Record ``i``: its number and ``size`` bytes that depend on it (so any mix-up shows)."""
+    return {"i": i, "x": (np.arange(size, dtype=np.int64) * 7 + i).astype(np.uint8)}
+
+
+def check_sample(s: dict) -> int:
+    """Assert a decoded record is intact; return its number."""
+    i = int(s["i"])
+    x = np.asarray(s["x"])
+    assert np.array_equal(x, (np.arange(len(x), dtype=np.int64) * 7 + i).astype(np.uint8)), i
+    return i
+
+
+def write_dataset(
+    url, *, shards: int, records: int, size: int, storage_options=None, overwrite=False
+):
+    """A dataset of ``shards`` shards of ``records`` records of about ``size`` bytes each."""
+    with rk.Writer(
+        url,
+        SCHEMA,
+        max_records=records,
+        storage_options=storage_options,
+        fsync=False,
+        overwrite=overwrite,
+    ) as w:
+        for i in range(shards * records):
+            w.write(sample(i, size + (i % 5)))
+    return w.manifest
+
+
+def disk_bytes(root) -> int:
+    """Every byte the cache holds outside its bookkeeping folder (what the budget limits)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        if os.path.abspath(dirpath) == os.path.abspath(root):
+            dirnames[:] = [d for d in dirnames if d != _dir.META]
+        total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in filenames)
+    return total
+
+
+def visible_shards(root) -> list[str]:
+    """Shard files a directory listing shows (what a naive reader would open)."""
+    return sorted(n for n in os.listdir(root) if n.endswith(".tfrecord") and ".tmp-" not in n)
+
+
+class BudgetWatch:
+    """CacheEvents that checks the budget on the disk at every publish."""
+
+    def __init__(self, root, max_bytes: int) -> None:
+        self.root, self.max_bytes = root, max_bytes
+        self.published_paths: list[str] = []
+        self.evicted_paths: list[str] = []
+        self.over: list[tuple[str, int]] = []
+        self.bytes = 0
+
+    def downloaded(self, nbytes: int) -> None:
+        self.bytes += nbytes
+
+    def published(self, shard, used: int) -> None:
+        self.published_paths.append(shard.path)
+        on_disk = disk_bytes(self.root)
+        if on_disk > self.max_bytes or used > self.max_bytes:
+            self.over.append((shard.path, max(on_disk, used)))
+
+    def evicted(self, path: str) -> None:
+        self.evicted_paths.append(path)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server for the whole module (each test makes its own bucket)."""
+    with s3_server() as server:
+        yield server
