@@ -9,6 +9,7 @@ fixed-size lists). Give a schema for anything else, or for exact float64
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -61,9 +62,11 @@ class ParquetSource(Source):
     defaults: ClassVar[Mapping[str, Any]] = {}
     suffixes = (".parquet", ".pq")
 
-    def _file(self, rel: str) -> Any:
+    @contextlib.contextmanager
+    def _file(self, rel: str) -> Iterator[Any]:
         pq = _pyarrow().parquet
-        return pq.ParquetFile(self.location.open(rel, block_size=8 << 20))
+        with self.location.open(rel, block_size=8 << 20) as f:
+            yield pq.ParquetFile(f)
 
     def list_items(self) -> list[Item]:
         _pyarrow()
@@ -78,7 +81,8 @@ class ParquetSource(Source):
         items = []
         for rel in files:
             key = rel or self.location.url.rstrip("/").rsplit("/", 1)[-1]
-            meta = self._file(rel).metadata
+            with self._file(rel) as pf:
+                meta = pf.metadata
             for rg in range(meta.num_row_groups):
                 size = meta.row_group(rg).total_byte_size
                 items.append(Item(f"{key}#rowgroup{rg}", int(size), (rel, rg)))
@@ -87,12 +91,14 @@ class ParquetSource(Source):
     def infer_schema(self, items: Sequence[Item]) -> Schema:
         if not items:
             raise SchemaError(f"parquet: {self.location.url} has no row groups; give a schema")
-        arrow = self._file(items[0].ref[0]).schema_arrow
+        with self._file(items[0].ref[0]) as pf:
+            arrow = pf.schema_arrow
         return Schema({f.name: _feature(f.name, f.type) for f in arrow})
 
     def samples(self, item: Item, schema: Schema) -> Iterator[Mapping[str, Any]]:
         rel, rg = item.ref
-        table = self._file(rel).read_row_group(rg)
+        with self._file(rel) as pf:
+            table = pf.read_row_group(rg)
         names = list(schema.features)
         missing = sorted(set(names) - set(table.column_names))
         if missing:

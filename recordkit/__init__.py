@@ -30,12 +30,14 @@ __all__ = [
     "Writer",
     "__version__",
     "build_index",
+    "convert",
     "errors",
     "verify",
 ]
 
 # Submodules that pull in heavy frameworks: imported only when first touched.
-_LAZY_SUBMODULES = frozenset({"torch", "tf"})
+# ``convert`` is a package that is also callable: ``recordkit.convert(src, dst, format=...)``.
+_LAZY_SUBMODULES = frozenset({"torch", "tf", "convert"})
 
 
 def __getattr__(name: str) -> Any:

@@ -248,13 +248,16 @@ class Location:
     def walk(self) -> list[tuple[str, int]]:
         """Every file below this directory as ``(relative posix path, size)``, sorted.
 
-        A location that is a single file gives ``[("", size)]``. Temp files of
+        A location that is a single file gives ``[("", size)]``, one that does not
+        exist ``[]``. Temp files of
         interrupted writers are skipped.
         """
         if not self.remote:
             root = self._local()
             if os.path.isfile(root):
                 return [("", os.path.getsize(root))]
+            if not os.path.isdir(root):
+                return []
             found = []
             for dirpath, dirnames, filenames in os.walk(root):
                 dirnames.sort()
@@ -266,7 +269,7 @@ class Location:
             fs, path = self._filesystem()
             fs.invalidate_cache()
             if not fs.isdir(path):
-                return [("", int(fs.size(path)))]
+                return [("", int(fs.size(path)))] if fs.exists(path) else []
             base = path.rstrip("/") + "/"
             info = fs.find(path, detail=True)
             missing = [k for k, v in info.items() if v.get("size") is None]

@@ -13,6 +13,7 @@ Two context managers, usable directly or wrapped in fixtures (see
         http.url                            # "http://127.0.0.1:PORT" (root is "/")
         http.requests                       # [(method, path, range header or None), ...]
         http.fail_next(2, status=503)       # the next 2 requests fail (a transient outage)
+        http.fail_next(1, path_prefix="/d/")  # ... only requests for paths under /d/
 
 ``mock_aws()`` does not work with s3fs (aiobotocore bypasses its patches), so S3
 tests need the server. Python's ``http.server`` ignores ``Range`` and answers
@@ -127,7 +128,8 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     def _injected_failure(self) -> bool:
         with self.server.lock:
             self.server.requests.append((self.command, self.path, self.headers.get("Range")))
-            if self.server.failures <= 0:
+            prefix = self.server.failure_prefix
+            if self.server.failures <= 0 or not self.path.startswith(prefix):
                 return False
             self.server.failures -= 1
             status = self.server.failure_status
@@ -180,6 +182,7 @@ class _Server(http.server.ThreadingHTTPServer):
     requests: list[tuple[str, str, str | None]]
     failures: int
     failure_status: int
+    failure_prefix: str
 
 
 @dataclass
@@ -201,11 +204,12 @@ class HttpServer:
         with self._server.lock:
             return list(self._server.requests)
 
-    def fail_next(self, n: int, *, status: int = 503) -> None:
-        """Answer the next ``n`` requests with ``status`` (a transient outage)."""
+    def fail_next(self, n: int, *, status: int = 503, path_prefix: str = "/") -> None:
+        """Answer the next ``n`` requests for paths under ``path_prefix`` with ``status``."""
         with self._server.lock:
             self._server.failures = n
             self._server.failure_status = status
+            self._server.failure_prefix = path_prefix
 
 
 @contextlib.contextmanager
@@ -221,6 +225,7 @@ def http_server(root: str | os.PathLike[str]) -> Iterator[HttpServer]:
     server.requests = []
     server.failures = 0
     server.failure_status = 503
+    server.failure_prefix = "/"
     thread = threading.Thread(target=server.serve_forever, name="http-server", daemon=True)
     thread.start()
     try:

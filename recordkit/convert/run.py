@@ -30,7 +30,7 @@ from ..codec.schema import Schema
 from ..errors import DatasetExistsError, ManifestError, SchemaError
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..storage import Location, is_remote, is_temp_name, open_target, strip_file_scheme
-from ._errors import ConvertError, PartitionsFailedError, add_note
+from ._errors import ConvertError, PartitionsFailedError, add_note, is_transient
 from .partition import STATE_DIR, PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
 from .progress import NullProgress, Progress
@@ -103,12 +103,26 @@ def plan_conversion(
         schema=schema,
         **dict(source_options or {}),
     )
-    items = source.list_items()
+    items = _with_retries(source.list_items, options or ConvertOptions(), what=f"listing {src}")
     resolved = source.resolve_schema(items)
     if not isinstance(resolved, Schema):
         raise SchemaError(f"{format}: resolve_schema returned {resolved!r}, not a Schema")
     metadata = source.metadata(items)
     return source, make_plan(format, items, resolved, metadata, options or ConvertOptions())
+
+
+def _with_retries(fn: Any, options: ConvertOptions, *, what: str) -> Any:
+    """``fn()``, retried with backoff on transient remote errors."""
+    for attempt in range(options.retries + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt >= options.retries or not is_transient(exc):
+                raise
+            delay = options.retry_backoff * 2**attempt
+            log.warning("%s: transient error (%s); retry in %.1f s", what, exc, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def _read(loc: Location, name: str) -> bytes | None:
@@ -129,23 +143,28 @@ class _Destination:
         self.state_url = f"{dst.rstrip('/')}/{STATE_DIR}"
         self.state_loc = Location(self.state_url, storage_options)
 
+    @staticmethod
+    def _listdir(target: Any) -> list[str]:
+        fs = getattr(target, "fs", None)
+        if fs is not None:  # other processes wrote here: drop fsspec's listing cache
+            fs.invalidate_cache()
+        return list(target.listdir())
+
     def names(self) -> list[str]:
-        return [rel for rel, _ in self.loc.walk() if "/" not in rel] + [
-            n for n in self.target.listdir() if is_temp_name(n)
-        ]
+        """Names directly in the dataset directory (temp files included)."""
+        return self._listdir(self.target)
 
     def state_names(self) -> list[str]:
-        if not self.state_loc.exists():
-            return []
-        return [rel for rel, _ in self.state_loc.walk() if "/" not in rel] + [
-            n
-            for n in open_target(self.state_url, self.storage_options).listdir()
-            if is_temp_name(n)
-        ]
+        """Names in the state directory."""
+        state = open_target(self.state_url, self.storage_options)
+        try:
+            return self._listdir(state)
+        finally:
+            state.close()
 
     def remove_state(self) -> None:
         state = open_target(self.state_url, self.storage_options)
-        for name in state.listdir():
+        for name in self.state_names():
             state.remove(name)
         state.close()
         if not is_remote(self.url):
@@ -163,7 +182,7 @@ def _prepare(dest: _Destination, plan: Plan, resume: bool | None, overwrite: boo
     prefix = f"{plan.options.prefix}-"
     names = dest.names()
     ours = [n for n in names if n == MANIFEST_NAME or n.startswith(prefix)]
-    state_plan = _read(dest.state_loc, _PLAN_NAME) if dest.state_loc.exists() else None
+    state_plan = _read(dest.state_loc, _PLAN_NAME) if _PLAN_NAME in dest.state_names() else None
     if overwrite:
         for name in sorted(ours, key=lambda n: n != MANIFEST_NAME):
             dest.target.remove(name)
@@ -236,7 +255,7 @@ def _clean(dest: _Destination, plan: Plan, done: Mapping[int, PartitionResult]) 
             dest.target.remove(name)
     state = open_target(dest.state_url, dest.storage_options)
     try:
-        for name in state.listdir():
+        for name in dest.state_names():
             if is_temp_name(name):
                 state.remove(name)
     finally:

@@ -1,0 +1,196 @@
+"""Source datasets for the converter tests: each writes files and returns the samples expected.
+
+A case writes its source under a directory and returns ``(src_rel, expected)``:
+``src_rel`` is what to convert relative to that directory (``""``: the directory
+itself), and ``expected`` the samples in dataset order, as ``Dataset`` decodes
+them up to dtype (``assert_samples_equal`` compares them).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import recordkit as rk
+from recordkit.codec import encode_example
+from recordkit.format import frame
+
+Case = Callable[[Path], tuple[str, list[dict[str, Any]]]]
+
+
+def jsonl(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    expected = []
+    for name, n in (("a.jsonl", 7), ("b.jsonl", 5)):
+        with open(root / name, "w") as f:
+            for i in range(n):
+                row = {
+                    "id": len(expected),
+                    "text": f"héllo {name} {i}",
+                    "vec": [0.25 * i, -1.5, 2.0],
+                    "tags": ["x"] * (i % 3),
+                    "obj": {"k": i},
+                }
+                f.write(json.dumps(row) + "\n")
+                expected.append({**row, "obj": json.dumps({"k": i}, separators=(",", ":"))})
+    return "", expected
+
+
+def csv_(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    expected = []
+    for name, n in (("one.csv", 6), ("two.csv", 4)):
+        with open(root / name, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["id", "name", "score"])
+            for i in range(n):
+                row = {"id": len(expected), "name": f"n,{i}\nline", "score": i * 0.5}
+                w.writerow([row["id"], row["name"], row["score"]])
+                expected.append(row)
+    return "", expected
+
+
+def numpy_npz(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    rng = np.random.default_rng(0)
+    expected = []
+    for name, n in (("p0.npz", 9), ("p1.npz", 4)):
+        image = rng.integers(0, 255, (n, 4, 4, 3), dtype=np.uint8)
+        label = np.arange(n, dtype=np.int64) + len(expected)
+        weight = rng.random(n).astype(np.float64)
+        np.savez(root / name, image=image, label=label, weight=weight)
+        expected += [{"image": image[i], "label": label[i], "weight": weight[i]} for i in range(n)]
+    return "", expected
+
+
+def numpy_columns(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    x = np.arange(30, dtype=np.float32).reshape(10, 3)
+    y = np.arange(10, dtype=np.int32)
+    np.save(root / "x.npy", x)
+    np.save(root / "y.npy", y)
+    return "", [{"x": x[i], "y": y[i]} for i in range(10)]
+
+
+def parquet(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"id": i, "name": f"row {i}", "score": np.float32(i / 4), "vec": [float(i)] * (i % 3)}
+        for i in range(11)
+    ]
+    table = pa.table(
+        {
+            "id": pa.array([r["id"] for r in rows], pa.int64()),
+            "name": pa.array([r["name"] for r in rows], pa.string()),
+            "score": pa.array([r["score"] for r in rows], pa.float32()),
+            "vec": pa.array([r["vec"] for r in rows], pa.list_(pa.float32())),
+        }
+    )
+    pq.write_table(table, root / "t.parquet", row_group_size=4)
+    return "", rows
+
+
+def imagefolder(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    from PIL import Image
+
+    expected = []
+    for label, cls in enumerate(["cat", "dog"]):
+        (root / cls).mkdir()
+        for i in range(3 + label):
+            buf = io.BytesIO()
+            Image.new("RGB", (4 + i, 3), (i * 40, label * 100, 7)).save(buf, format="PNG")
+            (root / cls / f"{i:03d}.png").write_bytes(buf.getvalue())
+            expected.append({"image": buf.getvalue(), "label": label, "path": f"{cls}/{i:03d}.png"})
+    return "", expected
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def webdataset(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    expected = []
+    for shard in range(2):
+        with tarfile.open(root / f"shard-{shard:03d}.tar", "w") as tar:
+            for i in range(4):
+                key = f"s{shard}/{i:06d}"
+                jpg = bytes([shard, i]) * 50
+                cls = (shard * 4 + i) % 3
+                _add(tar, f"{key}.jpg", jpg)
+                _add(tar, f"{key}.cls", str(cls).encode())
+                _add(tar, f"{key}.meta.json", json.dumps({"i": i}).encode())
+                expected.append(
+                    {"__key__": key, "jpg": jpg, "cls": cls, "meta.json": json.dumps({"i": i})}
+                )
+    return "", expected
+
+
+def tfrecord(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    expected = []
+    for shard in range(3):
+        with open(root / f"data.tfrecord-{shard:05d}-of-00003", "wb") as f:
+            for _ in range(5):
+                n = len(expected)
+                f.write(
+                    frame(
+                        encode_example(
+                            {
+                                "label": ("int64", [n]),
+                                "text": ("bytes", [f"t{n}".encode()]),
+                                "emb": ("float", [0.5, float(n)]),
+                            }
+                        )
+                    )
+                )
+                expected.append({"label": n, "text": f"t{n}", "emb": [0.5, float(n)]})
+    return "", expected
+
+
+CASES: dict[str, tuple[str, Case]] = {
+    "jsonl": ("jsonl", jsonl),
+    "csv": ("csv", csv_),
+    "numpy-npz": ("numpy", numpy_npz),
+    "numpy-npy": ("numpy", numpy_columns),
+    "parquet": ("parquet", parquet),
+    "imagefolder": ("imagefolder", imagefolder),
+    "webdataset": ("webdataset", webdataset),
+    "tfrecord": ("tfrecord", tfrecord),
+}
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, list) and value and isinstance(value[0], (str, bytes)):
+        return [_norm(v) for v in value]
+    return value
+
+
+def assert_samples_equal(got: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    """Sample by sample, feature by feature; numbers compared in the stored dtype."""
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert set(g) == set(e), (i, sorted(g), sorted(e))
+        for name, want in e.items():
+            have, want = _norm(g[name]), _norm(want)
+            if isinstance(have, (bytes, list)) and not isinstance(have, np.ndarray):
+                assert have == want, (i, name, have, want)
+            else:
+                have = np.asarray(have)
+                want = np.asarray(want, dtype=have.dtype).reshape(have.shape)
+                np.testing.assert_array_equal(have, want, err_msg=f"sample {i} {name}")
+
+
+def read_all(path: str | Path) -> list[dict[str, Any]]:
+    """Every sample of a local dataset, in order."""
+    with rk.Dataset(path) as ds:
+        return list(ds)
