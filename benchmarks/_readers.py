@@ -130,6 +130,15 @@ def _tfdata(wl: Workload, files: Files) -> Iterator[int]:
     return _count(arrays, lambda a: a["label"])
 
 
+def _recordkit_tf(wl: Workload, files: Files) -> Iterator[int]:
+    """``recordkit.tf.dataset`` over the same folder (schema inferred), same conversion."""
+    import recordkit.tf as rktf
+
+    ds = rktf.dataset(files.tfrecord_dir, batch_size=BATCH)
+    arrays = ({k: v.numpy() for k, v in batch.items()} for batch in ds)
+    return _count(arrays, lambda a: a["label"])
+
+
 def _tfr_transform(sample: dict[str, Any]) -> dict[str, Any]:
     # The package yields a single bytes value as ``bytes``; make it an array so the
     # default collate stacks it into a uint8 tensor.
@@ -219,6 +228,7 @@ def _dataloader_map(wl: Workload, files: Files) -> Iterator[int]:
 READERS: dict[str, Reader] = {
     "recordkit": _recordkit,
     "tf.data": _tfdata,
+    "recordkit.tf": _recordkit_tf,
     "tfrecord-dl0": _tfrecord_pkg(0),
     "tfrecord-dl2": _tfrecord_pkg(2),
     "webdataset": _webdataset,

@@ -55,8 +55,12 @@ __all__ = ["dataset", "feature_spec", "shard_files"]
 # URL schemes TensorFlow's file system layer reads by itself.
 _TF_NATIVE = ("gs://",)
 _COMPANION = "/shape"
-# Records parsed per parse_example call when the caller asked for no batching.
-_PARSE_CHUNK = 256
+# Records read as one chunk (one element between the reader threads and the
+# rest of the pipeline): up to this many records or bytes; records of at least
+# _CHUNK_MIN_RECORD bytes (mean) are not chunked.
+_CHUNK_RECORDS = 1024
+_CHUNK_BYTES = 1 << 20
+_CHUNK_MIN_RECORD = 64 << 10
 # Read-ahead per open shard (TFRecordDataset's buffer_size): big sequential reads.
 _READ_BUFFER = 8 << 20
 
@@ -159,6 +163,17 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
     if schema is None:
         schema = _infer(files[0])
     return files, schema, None
+
+
+def _avg(path: str) -> float:
+    """Mean framed record size of a foreign shard, from its index if it has one."""
+    try:
+        with tf.io.gfile.GFile(path + ".idx", "rb") as f:
+            lines = f.read(1 << 20).split(b"\n")[:1000]
+        sizes = [int(line.split()[1]) for line in lines if line.strip()]
+        return sum(sizes) / len(sizes) if sizes else 4096.0
+    except (tf.errors.OpError, ValueError, IndexError):
+        return 4096.0  # no usable index: assume small records
 
 
 def _infer(first: str) -> Schema:
@@ -309,9 +324,11 @@ def dataset(
             seed and the shard set); ``False`` lets TensorFlow trade order for speed.
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
-        num_parallel_reads: shards read at once, their records alternating.
-            Default: up to 4 when shuffling; 1 otherwise, so that records come
-            in dataset order (shard after shard, as the manifest lists them).
+        num_parallel_reads: shards read at once (default 4), in parallel;
+            their records (small records: chunks of up to 1024 records or 1 MiB)
+            alternate, so without ``shuffle`` the order is fixed
+            but not the dataset order. ``1`` reads shard after shard, in the
+            manifest's order.
 
     With a manifest the dataset knows its length (``len(ds)``: batches, or
     records, of this pipeline), so Keras knows the steps per epoch.
@@ -335,45 +352,60 @@ def dataset(
         )
     autotune = tf.data.AUTOTUNE
     if num_parallel_reads is None:
-        num_parallel_reads = min(4, len(files)) if shuffle else 1
+        num_parallel_reads = 4
     cycle = max(1, min(num_parallel_reads, len(files)))
+    avg = manifest.bytes / manifest.records if manifest and manifest.records else _avg(files[0])
+    # Small records are handed over in chunks; a big record is worth its own element
+    # (chunking it would only add a copy).
+    chunk = 1 if avg >= _CHUNK_MIN_RECORD else int(min(_CHUNK_RECORDS, _CHUNK_BYTES // avg))
     ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, dtype=tf.string))
     if shuffle and len(files) > 1:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if cycle == 1:  # shard after shard, in order
-        ds = ds.flat_map(lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER))
-    else:  # records alternate between ``cycle`` shards read in parallel
+
+    # Shards are read in chunks of consecutive serialized records: a parallel
+    # interleave then hands over one tensor per chunk instead of one per record.
+    def read(f: Any) -> Any:
+        records = tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER)
+        return records.batch(chunk) if chunk > 1 else records
+
+    if cycle == 1:  # shard after shard, in dataset order
+        ds = ds.flat_map(read)
+    else:  # chunks alternate between ``cycle`` shards read in parallel
         ds = ds.interleave(
-            lambda f: tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER),
+            read,
             cycle_length=cycle,
             block_length=1,
             num_parallel_calls=autotune,
             deterministic=deterministic,
         )
-    if by_record:
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
     opts = tf.data.Options()
     opts.deterministic = deterministic
     ds = ds.with_options(opts)
     fast = _fast(schema, names)
-    if batch_size is not None and fast:
+    per_record = by_record or shuffle or not fast or chunk == 1
+    if per_record:
+        if chunk > 1:
+            ds = ds.unbatch()
+        if by_record:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        if shuffle:
+            ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    if fast:
         decode = _decoder(schema, names, batched=True)
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        if batch_size is not None:
+            if per_record:
+                ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+            else:
+                ds = ds.rebatch(batch_size, drop_remainder=drop_remainder)
+        elif per_record:
+            ds = ds.batch(chunk)
         ds = ds.map(
             lambda s: decode(tf.io.parse_example(s, spec)),
             num_parallel_calls=autotune,
             deterministic=deterministic,
         )
-    elif fast:
-        decode = _decoder(schema, names, batched=True)
-        ds = ds.batch(_PARSE_CHUNK).map(
-            lambda s: decode(tf.io.parse_example(s, spec)),
-            num_parallel_calls=autotune,
-            deterministic=deterministic,
-        )
-        ds = ds.unbatch()
+        if batch_size is None:
+            ds = ds.unbatch()
     else:
         decode = _decoder(schema, names, batched=False)
         ds = ds.map(

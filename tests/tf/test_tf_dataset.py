@@ -115,7 +115,8 @@ def _expected(sample: dict) -> dict:
 
 def test_records_equal_what_the_writer_wrote(written):
     root, samples = written
-    got = [{n: _norm(n, v) for n, v in rec.items()} for rec in rtf.dataset(root)]
+    ds = rtf.dataset(root, num_parallel_reads=1)  # dataset order
+    got = [{n: _norm(n, v) for n, v in rec.items()} for rec in ds]
     assert [g["id"] for g in got] == [_expected(s)["id"] for s in samples]
     for g, s in zip(got, samples):
         assert g == _expected(s)
@@ -125,7 +126,7 @@ def test_records_equal_what_the_writer_wrote(written):
 def test_batches_equal_records(written, batch_size):
     root, samples = written
     rows = []
-    for batch in rtf.dataset(root, batch_size=batch_size):
+    for batch in rtf.dataset(root, batch_size=batch_size, num_parallel_reads=1):
         n = int(batch["id"].shape[0])
         assert n <= batch_size
         for i in range(n):
@@ -162,7 +163,8 @@ def test_same_records_and_values_as_the_torch_reader(written):
 
     rows = torch_mod.RecordDataset(root)
     from_torch = [{n: norm_torch(n, v) for n, v in r.items()} for r in rows]
-    from_tf = [{n: _norm(n, v) for n, v in r.items()} for r in rtf.dataset(root)]
+    in_order = rtf.dataset(root, num_parallel_reads=1)
+    from_tf = [{n: _norm(n, v) for n, v in r.items()} for r in in_order]
     assert from_tf == from_torch
 
 
@@ -182,8 +184,20 @@ def _ids(ds) -> list[int]:
 
 @pytest.mark.parametrize("batch_size", [None, 8])
 def test_fixed_shapes_vectorised_path(fixed, batch_size):
-    ds = rtf.dataset(fixed, batch_size=batch_size)
-    assert _ids(ds) == list(range(130))  # dataset order, shards read ahead in parallel
+    ds = rtf.dataset(fixed, batch_size=batch_size, num_parallel_reads=1)
+    assert _ids(ds) == list(range(130))
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, 5])
+def test_parallel_reads_give_a_fixed_order(written, batch_size):
+    root, _ = written
+    first = _ids(rtf.dataset(root, batch_size=batch_size))
+    assert sorted(first) == list(range(N))
+    assert _ids(rtf.dataset(root, batch_size=batch_size)) == first
+    ds = rtf.dataset(root, batch_size=batch_size)
+    if batch_size:
+        sizes = [int(b["id"].shape[0]) for b in ds]
+        assert sizes[:-1] == [batch_size] * (len(sizes) - 1)  # only the last is short
 
 
 def test_shuffle_is_seeded_and_new_each_epoch(fixed):
@@ -281,3 +295,22 @@ def test_length_is_known_and_true(fixed, batch_size, drop, pipelines):
         ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i)
         ds = rtf.dataset(fixed, batch_size=batch_size, drop_remainder=drop, input_context=ctx)
         assert len(ds) == sum(1 for _ in ds)
+
+
+@pytest.mark.parametrize("reads", [1, 4])
+@pytest.mark.parametrize("batch_size", [None, 5])
+def test_big_records_are_not_chunked(tmp_path, reads, batch_size):
+    schema = Schema(id=Int64(), x=Tensor("uint8", (80_000,)))  # >= 64 KiB: one element each
+    with rk.Writer(tmp_path / "d", schema, max_records=4) as w:
+        for k in range(14):
+            w.write({"id": k, "x": np.full(80_000, k, np.uint8)})
+    ds = rtf.dataset(tmp_path / "d", batch_size=batch_size, num_parallel_reads=reads)
+    ids = []
+    for b in ds:
+        x = b["x"].numpy().reshape(-1, 80_000)
+        got = np.atleast_1d(b["id"].numpy())
+        assert (x == got[:, None].astype(np.uint8)).all()
+        ids += got.tolist()
+    assert sorted(ids) == list(range(14)) and len(ds) == len(list(ds))
+    if reads == 1:
+        assert ids == list(range(14))
