@@ -107,7 +107,7 @@ def _map(fn: Callable[[Any], Any], batch: Any, torch: Any) -> Any:
     if isinstance(batch, Mapping):
         items = {k: _map(fn, v, torch) for k, v in batch.items()}
         try:
-            return type(batch)(items)
+            return type(batch)(items)  # type: ignore[call-arg]
         except TypeError:  # a mapping type that cannot be built from a dict
             return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple

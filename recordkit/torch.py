@@ -68,7 +68,8 @@ def _can_pin() -> bool:
 
 def _pinned_slab(nbytes: int) -> np.ndarray:
     """A page-locked slab; the array keeps the tensor (and so the memory) alive."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+    slab: np.ndarray = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+    return slab
 
 
 def _cpus() -> int:

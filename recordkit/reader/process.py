@@ -62,7 +62,7 @@ _JOIN_SECONDS = 5.0
 
 def _address(shm: SharedMemory) -> int:
     """The mapping's address, without keeping a buffer export (which would block close)."""
-    c = ctypes.c_char.from_buffer(shm.buf)
+    c = ctypes.c_char.from_buffer(shm.buf)  # type: ignore[arg-type]
     try:
         return ctypes.addressof(c)
     finally:
@@ -77,7 +77,7 @@ def _attach(name: str, size: int) -> mmap.mmap:
     child exits. The parent owns, and unlinks, every segment.
     """
     if os.name == "nt":
-        return mmap.mmap(-1, size, tagname=name)
+        return mmap.mmap(-1, size, tagname=name)  # type: ignore[call-arg]
     import _posixshmem  # CPython's own module behind SharedMemory
 
     fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
@@ -267,7 +267,7 @@ class _Slots:
         self.lock = threading.Lock()
         self.closed = False
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: Any) -> None:
         with self.lock:
             if not self.closed:
                 with contextlib.suppress(OSError):  # the child is gone: nothing to tell
