@@ -183,6 +183,9 @@ class ShardCache:
         self._failure: BaseException | None = None
         self._cooldown: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self._cv = threading.Condition()
+        self._gen = 0  # bumped by every in-process change that may unblock the workers
+        self._last: dict[int, tuple[str, int]] = {}  # worker -> (last outcome, _gen then)
         self._state_lock = threading.Lock()
         self.errors: list[BaseException] = []
 
@@ -249,6 +252,7 @@ class ShardCache:
         self.gc()
         self._stop.clear()
         self._failure = None
+        self._last.clear()
         for i in range(self.fill_workers if self._threads == [] else 0):
             t = threading.Thread(target=self._worker, name=f"recordkit-cache-fill-{i}", daemon=True)
             t.start()
@@ -297,20 +301,49 @@ class ShardCache:
 
     # -- filling ---------------------------------------------------------------------------------
 
+    def _notify(self) -> None:
+        """Something in this process freed room (a release, a consumption): look again."""
+        with self._cv:
+            self._gen += 1
+        self._wake.set()
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Wait until the fill workers have nothing they may do (all shards present, or
+        the budget full of shards they may not displace), counting only from changes
+        made in this process before the call. Returns False on timeout."""
+        target = self._gen
+        n = len(self._threads)
+
+        def settled() -> bool:
+            last = list(self._last.values())
+            return self._failure is not None or (
+                len(last) >= n and all(o != "worked" and g >= target for o, g in last)
+            )
+
+        with self._cv:
+            return self._cv.wait_for(settled, timeout)
+
     def _worker(self) -> None:
         delay = 0.01
+        me = threading.get_ident()
         while not self._stop.is_set():
+            gen = self._gen
             try:
                 outcome = self.fill_one()
             except CacheFullError as exc:
                 log.error("cache fill stopped: %s", exc)
                 self._failure = exc
                 self._stop.set()
+                with self._cv:
+                    self._cv.notify_all()
                 return
             except Exception as exc:  # a remote that is down for good: keep trying, slowly
                 log.error("cache fill error: %r", exc)
                 self.errors.append(exc)
                 outcome = "blocked"
+            with self._cv:
+                self._last[me] = (outcome, gen)
+                self._cv.notify_all()
             if outcome == "worked":
                 delay = 0.01
                 continue

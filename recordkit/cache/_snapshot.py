@@ -92,7 +92,7 @@ class Snapshot:
         self._cache.dir.touch([rel], epoch=self.epoch, consumed=True)
         if release:
             self.release(rel)
-        self._cache._wake.set()
+        self._cache._notify()
 
     def release(self, shard: str | ShardInfo) -> None:
         """Unpin one shard (it may then be evicted; keep it pinned while it is mapped)."""
@@ -100,13 +100,13 @@ class Snapshot:
         if rel not in self._released:
             self._released.add(rel)
             self._cache.dir.unpin(self._pin, [rel])
-            self._cache._wake.set()
+            self._cache._notify()
 
     def close(self) -> None:
         """Unpin every shard. Idempotent."""
         if self._pin.held:
             self._cache.dir.release(self._pin)
-            self._cache._wake.set()
+            self._cache._notify()
 
     def __enter__(self) -> Snapshot:
         return self

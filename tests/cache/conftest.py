@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import os
+import re
+import threading
 
 import numpy as np
 import pytest
@@ -87,3 +92,63 @@ def s3():
     """A moto S3 server for the whole module (each test makes its own bucket)."""
     with s3_server() as server:
         yield server
+
+
+class _CuttingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files with ``Range`` support; the next ``server.cut`` ranged answers are
+    cut to half their length while ``Content-Length`` claims the half is all (a proxy
+    or server that lies), which no HTTP client can detect by itself."""
+
+    server: _CuttingServer
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_GET(self):
+        header = self.headers.get("Range")
+        path = self.translate_path(self.path)
+        with self.server.lock:
+            self.server.requests.append(header)
+        if header is None or not os.path.isfile(path):
+            return super().do_GET()
+        m = re.match(r"^bytes=(\d+)-(\d+)$", header)
+        if not m:
+            return self.send_error(400, "unsupported range")
+        size = os.path.getsize(path)
+        start, end = int(m.group(1)), min(int(m.group(2)), size - 1)
+        with open(path, "rb") as f:
+            f.seek(start)
+            body = f.read(end - start + 1)
+        with self.server.lock:
+            cut = self.server.cut > 0
+            self.server.cut -= cut
+        if cut:
+            body = body[: len(body) // 2]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _CuttingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    cut = 0
+    lock = threading.Lock()
+    requests: list
+
+
+@contextlib.contextmanager
+def cutting_http_server(root):
+    """An HTTP server on 127.0.0.1 over ``root``; set ``server.cut = n`` to cut answers."""
+    handler = functools.partial(_CuttingHandler, directory=os.fspath(root))
+    server = _CuttingServer(("127.0.0.1", 0), handler)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
