@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import logging
 import os
 import re
 import threading
@@ -87,6 +88,8 @@ def s3_server() -> Iterator[S3Server]:
     """Start moto's S3 server on 127.0.0.1 (an OS-chosen port); stop it on exit."""
     from moto.server import ThreadedMotoServer
 
+    # werkzeug logs every request at INFO; a converter test makes hundreds.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
