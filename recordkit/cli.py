@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .convert._cli import add_parser as add_convert  # stdlib-only module
 
     add_convert(sub)
+
+    from .cache._cli import add_parser as add_cache
+
+    add_cache(sub)
     return parser
 
 

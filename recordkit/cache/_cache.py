@@ -299,6 +299,22 @@ class ShardCache:
 
         return self.dir.gc(keep)
 
+    def shrink(self, max_bytes: int | str) -> list[str]:
+        """Evict unpinned shards (in eviction order) until the cache uses at most
+        ``max_bytes``; returns the evicted shards."""
+        limit = parse_size(max_bytes)
+        evicted: list[str] = []
+        with self.dir.lock():
+            scan = self.dir.scan()
+            state = self.dir.load_state()
+            for rel in self.dir.victims(scan, state, self.policy, displace=False):
+                if scan.used <= limit:
+                    break
+                scan.used -= sum(scan.complete[rel])
+                self.dir.evict(rel)
+                evicted.append(rel)
+        return evicted
+
     # -- filling ---------------------------------------------------------------------------------
 
     def _notify(self) -> None:

@@ -209,9 +209,11 @@ class Remote:
         if data is not None:
             manifest = Manifest.loads(data, path=self.full(MANIFEST_NAME))
             return manifest, list(manifest.shards)
-        infos = [
-            ShardInfo(name, 0, size) for name, size in self._list_files() if is_shard_name(name)
-        ]
+        try:
+            files = self._list_files()
+        except FileNotFoundError as exc:
+            raise ShardNotFoundError(f"no such dataset: {self.url}") from exc
+        infos = [ShardInfo(name, 0, size) for name, size in files if is_shard_name(name)]
         if not infos:
             raise ShardNotFoundError(f"no {MANIFEST_NAME} and no .tfrecord files at {self.url}")
         return None, infos

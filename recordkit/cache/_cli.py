@@ -1,0 +1,195 @@
+"""``recordkit cache fill | status | gc``: the subcommands' parsers and handlers.
+
+Only the standard library at module level; handlers import the cache when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+__all__ = ["add_parser"]
+
+log = logging.getLogger("recordkit.cache")
+
+_EXAMPLES = """\
+examples:
+  recordkit cache fill s3://bucket/train /scratch/cache --max-bytes 50GiB
+  recordkit cache status /scratch/cache
+  recordkit cache gc /scratch/cache --max-bytes 20GiB
+
+fill stops when every shard is present, or when the budget is full of shards that
+no reader has used yet; training processes using the same directory keep it going.
+"""
+
+
+class _Progress:
+    """CacheEvents for the terminal: a tqdm bar over bytes, or log lines."""
+
+    def __init__(self, bar: bool, total: int | None) -> None:
+        self._bar: Any = None
+        if bar:
+            from .._deps import require
+
+            tqdm = require("tqdm", extra="progress")
+            self._bar = tqdm.tqdm(total=total, unit="B", unit_scale=True, desc="cache fill")
+        self.shards = 0
+
+    def downloaded(self, nbytes: int) -> None:
+        if self._bar is not None:
+            self._bar.update(nbytes)
+
+    def published(self, shard: Any, used: int) -> None:
+        self.shards += 1
+        if self._bar is not None:
+            self._bar.set_postfix(shards=self.shards, used=used)
+        else:
+            log.warning("cached %s (%d bytes; cache now %d bytes)", shard.path, shard.bytes, used)
+
+    def evicted(self, path: str) -> None:
+        log.info("evicted %s", path)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _storage_options(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    options = json.loads(text)
+    if not isinstance(options, dict):
+        raise SystemExit("--storage-options must be a JSON object")
+    return options
+
+
+def _cmd_fill(args: argparse.Namespace) -> int:
+    from . import ShardCache
+
+    cache = ShardCache(
+        args.remote,
+        args.local,
+        max_bytes=args.max_bytes,
+        fill_workers=args.workers,
+        policy=args.policy,
+        storage_options=_storage_options(args.storage_options),
+    )
+    bar = args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty())
+    total = sum(s.bytes for s in cache.catalog())
+    progress = _Progress(bar, min(total, cache.max_bytes))
+    cache.events = progress
+    try:
+        present = cache.fill()
+    finally:
+        progress.close()
+    status = cache.status()
+    print(
+        f"{present} of {status.remote_shards} shard(s) cached in {status.root}: "
+        f"{status.used} of {status.max_bytes} bytes used",
+        file=sys.stderr,
+    )
+    for err in cache.errors:
+        print(f"recordkit cache fill: error: {err}", file=sys.stderr)
+    return 1 if cache.errors else 0
+
+
+def _open_local(local: str, max_bytes: str | None) -> Any:
+    from . import ShardCache
+    from ._dir import CacheDir
+
+    catalog = CacheDir(local).load_catalog() or {}
+    budget = max_bytes or catalog.get("max_bytes") or 1
+    return ShardCache(None, local, max_bytes=budget, fill_workers=0)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from .._units import format_size
+
+    status = _open_local(args.local, None).status()
+    if args.json:
+        print(json.dumps(asdict(status), indent=1))
+        return 0
+    print(f"{status.root}  (cache of {status.remote})")
+    print(f"  used         {status.used} bytes ({format_size(status.used)})")
+    if status.max_bytes:
+        print(f"  budget       {status.max_bytes} bytes ({format_size(status.max_bytes)})")
+    print(f"  shards       {status.complete} of {status.remote_shards}")
+    print(f"  downloading  {status.downloading}")
+    print(f"  pinned       {status.pinned}")
+    print(f"  orphans      {status.orphans}")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    cache = _open_local(args.local, args.max_bytes)
+    removed = cache.gc()
+    if args.max_bytes is not None:
+        removed += cache.shrink(cache.max_bytes)
+    for rel in removed:
+        print(rel)
+    status = cache.status()
+    print(
+        f"removed {len(removed)} file(s); {status.complete} shard(s), {status.used} bytes left",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``cache`` and its subcommands to the ``recordkit`` parser."""
+    p = sub.add_parser(
+        "cache",
+        help="a local, size-limited cache of a remote dataset",
+        description="Fill, inspect and clean a local shard cache of a remote dataset "
+        "(see docs/cache.md).",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    csub = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+
+    f = csub.add_parser(
+        "fill",
+        help="download shards until the cache is complete or full",
+        description="Download shards of REMOTE into LOCAL (verified, published atomically), "
+        "never using more than --max-bytes.",
+    )
+    f.add_argument("remote", help="the dataset: s3://..., https://..., gs://..., or a path")
+    f.add_argument("local", help="the local cache directory")
+    f.add_argument("--max-bytes", required=True, help="the disk budget, e.g. 50GiB")
+    f.add_argument("--workers", type=int, default=4, help="concurrent downloads (default 4)")
+    f.add_argument(
+        "--policy", choices=("consumed-lru", "lru"), default="consumed-lru", help="eviction"
+    )
+    f.add_argument("--storage-options", help="fsspec options as a JSON object")
+    f.add_argument(
+        "--progress",
+        choices=("auto", "bar", "log"),
+        default="auto",
+        help="a tqdm bar when stderr is a terminal, log lines otherwise (default auto)",
+    )
+    f.set_defaults(func=_cmd_fill)
+
+    s = csub.add_parser(
+        "status",
+        help="what the cache holds",
+        description="Show the cache's size, budget, shards, downloads in progress and pins.",
+    )
+    s.add_argument("local", help="the local cache directory")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=_cmd_status)
+
+    g = csub.add_parser(
+        "gc",
+        help="remove leftovers of killed processes",
+        description="Remove temp files, stale reservations and pins of dead processes, and "
+        "shards the remote no longer lists; with --max-bytes also evict unpinned shards "
+        "(least recently used first) until the cache fits.",
+    )
+    g.add_argument("local", help="the local cache directory")
+    g.add_argument("--max-bytes", help="evict until the cache is at most this big")
+    g.set_defaults(func=_cmd_gc)

@@ -1,0 +1,69 @@
+"""``recordkit cache fill | status | gc``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from recordkit.cli import main
+
+from .conftest import disk_bytes, visible_shards, write_dataset
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def remote(tmp_path):
+    url = tmp_path / "remote"
+    write_dataset(url, shards=6, records=10, size=1000)
+    return url
+
+
+def test_fill_status_gc(remote, tmp_path, capsys):
+    local = tmp_path / "c"
+    assert main(["cache", "fill", str(remote), str(local), "--max-bytes", "40KiB"]) == 0
+    err = capsys.readouterr().err
+    assert "of 6 shard(s) cached" in err
+    n = len(visible_shards(local))
+    assert 1 <= n < 6 and disk_bytes(local) <= 40 * 1024
+
+    assert main(["cache", "status", str(local), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["complete"] == n and doc["remote_shards"] == 6 and doc["max_bytes"] == 40960
+    assert doc["used"] == disk_bytes(local) and doc["remote"] == str(remote)
+    assert main(["cache", "status", str(local)]) == 0
+    assert f"shards       {n} of 6" in capsys.readouterr().out
+
+    (local / "part-00005.tfrecord.tmp-0123456789ab").write_bytes(b"left by a killed fill")
+    assert main(["cache", "gc", str(local)]) == 0
+    assert "part-00005.tfrecord.tmp-0123456789ab" in capsys.readouterr().out
+    assert len(visible_shards(local)) == n
+
+    assert main(["cache", "gc", str(local), "--max-bytes", "1"]) == 0
+    assert visible_shards(local) == [] and disk_bytes(local) == 0
+
+
+def test_errors_are_messages(tmp_path, capsys):
+    assert main(["cache", "status", str(tmp_path / "nothing")]) == 2
+    assert "recordkit cache: error:" in capsys.readouterr().err
+    assert (
+        main(["cache", "fill", str(tmp_path / "none"), str(tmp_path / "c"), "--max-bytes", "1MiB"])
+        == 2
+    )
+
+
+def test_fill_from_the_console_script(remote, tmp_path):
+    script = str(os.path.join(os.path.dirname(sys.executable), "recordkit"))
+    out = subprocess.run(
+        [script, "cache", "fill", str(remote), str(tmp_path / "c"), "--max-bytes", "1MiB"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "6 of 6 shard(s) cached" in out.stderr
+    assert len(visible_shards(tmp_path / "c")) == 6
