@@ -375,7 +375,7 @@ def dataset(
             read,
             cycle_length=cycle,
             block_length=1,
-            num_parallel_calls=autotune,
+            num_parallel_calls=cycle,  # one reader thread per open shard, as TFRecordDataset
             deterministic=deterministic,
         )
     opts = tf.data.Options()
