@@ -580,9 +580,9 @@ class ShardCache:
                     f"cache {self.root}: {len(present)} shard(s) ready after {timeout} s "
                     f"({'the ones asked for' if want is not None else min_shards} needed)"
                 )
-            time.sleep(
-                delay if deadline is None else min(delay, max(0.0, deadline - time.monotonic()))
-            )
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with self._cv:  # a fill worker of this process wakes us when it publishes
+                self._cv.wait(delay if left is None else min(delay, left))
             delay = min(_POLL_S, delay * 2)
 
     def _pin(self, chosen: list[ShardInfo], epoch: int | None) -> Snapshot:

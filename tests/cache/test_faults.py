@@ -116,7 +116,7 @@ def test_filler_sigkilled_mid_download_leaves_nothing_visible(remote, tmp_path, 
         def slow_write(fd, data):
             real(fd, data)
             calls.append(1)
-            if len(calls) == 2:  # two shards complete, the third in the middle
+            if len(calls) == 10:  # 4 writes a shard (3 chunks, 1 index): 2 done, 1 half
                 print("downloading", flush=True)
                 time.sleep(120)
         _fill._write_all = slow_write
