@@ -139,7 +139,9 @@ class NumpySource(Source):
                 raise SourceError(f"numpy: {where}: arrays differ in rows: {sorted(rows)}")
             n = rows.pop()
             row_bytes = max(1, sum(h.row_bytes for h in headers.values()))
-            step = max(1, int(self.options["item_bytes"]) // row_bytes)
+            # Even row ranges of at most item_bytes (no sliver of a few rows at the end).
+            pieces = max(1, -(-n * row_bytes // int(self.options["item_bytes"])))
+            step = max(1, -(-n // pieces))
             for start in range(0, n, step):
                 stop = min(n, start + step)
                 key = f"{where if rel else 'arrays'}[{start}:{stop}]"
