@@ -71,7 +71,9 @@ def parse_schema(text: str) -> Any:
 
 def _split_top(text: str) -> list[str]:
     """Split on commas outside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         depth += ch == "["
         depth -= ch == "]"

@@ -46,7 +46,7 @@ else:  # pragma: no cover - Python 3.10
             return f"{self.message} ({n} sub-exception{'s' if n != 1 else ''})"
 
 
-class PartitionsFailedError(_Group, ConvertError):  # type: ignore[misc,valid-type]
+class PartitionsFailedError(_Group, ConvertError):
     """Partitions that failed, together: an ``ExceptionGroup`` of their errors.
 
     Each child carries a note (``exc.__notes__``) naming its partition and the

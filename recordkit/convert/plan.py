@@ -58,13 +58,15 @@ class ConvertOptions:
     retry_backoff: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shard_size", parse_size(self.shard_size))
-        if self.shard_size <= 0:
+        shard_size = parse_size(self.shard_size)
+        if shard_size <= 0:
             raise ValueError(f"shard_size must be positive, got {self.shard_size!r}")
+        object.__setattr__(self, "shard_size", shard_size)
         if self.partition_bytes is not None:
-            object.__setattr__(self, "partition_bytes", parse_size(self.partition_bytes))
-            if self.partition_bytes <= 0:
+            partition_bytes = parse_size(self.partition_bytes)
+            if partition_bytes <= 0:
                 raise ValueError(f"partition_bytes must be positive, got {self.partition_bytes}")
+            object.__setattr__(self, "partition_bytes", partition_bytes)
         if self.max_records is not None and self.max_records <= 0:
             raise ValueError(f"max_records must be positive or None, got {self.max_records!r}")
         if self.partition_items <= 0:

@@ -234,10 +234,11 @@ def _published(dest: _Destination, plan: Plan) -> dict[int, PartitionResult]:
         if name not in names:
             continue
         data = _read(dest.state_loc, name)
+        result: PartitionResult | None
         try:
             fingerprint, result = PartitionResult.from_marker(data or b"")
         except ValueError:
-            fingerprint, result = "", None  # type: ignore[assignment]
+            fingerprint, result = "", None
         if fingerprint == plan.fingerprint and result is not None and result.index == part.index:
             found[part.index] = result
         else:
