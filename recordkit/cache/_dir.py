@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -35,10 +36,12 @@ from ..format._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir
 from ..format.index import INDEX_SUFFIX
 from ._errors import CacheFullError
 from ._locks import DirLock, HeldFile, live_claims
+from ._remote import is_shard_name
 
 log = logging.getLogger(__name__)
 
 META = ".recordkit-cache"
+_OUR_TEMP = re.compile(re.escape(TMP_MARKER) + "[0-9a-f]{12}$")
 POLICIES = ("consumed-lru", "lru")
 
 
@@ -144,22 +147,23 @@ class CacheDir:
         out.leases = live_claims(self.leases_dir)
         live_ids = {str(c.get("id")) for c in out.leases.values()}
         for claim in live_claims(self.pins_dir).values():
-            shards = claim.get("shards")
-            if claim.get("unreadable") or not isinstance(shards, list):
+            listed = claim.get("shards")
+            if claim.get("unreadable") or not isinstance(listed, list):
                 out.pinned.add(None)
             else:
-                out.pinned.update(str(s) for s in shards)
+                out.pinned.update(str(s) for s in listed)
         shards: dict[str, int] = {}
         indexes: dict[str, int] = {}
         for rel, name, size in self._files():
-            if TMP_MARKER in name:
+            if _OUR_TEMP.search(name):
                 if name.rsplit(TMP_MARKER, 1)[1] in live_ids:
                     continue  # counted through its reservation
                 out.orphans.append(rel)
-            elif name.endswith(INDEX_SUFFIX):
+            elif name.endswith(INDEX_SUFFIX) and is_shard_name(name[: -len(INDEX_SUFFIX)]):
                 indexes[rel[: -len(INDEX_SUFFIX)]] = size
-            else:
+            elif is_shard_name(name):
                 shards[rel] = size
+            # Anything else is not ours: it counts against the budget but is never removed.
             out.used += size
         out.used += sum(int(c.get("bytes", 0)) for c in out.leases.values())
         leased = out.leased

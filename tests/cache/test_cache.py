@@ -225,3 +225,28 @@ def test_options_are_validated(remote, tmp_path):
         ShardCache(remote, tmp_path / "c", max_bytes=0)
     with pytest.raises(ValueError, match="attempts"):
         RetryOptions(attempts=0)
+
+
+def test_files_that_are_not_ours_are_counted_but_kept(remote, tmp_path):
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "notes.txt").write_bytes(b"x" * 1000)
+    (root / "model.ckpt.tmp-x").write_bytes(b"y" * 100)
+    cache = ShardCache(remote, root, max_bytes="10MiB", fill_workers=0)
+    cache.gc()
+    assert (root / "notes.txt").exists() and (root / "model.ckpt.tmp-x").exists()
+    assert cache.status().used == 1100
+
+
+def test_public_surface():
+    import subprocess
+    import sys
+
+    import recordkit.cache as cache
+
+    assert cache.__all__ == sorted(cache.__all__)
+    for name in cache.__all__:
+        assert getattr(cache, name).__doc__, name
+    code = "import sys, recordkit.cache; print('fsspec' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stderr
