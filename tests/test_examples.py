@@ -67,11 +67,19 @@ def test_keras_train(tmp_path):
     assert accuracy > 0.9, out  # the classes are separable: a model that learns gets there
 
 
+@pytest.mark.slow
+def test_convert_numpy(tmp_path):
+    out = _run("examples/convert/convert_numpy.py", "--out", tmp_path)
+    assert "into 2000 records" in out and ": OK" in out
+    assert "rerun   4 of 4 partitions already done" in out
+
+
 def test_every_example_is_tested():
     tested = {
         "examples/quickstart.py",
         "examples/pytorch/train.py",
         "examples/tensorflow/train_keras.py",
+        "examples/convert/convert_numpy.py",
     }
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.py")}
     assert found <= tested, f"examples without a test: {sorted(found - tested)}"
