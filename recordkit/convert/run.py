@@ -323,7 +323,8 @@ def convert(
             ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``, ``tfrecord``.
         schema: the schema to write; ``None`` infers one from the source.
         workers: writer processes (local engine) or LocalCluster workers (Dask);
-            default ``os.cpu_count()``; ``0`` runs everything in this process.
+            default ``os.cpu_count()``; ``0`` runs everything in this process (as
+            does any ``memory://`` URL, which other processes cannot see).
         shard_size: roll-over size of shards (``"256MiB"``).
         compress: ``"zstd"`` compresses every ``Tensor`` feature (per value).
         engine: ``"local"`` (a process pool) or ``"dask"``.
@@ -362,6 +363,12 @@ def convert(
         workers = os.cpu_count() or 1
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    in_memory = [u for u in (os.fspath(src), os.fspath(dst)) if u.startswith("memory://")]
+    if in_memory and engine == "dask":
+        raise ValueError(f"{in_memory[0]} lives in this process; Dask workers cannot see it")
+    if in_memory and workers:
+        log.info("%s lives in this process: converting in it (workers=0)", in_memory[0])
+        workers = 0
     storage_options = dict(storage_options or {})
     dso = dict(storage_options if dst_storage_options is None else dst_storage_options)
     dst = os.fspath(dst)

@@ -353,3 +353,21 @@ def test_numpy_refuses_pickled_arrays(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     with pytest.raises(SourceError, match="pickle"):
         rk.convert(tmp_path / "o.npy", tmp_path / "out", format="numpy", workers=0)
+
+
+def test_memory_urls_convert_in_process(tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    expected = _rows(tmp_path / "src", files=2)
+    fs = fsspec.filesystem("memory")
+    fs.put(str(tmp_path / "src") + "/", "memory://convert-test/src/", recursive=True)
+    try:
+        result = rk.convert(
+            "memory://convert-test/src", "memory://convert-test/out", format="jsonl", workers=2
+        )
+        assert result.records == len(expected)
+        assert fs.exists("memory://convert-test/out/recordkit.json")
+        assert fs.exists("memory://convert-test/out/part-00000-00000.tfrecord.idx")
+        with pytest.raises(ValueError, match="Dask workers cannot see it"):
+            rk.convert("memory://convert-test/src", tmp_path / "o", format="jsonl", engine="dask")
+    finally:
+        fs.rm("memory://convert-test", recursive=True)
