@@ -476,7 +476,7 @@ class ShardCache:
                 self.events.evicted(rel)
             return freed >= nbytes
 
-    def fill(self, *, until: Literal["full", "idle"] = "full") -> int:
+    def fill(self) -> int:
         """Fill in this thread (with ``fill_workers`` threads) until nothing is left to do.
 
         Stops when every remote shard is present, or when the budget is full of
@@ -485,7 +485,6 @@ class ShardCache:
         Raises:
             CacheFullError: as :meth:`fill_one`.
         """
-        del until  # one mode for now: stop when blocked or idle
         self.gc()
         failures: list[BaseException] = []
 
