@@ -69,6 +69,7 @@ class Source(abc.ABC):
             unknown ones are an error.
     """
 
+    #: the converter's name, the value of ``recordkit convert --from``.
     name: ClassVar[str] = ""
     #: option name -> default; anything else passed as an option is refused.
     defaults: ClassVar[Mapping[str, Any]] = {}

@@ -21,6 +21,6 @@ echo "recordkit: setting up $VENV (first run takes a few minutes) ..." >&2
 py="$VENV/bin/python"
 "$py" -m pip install --quiet --upgrade "pip>=25.1"
 "$py" -m pip install --quiet "$TORCH_SPEC"
-"$py" -m pip install --quiet -e ".[torch,tf-cpu,progress,s3,http,dask,parquet]" --group test --group lint
+"$py" -m pip install --quiet -e ".[torch,tf-cpu,progress,s3,http,dask,parquet]" --group test --group lint --group docs
 echo "$want" > "$stamp"
 echo "recordkit: environment ready in $VENV" >&2

@@ -193,6 +193,7 @@ class ShardCache:
 
     @property
     def remote(self) -> Remote:
+        """The remote dataset's reader (built on first use; retries per ``retry``)."""
         if self._remote is None:
             self._remote = Remote(self.remote_url, self._storage_options, retry=self._retry)
         return self._remote

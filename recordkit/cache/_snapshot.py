@@ -62,6 +62,7 @@ class Snapshot:
 
     @property
     def records(self) -> int:
+        """The number of records in the snapshot's shards."""
         return sum(s.records for s in self.shards)
 
     def __len__(self) -> int:
