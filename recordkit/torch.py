@@ -462,11 +462,13 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
         self._consumed = 0
 
     def state_dict(self) -> dict[str, Any]:
+        """The position after the batches this loader has yielded (JSON-serialisable)."""
         ds = self.dataset
         assert isinstance(ds, RecordDataset)
         return ds.state_dict(consumed=self._consumed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next pass starts at the batch after it."""
         ds = self.dataset
         assert isinstance(ds, RecordDataset)
         ds.load_state_dict(state)
