@@ -74,12 +74,48 @@ def test_convert_numpy(tmp_path):
     assert "rerun   4 of 4 partitions already done" in out
 
 
+@pytest.mark.torch
+@pytest.mark.slow
+def test_pytorch_convert_and_train(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("PIL")
+    out = _run("examples/pytorch/convert_and_train.py", "--workdir", tmp_path, "--epochs", 3)
+    assert "converted 600 items" in out and "classes ['blue', 'green', 'red']" in out
+    accuracy = float(out.strip().splitlines()[-1].rsplit(" ", 1)[1])
+    assert accuracy > 0.9, out  # colours are separable: a model that learns gets there
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_tensorflow_convert_and_train(tmp_path):
+    pytest.importorskip("tensorflow")
+    out = _run("examples/tensorflow/convert_and_train.py", "--workdir", tmp_path)
+    assert "into 4000 records" in out, out
+    assert "63 batches per epoch" in out
+    accuracy = float(out.strip().splitlines()[-1].rsplit(" ", 1)[1])
+    assert accuracy > 0.9, out  # a linear rule: logistic regression learns it
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_pytorch_ddp(tmp_path):
+    pytest.importorskip("torch")
+    out = _run("examples/pytorch/ddp.py", "--data", tmp_path / "d", "--epochs", 2, timeout=180)
+    for rank in (0, 1):
+        assert f"rank {rank}: epoch 1: 30 batches" in out, out
+        assert f"rank {rank}: read 1500 records" in out, out
+    assert "all ranks: 3000 records, each exactly once" in out
+
+
 def test_every_example_is_tested():
     tested = {
         "examples/quickstart.py",
         "examples/pytorch/train.py",
         "examples/tensorflow/train_keras.py",
         "examples/convert/convert_numpy.py",
+        "examples/pytorch/convert_and_train.py",
+        "examples/tensorflow/convert_and_train.py",
+        "examples/pytorch/ddp.py",
     }
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.py")}
     assert found <= tested, f"examples without a test: {sorted(found - tested)}"
