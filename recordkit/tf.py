@@ -214,6 +214,67 @@ def shard_files(
     return list(files), num_pipelines > 1
 
 
+# -- the shard cache --------------------------------------------------------------------------
+
+
+def _cache_for(
+    remote: str, cache: Any, cache_dir: str | os.PathLike[str] | None, limit: int | str | None
+) -> Any:
+    if cache is not None and cache_dir is not None:
+        raise ValueError("give cache or cache_dir, not both")
+    if cache is not None:
+        return cache
+    if limit is None:
+        raise ValueError("cache_dir needs cache_limit (the disk budget, e.g. '50GiB')")
+    import atexit
+
+    from .cache import ShardCache
+
+    made = ShardCache(remote, os.fspath(cache_dir), max_bytes=limit).start()  # type: ignore[arg-type]
+    atexit.register(made.stop)
+    return made
+
+
+def _cached_files(
+    cache: Any,
+    schema: Schema | None,
+    seed: int,
+    shuffle: bool,
+    input_context: Any,
+    timeout: float | None,
+) -> tuple[Callable[[], Any], list[str], Schema, Manifest | None]:
+    """A generator of each epoch's shard paths (rescanning the cache), and the first set."""
+    first = cache.snapshot(0, timeout=timeout)
+    manifest = first.manifest
+    if schema is None:
+        schema = Schema.from_json(manifest.schema) if manifest else _infer(first.paths[0])
+    held: dict[str, Any] = {"first": first, "epoch": 0}
+
+    def epoch_files() -> Any:
+        epoch = held["epoch"]
+        held["epoch"] = epoch + 1
+        snap = held.pop("first", None)
+        if snap is None:  # every later epoch: let the last set go, then rescan
+            last, read = held.pop("reading", (None, []))
+            if last is not None:
+                for path in read:
+                    last.mark_consumed(path)  # evicted first when the budget binds
+                last.close()
+            snap = cache.snapshot(epoch, timeout=timeout)
+        paths = list(snap.paths)
+        if shuffle:
+            rng = np.random.default_rng([seed, epoch])
+            paths = [paths[i] for i in rng.permutation(len(paths))]
+        if input_context is not None:
+            paths = paths[input_context.input_pipeline_id :: input_context.num_input_pipelines]
+        # TensorFlow reads ahead of this generator: the set stays pinned until the
+        # next epoch starts.
+        held["reading"] = (snap, paths)
+        yield from paths
+
+    return epoch_files, [str(p) for p in first.paths], schema, manifest
+
+
 # -- decoding ----------------------------------------------------------------------------------
 
 
@@ -299,6 +360,10 @@ def dataset(
     deterministic: bool = True,
     schema: Schema | None = None,
     num_parallel_reads: int | None = None,
+    cache: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    cache_timeout: float | None = 600.0,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -324,6 +389,18 @@ def dataset(
             seed and the shard set); ``False`` lets TensorFlow trade order for speed.
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
+        cache: read through this started :class:`recordkit.cache.ShardCache`:
+            each time the dataset is iterated (each epoch) it takes every
+            complete shard the cache holds then, pinned until the next epoch
+            starts, so epochs grow as the cache fills. ``path_or_url`` is then
+            only a label. With a cache, ``input_context`` splits by shard only
+            (pipeline *i* takes shards *i*, *i + n*, ... of each epoch's set),
+            and the length is unknown.
+        cache_dir: instead of ``cache``: cache the remote ``path_or_url`` here,
+            within ``cache_limit`` bytes; the fill workers start now and stop at
+            interpreter exit.
+        cache_limit: the disk budget for ``cache_dir`` (e.g. ``"50GiB"``).
+        cache_timeout: seconds an epoch start waits for a first complete shard.
         num_parallel_reads: shards read at once (default 4), in parallel;
             their records (small records: chunks of up to 1024 records or 1 MiB)
             alternate, so without ``shuffle`` the order is fixed
@@ -341,12 +418,21 @@ def dataset(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if shuffle_buffer < 1:
         raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
-    files, schema, manifest = _locate(os.fspath(path_or_url), schema)
+    epoch_files = None
+    if cache is not None or cache_dir is not None:
+        cache = _cache_for(os.fspath(path_or_url), cache, cache_dir, cache_limit)
+        epoch_files, files, schema, manifest = _cached_files(
+            cache, schema, seed, shuffle, input_context, cache_timeout
+        )
+    else:
+        files, schema, manifest = _locate(os.fspath(path_or_url), schema)
     names = _columns(schema, columns)
     spec = feature_spec(schema, names)
     counts = dict(zip(files, (s.records for s in manifest.shards))) if manifest else None
     by_record = False
-    if input_context is not None:
+    if epoch_files is not None:
+        counts = None  # the set changes from epoch to epoch
+    elif input_context is not None:
         files, by_record = shard_files(
             files, input_context.num_input_pipelines, input_context.input_pipeline_id
         )
@@ -358,8 +444,13 @@ def dataset(
     # Small records are handed over in chunks; a big record is worth its own element
     # (chunking it would only add a copy).
     chunk = 1 if avg >= _CHUNK_MIN_RECORD else int(min(_CHUNK_RECORDS, _CHUNK_BYTES // avg))
-    ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, dtype=tf.string))
-    if shuffle and len(files) > 1:
+    if epoch_files is not None:  # a new shard list, from the cache, every iteration
+        ds = tf.data.Dataset.from_generator(
+            epoch_files, output_signature=tf.TensorSpec([], tf.string)
+        )
+    else:
+        ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, dtype=tf.string))
+    if shuffle and len(files) > 1 and epoch_files is None:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
 
     # Shards are read in chunks of consecutive serialized records: a parallel

@@ -24,11 +24,13 @@ or let recordkit batch, which is faster and keeps the order independent of worke
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -47,7 +49,10 @@ from .reader.decode import BatchDecoder  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.process import ProcessReader  # noqa: E402
-from .reader.shards import ShardSet, open_shards  # noqa: E402
+from .reader.shards import MappedShard, ShardSet, _infer, open_shards  # noqa: E402
+
+if TYPE_CHECKING:
+    from .cache import ShardCache, Snapshot
 
 __all__ = ["DataLoader", "DevicePrefetcher", "RecordDataset", "RecordMapDataset"]
 
@@ -89,6 +94,29 @@ def _to_torch(value: Any) -> Any:
     return value
 
 
+def _common_shards(paths: list[str]) -> set[str]:
+    """The shards every ``torch.distributed`` rank has (each rank's cache differs).
+
+    Exchanged as JSON bytes in uint8 tensors (no pickling), so every rank plans
+    the epoch over the same shard set.
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return set(paths)
+    data = torch.frombuffer(bytearray(json.dumps(sorted(paths)).encode()), dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
+    width = int(max(int(x) for x in sizes))
+    padded = torch.zeros(width, dtype=torch.uint8)
+    padded[: len(data)] = data
+    gathered = [torch.zeros(width, dtype=torch.uint8) for _ in sizes]
+    dist.all_gather(gathered, padded)
+    common = set(paths)
+    for g, n in zip(gathered, sizes):
+        common &= set(json.loads(bytes(g[: int(n)].tolist()).decode()))
+    return common
+
+
 class _ProcessLocalShards:
     """Shard maps (and what hangs off them) live in one process each.
 
@@ -107,12 +135,15 @@ class _ProcessLocalShards:
             return shards
         with _OPEN_LOCK:  # several threads may iterate one dataset: open once
             if self._shards is None or self._pid != os.getpid():
-                shards = open_shards(self.path, getattr(self, "schema", None))
+                shards = self._open_shards()
                 self._opened()  # before publishing: a thread that sees the maps sees the rest
                 self._shards = shards
                 self._pid = os.getpid()
             assert self._shards is not None
             return self._shards
+
+    def _open_shards(self) -> ShardSet:
+        return open_shards(self.path, getattr(self, "schema", None))
 
     def _opened(self) -> None:
         """Called in each process after its maps are opened."""
@@ -121,6 +152,9 @@ class _ProcessLocalShards:
         state = self.__dict__.copy()
         state["_shards"] = None  # mmaps stay in their process
         state.pop("_pool", None)
+        if "cache" in state:  # workers read the epoch's set; the training process pins it
+            state["cache"] = state["_snap"] = None
+            state["_owned_cache"] = False
         return state
 
 
@@ -166,6 +200,19 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             across many steps: a few chunks' worth may be held at a time.
         rank: this process's rank; default ``torch.distributed``'s, else 0.
         world_size: number of ranks; default ``torch.distributed``'s, else 1.
+        cache: read through this :class:`recordkit.cache.ShardCache` (started
+            by you): at each epoch start the dataset takes every complete shard
+            the cache holds (so epochs grow as the cache fills), pins them, and
+            unpins each shard once this rank has read it. ``path_or_url`` is
+            then only a label. With ``torch.distributed`` the ranks read the
+            shards that every rank's cache holds. See ``docs/cache.md``.
+        cache_dir: instead of ``cache``: cache the remote ``path_or_url`` in
+            this directory, with ``cache_limit`` bytes (e.g. ``"50GiB"``); the
+            dataset starts the cache's fill workers and stops them when it is
+            garbage collected (or :meth:`close`).
+        cache_limit: the disk budget for ``cache_dir``.
+        cache_timeout: seconds an epoch start waits for the first complete
+            shard (``None``: no limit).
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -196,6 +243,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         world_size: int | None = None,
         pin_memory: bool = False,
         reader_process: bool = False,
+        cache: ShardCache | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        cache_timeout: float | None = 600.0,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -225,9 +276,148 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self.stats = ReaderStats()
         self._resume: tuple[int, int] | None = None  # (epoch, units consumed)
         self._next_unit = 0
+        self._init_cache(cache, cache_dir, cache_limit, cache_timeout, reader_process)
         shards = self._open()  # fail early, in the main process, on a bad path or schema
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
+
+    # -- the shard cache ---------------------------------------------------------------
+
+    def _init_cache(
+        self,
+        cache: ShardCache | None,
+        cache_dir: str | os.PathLike[str] | None,
+        cache_limit: int | str | None,
+        timeout: float | None,
+        reader_process: bool,
+    ) -> None:
+        self.cache: ShardCache | None = None
+        self.cache_timeout = timeout
+        self._cache_root: str | None = None
+        self._epoch_set: tuple[Any, ...] | None = None  # (epoch, [ShardInfo], manifest)
+        self._snap: Snapshot | None = None
+        self._snap_fresh = False  # taken for an epoch not yet started
+        self._resume_shards: list[str] | None = None
+        self._owned_cache = False
+        if cache is None and cache_dir is None:
+            if cache_limit is not None:
+                raise ValueError("cache_limit needs cache_dir")
+            return
+        if cache is not None and cache_dir is not None:
+            raise ValueError("give cache or cache_dir, not both")
+        if reader_process:
+            raise ValueError("reader_process=True does not read through a cache yet")
+        from .cache import ShardCache
+
+        if cache is None:
+            if cache_limit is None:
+                raise ValueError("cache_dir needs cache_limit (the disk budget, e.g. '50GiB')")
+            cache = ShardCache(self.path, os.fspath(cache_dir), max_bytes=cache_limit).start()  # type: ignore[arg-type]
+            self._owned_cache = True
+            weakref.finalize(self, cache.stop)
+        self.cache = cache
+        self._cache_root = cache.root
+
+    def close(self) -> None:
+        """Release the cache pins and maps (and stop a cache made from ``cache_dir``)."""
+        if self._snap is not None:
+            self._snap.close()
+            self._snap = None
+        if self._shards is not None:
+            self._shards.close()
+            self._shards = None
+        if self._owned_cache and self.cache is not None:
+            self.cache.stop()
+
+    def _open_shards(self) -> ShardSet:
+        if self._cache_root is None:
+            return open_shards(self.path, getattr(self, "schema", None))
+        if self._epoch_set is None:
+            if get_worker_info() is not None:
+                raise RuntimeError(
+                    "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
+                    "(it fixes each epoch's shard set in the training process)"
+                )
+            old = self._take_epoch(self.epoch)
+            if old is not None:  # its maps are already gone (we are reopening)
+                old.close()
+        assert self._epoch_set is not None
+        _, infos, manifest = self._epoch_set
+        root = self._cache_root
+        shards: list[MappedShard] = []
+        try:
+            for info in infos:
+                shards.append(MappedShard(root, info))
+            schema = getattr(self, "schema", None)
+            if schema is None:
+                schema = Schema.from_json(manifest.schema) if manifest else _infer(root, shards)
+        except BaseException:
+            for sh in shards:
+                sh.close()
+            raise
+        return ShardSet(root=root, manifest=manifest, shards=shards, schema=schema)
+
+    def _take_epoch(self, epoch: int) -> Snapshot | None:
+        """Cache mode, training process: fix this epoch's shards (all complete ones now).
+
+        Returns the previous snapshot, to close once its maps are closed.
+        """
+        assert self.cache is not None
+        want = self._resume_shards if self._resume and self._resume[0] == epoch else None
+        snap = self.cache.snapshot(epoch, shards=want, timeout=self.cache_timeout)
+        agreed = _common_shards([i.path for i in snap.shards])
+        infos = [i for i in snap.shards if i.path in agreed]
+        for info in snap.shards:
+            if info.path not in agreed:
+                snap.release(info)
+        old, self._snap = self._snap, snap
+        self._epoch_set = (epoch, infos, snap.manifest)
+        self._snap_fresh = True
+        log.info("epoch %d reads %d cached shard(s) from %s", epoch, len(infos), self._cache_root)
+        return old
+
+    def _start_epoch(self, epoch: int) -> None:
+        """At the start of a pass in the training process: rescan the cache."""
+        if self.cache is None or get_worker_info() is not None:
+            return
+        if not (self._snap_fresh and self._epoch_set and self._epoch_set[0] == epoch):
+            # Let the last set go first (unmapped, then unpinned): with a full
+            # budget, the shards this epoch needs may have to displace it.
+            with _OPEN_LOCK:  # the next _open() maps the new set
+                if self._shards is not None and self._pid == os.getpid():
+                    self._shards.close()
+                self._shards = None
+            if self._snap is not None:
+                self._snap.close()
+                self._snap = None
+            self._take_epoch(epoch)
+        self._snap_fresh = False
+
+    def _releaser(self, plan: EpochPlan, split: Split, start: int) -> Callable[[int], None] | None:
+        """Cache mode: unpin (and unmap) each shard once this rank has read its last unit."""
+        snap, shards = self._snap, self._open()
+        if snap is None or get_worker_info() is not None:
+            return None
+        n = plan.unit_count(split.rank, split.world_size)
+        whole = Split(rank=split.rank, world_size=split.world_size, worker=0, num_workers=1)
+        positions, lengths = plan.unit_positions(whole, range(n))
+        shard_ids, _ = plan.resolve(positions)
+        unit_of = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        last = np.full(len(shards.shards), -1, dtype=np.int64)
+        np.maximum.at(last, shard_ids, unit_of)
+        order = np.argsort(last, kind="stable")
+        done = iter(order.tolist())
+        pending = [next(done, None)]
+
+        def release(unit: int) -> None:  # every shard whose last unit is <= unit
+            while pending[0] is not None and last[pending[0]] <= unit:
+                shard = shards.shards[pending[0]]
+                shard.close()
+                snap.mark_consumed(shard.info, release=True)
+                pending[0] = next(done, None)
+
+        release(start - 1)  # shards this rank does not read, or read before a resume point
+        return release
 
     # -- process-local state ---------------------------------------------------------
 
@@ -292,6 +482,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         start = 0
         if self._resume is not None and self._resume[0] == epoch:
             start = self._resume[1]
+        self._start_epoch(epoch)  # cache mode: this epoch's shards (before _resume goes)
         if get_worker_info() is None:
             self._resume = None  # a worker's copy cannot clear the parent's; DataLoader does
         plan = self._plan(epoch)
@@ -326,6 +517,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         units = plan.units(split, start)
         self._next_unit = start
         batched = self.options.batch_size is not None
+        release = self._releaser(plan, split, start) if self.cache is not None else None
         chunks = reader.read(plan, split, units)
         try:
             for chunk in chunks:
@@ -335,6 +527,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                     if self.transform is not None:
                         item = self.transform(item)
                     yield item
+                    if release is not None:
+                        release(unit)  # batches are copies: a finished shard can go
         finally:
             chunks.close()
         if get_worker_info() is None and self.epoch == epoch:
@@ -399,6 +593,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             "drop_last": self.options.drop_last,
             "world_size": self._split().world_size,
             "shards": shards.fingerprint(),
+            # with a cache the shard set changes per epoch: a resume takes these again
+            "shard_paths": [sh.info.path for sh in shards.shards] if self.cache else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -411,7 +607,15 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported state version {state.get('version')!r}")
         mine = self.state_dict()
-        for key in ("seed", "shuffle", "batch_size", "drop_last", "world_size", "shards"):
+        keys = ["seed", "shuffle", "batch_size", "drop_last", "world_size"]
+        if self.cache is None:
+            keys.append("shards")
+        elif state.get("shard_paths") is None:
+            raise ValueError("cannot resume a cached dataset from a state saved without a cache")
+        else:
+            self._resume_shards = list(state["shard_paths"])
+            self._snap_fresh = False  # the next pass takes exactly the saved shards
+        for key in keys:
             if state[key] != mine[key]:
                 raise ValueError(
                     f"cannot resume: {key} was {state[key]!r} when saved, is {mine[key]!r} now"
@@ -449,6 +653,7 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
         assert isinstance(ds, RecordDataset)
         epoch = ds.epoch
         self._consumed = ds._resume[1] if ds._resume and ds._resume[0] == epoch else 0
+        ds._start_epoch(epoch)  # cache mode: fix the shard set before workers copy the dataset
         it = super().__iter__()
         if self.num_workers > 0:
             ds._resume = None  # the workers have their copies now (in-process, iter clears it)

@@ -405,6 +405,8 @@ class ShardCache:
                 need,
                 max_bytes=self.max_bytes,
                 policy=self.policy,
+                # a shard a reader asks for (a resume) may displace any unpinned one
+                displace=only is None,
                 scan=scan,
                 state=state,
             )
@@ -556,34 +558,42 @@ class ShardCache:
         else:
             want = None
         delay = 0.01
-        while True:
-            with self.dir.lock():
-                scan = self.dir.scan()
-                state = self.dir.load_state()
-                present = self._complete_infos(scan, state)
+        hold: HeldFile | None = None  # the wanted shards already here, while the rest come
+        try:
+            while True:
+                with self.dir.lock():
+                    scan = self.dir.scan()
+                    state = self.dir.load_state()
+                    present = self._complete_infos(scan, state)
+                    if want is not None:
+                        have = {i.path for i in present}
+                        missing = [p for p in want if p not in have]
+                        if not missing:
+                            chosen = [i for i in present if i.path in set(want)]
+                            return self._pin(chosen, epoch)
+                        if hold is not None:
+                            self.dir.release(hold)
+                        hold = self.dir.pin([p for p in want if p in have])
+                    elif len(present) >= min(min_shards, len(infos)):
+                        return self._pin(present, epoch)
+                if self._failure is not None:
+                    raise self._failure
                 if want is not None:
-                    have = {i.path for i in present}
-                    missing = [p for p in want if p not in have]
-                    if not missing:
-                        chosen = [i for i in present if i.path in set(want)]
-                        return self._pin(chosen, epoch)
-                elif len(present) >= min(min_shards, len(infos)):
-                    return self._pin(present, epoch)
-            if self._failure is not None:
-                raise self._failure
-            if want is not None:
-                for rel in missing:
-                    if self.fill_one(only=rel) == "worked":
-                        delay = 0.01
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"cache {self.root}: {len(present)} shard(s) ready after {timeout} s "
-                    f"({'the ones asked for' if want is not None else min_shards} needed)"
-                )
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            with self._cv:  # a fill worker of this process wakes us when it publishes
-                self._cv.wait(delay if left is None else min(delay, left))
-            delay = min(_POLL_S, delay * 2)
+                    for rel in missing:
+                        if self.fill_one(only=rel) == "worked":
+                            delay = 0.01
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"cache {self.root}: {len(present)} shard(s) ready after {timeout} s "
+                        f"({'the ones asked for' if want is not None else min_shards} needed)"
+                    )
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                with self._cv:  # a fill worker of this process wakes us when it publishes
+                    self._cv.wait(delay if left is None else min(delay, left))
+                delay = min(_POLL_S, delay * 2)
+        finally:
+            if hold is not None:
+                self.dir.release(hold)
 
     def _pin(self, chosen: list[ShardInfo], epoch: int | None) -> Snapshot:
         claim = self.dir.pin([i.path for i in chosen], epoch=epoch)

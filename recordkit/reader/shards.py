@@ -57,16 +57,18 @@ class MappedShard:
         info: the manifest entry (or one made up for a foreign shard).
         path: absolute file path.
         buf: the ``mmap`` (``b""`` for an empty file).
+        nbytes: the file size in bytes (still known after :meth:`close`).
         offsets: int64 record offsets.
         sizes: int64 framed record sizes.
     """
 
-    __slots__ = ("buf", "info", "offsets", "path", "sizes")
+    __slots__ = ("buf", "info", "nbytes", "offsets", "path", "sizes")
 
     def __init__(self, root: str, info: ShardInfo, *, write_index: bool = True) -> None:
         self.info = info
         self.path = os.path.join(root, info.path)
         self.buf: mmap.mmap | bytes = open_map(self.path)
+        self.nbytes = len(self.buf)  # still known after close()
         try:
             listed = info.crc32c is not None  # from a manifest, so sizes are known
             if listed and info.bytes != len(self.buf):
@@ -136,13 +138,13 @@ class ShardSet:
     def avg_record_bytes(self) -> float:
         """Mean framed record size (1.0 for an empty set)."""
         count = sum(s.records for s in self.shards)
-        return sum(len(s.buf) for s in self.shards) / count if count else 1.0
+        return sum(s.nbytes for s in self.shards) / count if count else 1.0
 
     def fingerprint(self) -> str:
         """A short hash of the shard set (paths, record counts, sizes) for resume checks."""
         h = hashlib.sha256()
         for s in self.shards:
-            h.update(f"{s.info.path}\0{s.records}\0{len(s.buf)}\n".encode())
+            h.update(f"{s.info.path}\0{s.records}\0{s.nbytes}\n".encode())
         return h.hexdigest()[:16]
 
     def close(self) -> None:
