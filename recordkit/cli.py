@@ -230,3 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `recordkit head ... | head` closes the pipe early
         return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
