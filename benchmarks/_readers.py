@@ -110,6 +110,14 @@ def _recordkit(wl: Workload, files: Files) -> Iterator[int]:
     return _count(ds, lambda b: b["label"])
 
 
+def _recordkit_proc(wl: Workload, files: Files) -> Iterator[int]:
+    """``RecordDataset(reader_process=True)``: decoding in a loader process (its own GIL)."""
+    import recordkit.torch as rkt
+
+    ds = rkt.RecordDataset(files.tfrecord_dir, batch_size=BATCH, reader_process=True)
+    return _count(ds, lambda b: b["label"])
+
+
 def _tfdata(wl: Workload, files: Files) -> Iterator[int]:
     import tensorflow as tf
 
@@ -227,6 +235,7 @@ def _dataloader_map(wl: Workload, files: Files) -> Iterator[int]:
 
 READERS: dict[str, Reader] = {
     "recordkit": _recordkit,
+    "recordkit-proc": _recordkit_proc,
     "tf.data": _tfdata,
     "recordkit.tf": _recordkit_tf,
     "tfrecord-dl0": _tfrecord_pkg(0),
