@@ -20,98 +20,30 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, ClassVar
 
 from recordkit import Schema
 from recordkit.codec import decode_example
-from recordkit.errors import (
-    CorruptRecordError,
-    RecordTooLargeError,
-    TruncatedRecordError,
-)
-from recordkit.format import masked_crc32c
+from recordkit.errors import CorruptRecordError
+from recordkit.format import OVERHEAD, read_stream
 
 from .base import Item, Source, SourceNotFoundError
 
 __all__ = ["TFRecordSource", "read_records"]
 
-_HEADER = struct.Struct("<QI")
-_U32 = struct.Struct("<I")
-
-
-def _read_exact(f: BinaryIO, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = f.read(n - got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
 
 def read_records(f: BinaryIO, *, path: str, max_record_bytes: int = 2**31) -> Iterator[bytes]:
     """Stream the payloads of a TFRecord file, checking every CRC as they pass.
+
+    :func:`recordkit.format.read_stream`, under the name this module has always had.
 
     Raises:
         TruncatedRecordError: the file ends inside a record (a partial header too).
         CorruptRecordError: a length or payload CRC mismatch (path, offset, record).
         RecordTooLargeError: a length field above ``max_record_bytes``.
     """
-    offset = 0
-    for record in itertools.count():
-        header = _read_exact(f, 12)
-        if not header:
-            return
-        if len(header) < 12:
-            raise TruncatedRecordError(
-                f"partial record header: {len(header)} of 12 bytes before end of file",
-                path=path,
-                offset=offset,
-                record=record,
-            )
-        length, stored = _HEADER.unpack(header)
-        actual = masked_crc32c(header[:8])
-        if actual != stored:
-            raise CorruptRecordError(
-                "length CRC mismatch",
-                path=path,
-                offset=offset,
-                record=record,
-                expected_crc=stored,
-                actual_crc=actual,
-            )
-        if length > max_record_bytes:
-            raise RecordTooLargeError(
-                f"length {length} exceeds max_record_bytes={max_record_bytes}",
-                path=path,
-                offset=offset,
-                record=record,
-            )
-        payload = _read_exact(f, length)
-        footer = _read_exact(f, 4)
-        if len(payload) < length or len(footer) < 4:
-            raise TruncatedRecordError(
-                f"record of {length} bytes cut short by the end of file",
-                path=path,
-                offset=offset,
-                record=record,
-            )
-        (stored,) = _U32.unpack(footer)
-        actual = masked_crc32c(payload)
-        if actual != stored:
-            raise CorruptRecordError(
-                "payload CRC mismatch",
-                path=path,
-                offset=offset,
-                record=record,
-                expected_crc=stored,
-                actual_crc=actual,
-            )
-        yield payload
-        offset += length + 16
+    return read_stream(f, path=path, max_record_bytes=max_record_bytes)
 
 
 def _is_tfrecord_name(rel: str) -> bool:
@@ -166,5 +98,5 @@ class TFRecordSource(Source):
                     schema.decode(payload)
                 except CorruptRecordError as exc:
                     raise exc.located(path, offset, record) from exc
-            offset += len(payload) + 16
+            offset += len(payload) + OVERHEAD
             yield payload

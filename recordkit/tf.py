@@ -34,6 +34,7 @@ they are read.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -44,7 +45,7 @@ import numpy as np
 from ._deps import require
 from .codec import Bytes, Float32, Int64, Schema, Tensor
 from .codec.compression import zstd_decompress
-from .errors import SchemaError, ShardNotFoundError, TruncatedRecordError
+from .errors import SchemaError, ShardNotFoundError
 from .format.manifest import MANIFEST_NAME, Manifest
 from .storage import strip_file_scheme
 
@@ -178,20 +179,10 @@ def _avg(path: str) -> float:
 
 def _infer(first: str) -> Schema:
     from .codec.example import decode_example
-    from .format.framing import iter_records
+    from .format.framing import read_stream
 
-    examples = []
-    limit = 16 << 20  # enough for the leading records
-    with tf.io.gfile.GFile(first, "rb") as f:
-        data = f.read(limit)
-    try:
-        for _, payload in iter_records(memoryview(data), path=first):
-            examples.append(decode_example(payload))
-            if len(examples) == 64:
-                break
-    except TruncatedRecordError:
-        if len(data) < limit or not examples:  # a real cut, not the end of what we read
-            raise
+    with tf.io.gfile.GFile(first, "rb") as f:  # the leading records only
+        examples = [decode_example(p) for p in itertools.islice(read_stream(f, path=first), 64)]
     if not examples:
         raise ShardNotFoundError(f"cannot infer a schema from {first}: it has no records")
     return Schema.infer(examples)

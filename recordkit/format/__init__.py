@@ -9,6 +9,7 @@ from .framing import (
     iter_records,
     read_header,
     read_record,
+    read_stream,
 )
 from .index import (
     ensure_index,
@@ -43,6 +44,7 @@ __all__ = [
     "read_header",
     "read_manifest",
     "read_record",
+    "read_stream",
     "scan_index",
     "unmask",
     "validate_index",

@@ -8,9 +8,11 @@ goes missing unnoticed.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import struct
 from collections.abc import Iterator
+from typing import BinaryIO
 
 from ..errors import CorruptRecordError, RecordTooLargeError, TruncatedRecordError
 from .crc import masked_crc32c
@@ -25,6 +27,7 @@ __all__ = [
     "iter_records",
     "read_header",
     "read_record",
+    "read_stream",
 ]
 
 HEADER_SIZE = 12  # u64 length + u32 masked CRC of the length bytes
@@ -53,6 +56,46 @@ def frame(payload: Buffer) -> bytes:
     return b"".join((frame_header(len(payload)), payload, _U32.pack(masked_crc32c(payload))))
 
 
+def _check_header(
+    header: bytes, path: str | None, offset: int, record: int | None, max_record_bytes: int
+) -> int:
+    """The payload length of a complete 12-byte header, after its CRC and size checks."""
+    length, stored = _HEADER.unpack_from(header, 0)
+    actual = masked_crc32c(header[:8])
+    if stored != actual:
+        raise CorruptRecordError(
+            "length CRC mismatch",
+            path=path,
+            offset=offset,
+            record=record,
+            expected_crc=stored,
+            actual_crc=actual,
+        )
+    if length > max_record_bytes:
+        raise RecordTooLargeError(
+            f"record length {length} exceeds max_record_bytes={max_record_bytes}",
+            path=path,
+            offset=offset,
+            record=record,
+        )
+    return int(length)
+
+
+def _check_payload(
+    payload: Buffer, stored: int, path: str | None, offset: int, record: int | None
+) -> None:
+    actual = masked_crc32c(payload)
+    if stored != actual:
+        raise CorruptRecordError(
+            "payload CRC mismatch",
+            path=path,
+            offset=offset,
+            record=record,
+            expected_crc=stored,
+            actual_crc=actual,
+        )
+
+
 def read_header(
     buf: Buffer,
     offset: int,
@@ -76,24 +119,10 @@ def read_header(
             offset=offset,
             record=record,
         )
-    length, stored = _HEADER.unpack_from(buf, offset)
-    actual = masked_crc32c(memoryview(buf)[offset : offset + 8])
-    if stored != actual:
-        raise CorruptRecordError(
-            "length CRC mismatch",
-            path=path,
-            offset=offset,
-            record=record,
-            expected_crc=stored,
-            actual_crc=actual,
-        )
-    if length > max_record_bytes:
-        raise RecordTooLargeError(
-            f"record length {length} exceeds max_record_bytes={max_record_bytes}",
-            path=path,
-            offset=offset,
-            record=record,
-        )
+    # 12 bytes copied: no view of ``buf`` outlives this call (an error's traceback
+    # holding one would keep an mmap from closing)
+    header = bytes(buf[offset : offset + HEADER_SIZE])
+    length = _check_header(header, path, offset, record, max_record_bytes)
     if offset + OVERHEAD + length > end:
         raise TruncatedRecordError(
             f"record of {length} bytes needs {OVERHEAD + length} bytes, "
@@ -139,16 +168,7 @@ def read_record(
     payload = memoryview(buf)[start : start + length]
     if verify:
         (stored,) = _U32.unpack_from(buf, start + length)
-        actual = masked_crc32c(payload)
-        if stored != actual:
-            raise CorruptRecordError(
-                "payload CRC mismatch",
-                path=path,
-                offset=offset,
-                record=record,
-                expected_crc=stored,
-                actual_crc=actual,
-            )
+        _check_payload(payload, stored, path, offset, record)
     return payload
 
 
@@ -171,3 +191,56 @@ def iter_records(
         yield offset, payload
         offset += len(payload) + OVERHEAD
         record += 1
+
+
+def _read_exact(f: BinaryIO, n: int) -> bytes:
+    """Up to ``n`` bytes: fewer only at the end of the stream."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = f.read(n - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_stream(
+    f: BinaryIO,
+    *,
+    path: str | None = None,
+    verify: bool = True,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Iterator[bytes]:
+    """Yield the payload of every record of a file object, in order, as it streams by.
+
+    For files that cannot be mapped (remote objects, gzip streams): the same
+    checks as :func:`read_record`, and the same errors, with offsets counted in
+    the (uncompressed) stream.
+    """
+    offset = 0
+    for record in itertools.count():
+        header = _read_exact(f, HEADER_SIZE)
+        if not header:
+            return
+        if len(header) < HEADER_SIZE:
+            raise TruncatedRecordError(
+                f"partial record header: {len(header)} of {HEADER_SIZE} bytes before end of file",
+                path=path,
+                offset=offset,
+                record=record,
+            )
+        length = _check_header(header, path, offset, record, max_record_bytes)
+        payload = _read_exact(f, length)
+        footer = _read_exact(f, FOOTER_SIZE)
+        if len(payload) < length or len(footer) < FOOTER_SIZE:
+            raise TruncatedRecordError(
+                f"record of {length} bytes cut short by the end of file",
+                path=path,
+                offset=offset,
+                record=record,
+            )
+        if verify:
+            _check_payload(payload, _U32.unpack(footer)[0], path, offset, record)
+        yield payload
+        offset += length + OVERHEAD

@@ -1,3 +1,4 @@
+import io
 import struct
 
 import pytest
@@ -12,6 +13,7 @@ from recordkit.format import (
     mask,
     masked_crc32c,
     read_record,
+    read_stream,
     unmask,
 )
 
@@ -60,6 +62,31 @@ def test_any_truncation_is_detected(payloads, data):
         list(iter_records(buf[:cut], path="x.tfrecord"))
     assert info.value.path == "x.tfrecord"
     assert info.value.offset is not None and info.value.record is not None
+
+
+@given(st.lists(st.binary(max_size=100), min_size=1, max_size=10), st.data())
+def test_a_stream_reads_and_fails_as_the_buffer_does(payloads, data):
+    buf = bytearray(b"".join(frame(p) for p in payloads))
+    assert list(read_stream(io.BytesIO(bytes(buf)))) == payloads
+    if data.draw(st.booleans()):
+        buf = buf[: data.draw(st.integers(1, len(buf) - 1))]
+    else:
+        buf[data.draw(st.integers(0, len(buf) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+
+    def outcome(records):
+        try:
+            return [bytes(p) for p in records], None
+        except (CorruptRecordError, TruncatedRecordError) as exc:
+            return None, (type(exc), exc.offset, exc.record)
+
+    from_buffer = outcome(p for _, p in iter_records(bytes(buf), path="x"))
+    from_stream = outcome(read_stream(io.BytesIO(bytes(buf)), path="x"))
+    assert from_stream[0] == from_buffer[0]
+    if from_buffer[1] is not None:  # same error class (or subclass), same place
+        assert from_stream[1] is not None and from_stream[1][1:] == from_buffer[1][1:]
+        assert issubclass(from_stream[1][0], CorruptRecordError) == issubclass(
+            from_buffer[1][0], CorruptRecordError
+        )
 
 
 def test_partial_length_field_is_truncation_not_eof():
