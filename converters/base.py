@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -98,6 +98,27 @@ class Source(abc.ABC):
         """Raise :class:`SourceNotFoundError` when the source URL does not exist."""
         if not self.location.exists():
             raise SourceNotFoundError(f"{self.name}: source {self.location.url} does not exist")
+
+    def matching_files(self, match: Callable[[str], bool], what: str) -> list[tuple[str, int]]:
+        """``(relative path, size)`` of the files under the source that ``match``, sorted.
+
+        A source that is one file gives ``[("", size)]`` whatever its name.
+
+        Raises:
+            SourceNotFoundError: the source does not exist, or holds no such file.
+        """
+        self.check_exists()
+        entries = self.location.walk()
+        if entries and entries[0][0] == "":
+            return entries[:1]
+        files = [(r, s) for r, s in entries if match(r)]
+        if not files:
+            raise SourceNotFoundError(f"{self.name}: no {what} files under {self.location.url}")
+        return files
+
+    def item_key(self, rel: str) -> str:
+        """An item's name: its relative path, or the file name for a one-file source."""
+        return rel or self.location.url.rstrip("/").rsplit("/", 1)[-1]
 
     @abc.abstractmethod
     def list_items(self) -> list[Item]:

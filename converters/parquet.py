@@ -18,7 +18,7 @@ import numpy as np
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.errors import MissingDependencyError, SchemaError
 
-from .base import Item, Source, SourceError, SourceNotFoundError
+from .base import Item, Source, SourceError
 
 __all__ = ["ParquetSource"]
 
@@ -70,17 +70,10 @@ class ParquetSource(Source):
 
     def list_items(self) -> list[Item]:
         _pyarrow()
-        self.check_exists()
-        entries = self.location.walk()
-        if entries and entries[0][0] == "":
-            files = [""]
-        else:
-            files = [r for r, _ in entries if r.lower().endswith(self.suffixes)]
-        if not files:
-            raise SourceNotFoundError(f"parquet: no .parquet files under {self.location.url}")
+        files = self.matching_files(lambda r: r.lower().endswith(self.suffixes), ".parquet")
         items = []
-        for rel in files:
-            key = rel or self.location.url.rstrip("/").rsplit("/", 1)[-1]
+        for rel, _ in files:
+            key = self.item_key(rel)
             with self._file(rel) as pf:
                 meta = pf.metadata
             for rg in range(meta.num_row_groups):

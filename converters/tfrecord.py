@@ -28,7 +28,7 @@ from recordkit.codec import decode_example
 from recordkit.errors import CorruptRecordError
 from recordkit.format import OVERHEAD, read_stream
 
-from .base import Item, Source, SourceNotFoundError
+from .base import Item, Source
 
 __all__ = ["TFRecordSource", "read_records"]
 
@@ -62,15 +62,8 @@ class TFRecordSource(Source):
     }
 
     def list_items(self) -> list[Item]:
-        self.check_exists()
-        entries = self.location.walk()
-        if entries and entries[0][0] == "":
-            name = self.location.url.rstrip("/").rsplit("/", 1)[-1]
-            return [Item(name, entries[0][1], ("",))]
-        files = [(r, s) for r, s in entries if _is_tfrecord_name(r)]
-        if not files:
-            raise SourceNotFoundError(f"tfrecord: no TFRecord files under {self.location.url}")
-        return [Item(r, s, (r,)) for r, s in files]
+        files = self.matching_files(_is_tfrecord_name, "TFRecord")
+        return [Item(self.item_key(r), s, (r,)) for r, s in files]
 
     def _payloads(self, item: Item) -> Iterator[bytes]:
         rel = item.ref[0]

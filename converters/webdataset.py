@@ -39,15 +39,8 @@ class WebDatasetSource(Source):
     suffixes = (".tar", ".tar.gz", ".tgz")
 
     def list_items(self) -> list[Item]:
-        self.check_exists()
-        entries = self.location.walk()
-        if entries and entries[0][0] == "":
-            name = self.location.url.rstrip("/").rsplit("/", 1)[-1]
-            return [Item(name, entries[0][1], ("",))]
-        tars = [(r, s) for r, s in entries if r.lower().endswith(self.suffixes)]
-        if not tars:
-            raise SourceNotFoundError(f"webdataset: no .tar files under {self.location.url}")
-        return [Item(r, s, (r,)) for r, s in tars]
+        tars = self.matching_files(lambda r: r.lower().endswith(self.suffixes), ".tar")
+        return [Item(self.item_key(r), s, (r,)) for r, s in tars]
 
     def _raw_samples(self, item: Item) -> Iterator[dict[str, bytes]]:
         rel = item.ref[0]
