@@ -45,9 +45,10 @@ import numpy as np
 from ._deps import require
 from .codec import Bytes, Float32, Int64, Schema, Tensor
 from .codec.compression import zstd_decompress
-from .errors import SchemaError, ShardNotFoundError
+from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
+from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
-from .storage import strip_file_scheme
+from .storage import is_temp_name, strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
 
@@ -128,7 +129,7 @@ def _join(root: str, rel: str) -> str:
 
 def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manifest | None]:
     """Shard paths (in manifest or name order), the schema, and the manifest if any."""
-    from .reader.shards import find_shards  # local folders of foreign TFRecords
+    from .reader.shards import _SHARD_PATTERNS, find_shards  # folders of foreign TFRecords
 
     path = strip_file_scheme(path)
     if not _is_native(path):
@@ -146,11 +147,11 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
         return files, schema or Schema.from_json(manifest.schema), manifest
     if gfile.isdir(path):
         if "://" in path:
+            found = {p for pat in _SHARD_PATTERNS for p in gfile.glob(_join(path, pat))}
             names = sorted(
                 os.path.basename(p)
-                for pat in ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
-                for p in gfile.glob(_join(path, pat))
-                if not p.endswith(".idx")
+                for p in found
+                if not p.endswith(INDEX_SUFFIX) and not is_temp_name(os.path.basename(p))
             )
         else:
             names = find_shards(path)
@@ -167,14 +168,16 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
 
 
 def _avg(path: str) -> float:
-    """Mean framed record size of a foreign shard, from its index if it has one."""
+    """Mean framed record size of a foreign shard, from the head of its index if it has one."""
     try:
         with tf.io.gfile.GFile(path + ".idx", "rb") as f:
-            lines = f.read(1 << 20).split(b"\n")[:1000]
-        sizes = [int(line.split()[1]) for line in lines if line.strip()]
-        return sum(sizes) / len(sizes) if sizes else 4096.0
-    except (tf.errors.OpError, ValueError, IndexError):
+            head = f.read(1 << 20)
+        entries = parse_index(head[: head.rfind(b"\n") + 1], path=path + ".idx")
+    except (tf.errors.OpError, InvalidIndexError):
+        entries = None
+    if entries is None or not len(entries):
         return 4096.0  # no usable index: assume small records
+    return float(entries[:, 1].mean())
 
 
 def _infer(first: str) -> Schema:
