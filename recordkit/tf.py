@@ -170,9 +170,9 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
 def _avg(path: str) -> float:
     """Mean framed record size of a foreign shard, from the head of its index if it has one."""
     try:
-        with tf.io.gfile.GFile(path + ".idx", "rb") as f:
+        with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
             head = f.read(1 << 20)
-        entries = parse_index(head[: head.rfind(b"\n") + 1], path=path + ".idx")
+        entries = parse_index(head[: head.rfind(b"\n") + 1], path=path + INDEX_SUFFIX)
     except (tf.errors.OpError, InvalidIndexError):
         entries = None
     if entries is None or not len(entries):

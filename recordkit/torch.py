@@ -320,14 +320,20 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
 
     def close(self) -> None:
         """Release the cache pins and maps (and stop a cache made from ``cache_dir``)."""
+        self._let_go()
+        if self._owned_cache and self.cache is not None:
+            self.cache.stop()
+
+    def _let_go(self) -> None:
+        """Unmap this process's shards, then unpin them (in that order: never unmapped
+        after an eviction could have unlinked them)."""
+        with _OPEN_LOCK:  # the next _open() maps anew
+            if self._shards is not None and self._pid == os.getpid():
+                self._shards.close()
+            self._shards = None
         if self._snap is not None:
             self._snap.close()
             self._snap = None
-        if self._shards is not None:
-            self._shards.close()
-            self._shards = None
-        if self._owned_cache and self.cache is not None:
-            self.cache.stop()
 
     def _open_shards(self) -> ShardSet:
         if self._cache_root is None:
@@ -338,9 +344,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                     "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
                     "(it fixes each epoch's shard set in the training process)"
                 )
-            old = self._take_epoch(self.epoch)
-            if old is not None:  # its maps are already gone (we are reopening)
-                old.close()
+            self._take_epoch(self.epoch)
         assert self._epoch_set is not None
         _, infos, manifest = self._epoch_set
         root = self._cache_root
@@ -357,11 +361,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             raise
         return ShardSet(root=root, manifest=manifest, shards=shards, schema=schema)
 
-    def _take_epoch(self, epoch: int) -> Snapshot | None:
-        """Cache mode, training process: fix this epoch's shards (all complete ones now).
-
-        Returns the previous snapshot, to close once its maps are closed.
-        """
+    def _take_epoch(self, epoch: int) -> None:
+        """Cache mode, training process: fix this epoch's shards (all complete ones now)."""
         assert self.cache is not None
         want = self._resume_shards if self._resume and self._resume[0] == epoch else None
         snap = self.cache.snapshot(epoch, shards=want, timeout=self.cache_timeout)
@@ -370,26 +371,19 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         for info in snap.shards:
             if info.path not in agreed:
                 snap.release(info)
-        old, self._snap = self._snap, snap
+        self._snap = snap
         self._epoch_set = (epoch, infos, snap.manifest)
         self._snap_fresh = True
         log.info("epoch %d reads %d cached shard(s) from %s", epoch, len(infos), self._cache_root)
-        return old
 
     def _start_epoch(self, epoch: int) -> None:
         """At the start of a pass in the training process: rescan the cache."""
         if self.cache is None or get_worker_info() is not None:
             return
         if not (self._snap_fresh and self._epoch_set and self._epoch_set[0] == epoch):
-            # Let the last set go first (unmapped, then unpinned): with a full
-            # budget, the shards this epoch needs may have to displace it.
-            with _OPEN_LOCK:  # the next _open() maps the new set
-                if self._shards is not None and self._pid == os.getpid():
-                    self._shards.close()
-                self._shards = None
-            if self._snap is not None:
-                self._snap.close()
-                self._snap = None
+            # The last set goes first: with a full budget, the shards this epoch
+            # needs may have to displace it.
+            self._let_go()
             self._take_epoch(epoch)
         self._snap_fresh = False
 
