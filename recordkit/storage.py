@@ -303,6 +303,14 @@ class Location:
         kwargs = {} if block_size is None else {"block_size": block_size}
         return fs.open(self._remote(rel), "rb", **kwargs)
 
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the file ``rel`` (fewer only past its end: check)."""
+        if not self.remote:
+            with open(self._local(rel), "rb") as f:
+                return os.pread(f.fileno(), end - start, start)
+        fs, _ = self._filesystem()
+        return bytes(fs.cat_file(self._remote(rel), start=start, end=end))
+
     def read_bytes(self, rel: str = "") -> bytes:
         """The whole content of the file ``rel`` (or of this location)."""
         if not self.remote:

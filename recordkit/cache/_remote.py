@@ -6,9 +6,9 @@ a whole-file read exactly the file's listed size, or it is a
 a server that is down for a moment, a response cut short) are retried with
 exponential backoff; a missing file or a refused permission is not retried.
 
-Plain local paths are read with ``os.pread`` (no fsspec), which keeps local
-caches of local datasets (and the cache's own tests) light; any other URL goes
-through fsspec, imported on first use.
+All I/O goes through :class:`recordkit.storage.Location`: plain local paths
+with ``os.pread`` (no fsspec), any other URL through fsspec, imported on first
+use.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .._deps import require
 from ..errors import ShardNotFoundError
 from ..format.index import INDEX_SUFFIX
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
-from ..storage import is_remote, is_temp_name, strip_file_scheme
+from ..storage import Location, is_remote, is_temp_name, strip_file_scheme
 from ._errors import DownloadError
 
 log = logging.getLogger(__name__)
@@ -89,18 +88,11 @@ class Remote:
         self.url = url.rstrip("/") if is_remote(url) else os.path.abspath(strip_file_scheme(url))
         self.retry = retry or RetryOptions()
         self._sleep = sleep
-        self._fs: Any = None
-        if is_remote(url):
-            fsspec = require("fsspec", extra="s3")
-            self._fs, self._root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-            self._root = self._root.rstrip("/")
+        self._loc = Location(self.url, storage_options)
 
     def full(self, rel: str) -> str:
         """The URL (or path) of ``rel`` under the remote root."""
-        return f"{self.url}/{rel}" if self._fs is not None else os.path.join(self.url, rel)
-
-    def _key(self, rel: str) -> str:
-        return f"{self._root}/{rel}" if self._fs is not None else os.path.join(self.url, rel)
+        return self._loc.join(rel) if self._loc.remote else os.path.join(self.url, rel)
 
     # -- retries -------------------------------------------------------------------------
 
@@ -151,30 +143,19 @@ class Remote:
         return self._retrying("ranged read", url, once, offset=start)
 
     def _raw_range(self, rel: str, start: int, end: int) -> bytes:
-        if self._fs is not None:
-            return bytes(self._fs.cat_file(self._key(rel), start=start, end=end))
-        with open(self._key(rel), "rb") as f:
-            return os.pread(f.fileno(), end - start, start)
+        return self._loc.read_range(rel, start, end)
 
     def size(self, rel: str) -> int:
         """The remote file's size in bytes."""
-        url = self.full(rel)
-        if self._fs is not None:
-            return int(self._retrying("stat", url, lambda: self._fs.info(self._key(rel))["size"]))
-        return os.path.getsize(self._key(rel))
+        return int(self._retrying("stat", self.full(rel), lambda: self._loc.size(rel)))
 
     def read_all(self, rel: str) -> bytes:
         """The whole file, checked against its listed size."""
         url = self.full(rel)
 
         def once() -> bytes:
-            if self._fs is not None:
-                size = int(self._fs.info(self._key(rel))["size"])
-                data = bytes(self._fs.cat_file(self._key(rel)))
-            else:
-                with open(self._key(rel), "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    data = f.read()
+            size = self._loc.size(rel)
+            data = self._loc.read_bytes(rel)
             if len(data) != size:
                 raise DownloadError(
                     f"read returned {len(data)} bytes, the file has {size}", url=url
@@ -185,11 +166,7 @@ class Remote:
 
     def exists(self, rel: str) -> bool:
         """Whether ``rel`` exists under the remote root."""
-        if self._fs is not None:
-            return bool(
-                self._retrying("stat", self.full(rel), lambda: self._fs.exists(self._key(rel)))
-            )
-        return os.path.exists(self._key(rel))
+        return bool(self._retrying("stat", self.full(rel), lambda: self._loc.exists(rel)))
 
     # -- what the remote holds -------------------------------------------------------------
 
@@ -219,20 +196,8 @@ class Remote:
         return None, infos
 
     def _list_files(self) -> list[tuple[str, int]]:
-        if self._fs is None:
-            return sorted(
-                (n, os.path.getsize(os.path.join(self.url, n)))
-                for n in os.listdir(self.url)
-                if os.path.isfile(os.path.join(self.url, n))
-            )
-
-        def ls() -> list[tuple[str, int]]:
-            self._fs.invalidate_cache(self._root)
-            entries = self._fs.ls(self._root, detail=True)
-            return sorted(
-                (e["name"].rstrip("/").rsplit("/", 1)[-1], int(e.get("size") or 0))
-                for e in entries
-                if e.get("type") == "file"
-            )
-
-        return self._retrying("listing", self.url, ls)
+        """The files directly under the root, with their sizes."""
+        if not self._loc.isdir():
+            raise FileNotFoundError(self.url)
+        found = self._retrying("listing", self.url, self._loc.walk)
+        return [(rel, size) for rel, size in found if "/" not in rel]
