@@ -57,11 +57,17 @@ def frame(payload: Buffer) -> bytes:
 
 
 def _check_header(
-    header: bytes, path: str | None, offset: int, record: int | None, max_record_bytes: int
+    buf: Buffer,
+    at: int,
+    path: str | None,
+    offset: int,
+    record: int | None,
+    max_record_bytes: int,
 ) -> int:
-    """The payload length of a complete 12-byte header, after its CRC and size checks."""
-    length, stored = _HEADER.unpack_from(header, 0)
-    actual = masked_crc32c(header[:8])
+    """The payload length of the complete 12-byte header at ``buf[at:]``, after its
+    CRC and size checks (errors name ``offset``, the header's place in the file)."""
+    length, stored = _HEADER.unpack_from(buf, at)
+    actual = masked_crc32c(memoryview(buf)[at : at + 8])  # no view outlives the call
     if stored != actual:
         raise CorruptRecordError(
             "length CRC mismatch",
@@ -119,10 +125,7 @@ def read_header(
             offset=offset,
             record=record,
         )
-    # 12 bytes copied: no view of ``buf`` outlives this call (an error's traceback
-    # holding one would keep an mmap from closing)
-    header = bytes(buf[offset : offset + HEADER_SIZE])
-    length = _check_header(header, path, offset, record, max_record_bytes)
+    length = _check_header(buf, offset, path, offset, record, max_record_bytes)
     if offset + OVERHEAD + length > end:
         raise TruncatedRecordError(
             f"record of {length} bytes needs {OVERHEAD + length} bytes, "
@@ -230,7 +233,7 @@ def read_stream(
                 offset=offset,
                 record=record,
             )
-        length = _check_header(header, path, offset, record, max_record_bytes)
+        length = _check_header(header, 0, path, offset, record, max_record_bytes)
         payload = _read_exact(f, length)
         footer = _read_exact(f, FOOTER_SIZE)
         if len(payload) < length or len(footer) < FOOTER_SIZE:
