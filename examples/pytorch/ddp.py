@@ -78,6 +78,7 @@ def worker(rank: int, port: int, data: str, epochs: int, samples: int) -> None:
         if rank == 0:
             assert bool((seen == 1).all()), f"records not read exactly once: {seen.tolist()}"
             print(f"all ranks: {int(seen.sum())} records, each exactly once")
+        dist.barrier()  # leave together: gloo aborts a rank whose peer hangs up first
     finally:
         dist.destroy_process_group()
 

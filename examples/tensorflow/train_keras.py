@@ -77,9 +77,7 @@ def main() -> None:
     )
     # shuffle=False: the dataset already reshuffles itself every epoch.
     history = model.fit(train, epochs=args.epochs, shuffle=False, verbose=2)
-    for epoch, (loss, acc) in enumerate(
-        zip(history.history["loss"], history.history["accuracy"])
-    ):
+    for epoch, (loss, acc) in enumerate(zip(history.history["loss"], history.history["accuracy"])):
         print(f"epoch {epoch}: loss {loss:.3f}, accuracy {acc:.3f}")
 
 

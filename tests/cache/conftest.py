@@ -50,13 +50,21 @@ def write_dataset(
 
 
 def disk_bytes(root) -> int:
-    """Every byte the cache holds outside its bookkeeping folder (what the budget limits)."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        if os.path.abspath(dirpath) == os.path.abspath(root):
-            dirnames[:] = [d for d in dirnames if d != _dir.META]
-        total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in filenames)
-    return total
+    """Every byte the cache holds outside its bookkeeping folder (what the budget limits).
+
+    Fill workers rename and remove files meanwhile: a walk that meets a file gone
+    between listing and stat starts over (skipping it could miss the renamed file).
+    """
+    while True:
+        total = 0
+        try:
+            for dirpath, dirnames, filenames in os.walk(root):
+                if os.path.abspath(dirpath) == os.path.abspath(root):
+                    dirnames[:] = [d for d in dirnames if d != _dir.META]
+                total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in filenames)
+        except FileNotFoundError:
+            continue
+        return total
 
 
 def visible_shards(root) -> list[str]:
