@@ -37,6 +37,12 @@ Reader protocol (what ``recordkit.torch`` and ``recordkit.tf`` call):
    ``state_dict`` and call ``cache.snapshot(epoch, shards=saved)``: missing
    shards are fetched first.
 
+Producer mode: when the remote holds raw samples rather than shards,
+``ShardCache(src, local_dir, max_bytes=..., format="jsonl")`` (any converter
+name) converts them into local shards in writer processes while training
+runs, one shard per partition of the conversion plan, under the same budget
+and eviction rules; readers use it unchanged. See ``docs/cache.md``.
+
 Processes that only read (DataLoader workers, other local ranks) open the
 same directory with ``ShardCache(None, local_dir, max_bytes=...)`` and never
 call ``start()``. Everything is coordinated with ``flock`` file locks, so one
@@ -44,16 +50,18 @@ machine's processes share one directory safely; a directory left by a killed
 process is rescanned by ``start()`` and its temp files removed.
 """
 
-from ._cache import CacheEvents, CacheStatus, ShardCache
-from ._errors import CacheFullError, DownloadError
+from ._cache import ShardCache
+from ._errors import CacheFullError, DownloadError, ProduceError
 from ._remote import RetryOptions
 from ._snapshot import Snapshot
+from ._types import CacheEvents, CacheStatus
 
 __all__ = [
     "CacheEvents",
     "CacheFullError",
     "CacheStatus",
     "DownloadError",
+    "ProduceError",
     "RetryOptions",
     "ShardCache",
     "Snapshot",

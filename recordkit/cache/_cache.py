@@ -1,29 +1,39 @@
-"""``ShardCache``: background workers fill a budgeted local directory from a remote."""
+"""``ShardCache``: background workers fill a budgeted local directory from a remote.
+
+The cache itself owns what both modes share: the budget, reservations,
+eviction, pins, the fill order, the worker threads and snapshots. What differs
+between shard mode and producer mode is a *filler* (:class:`Filler`): what the
+catalog's entries are, how much room filling one needs up front, and how it is
+staged and published (``_fill.Fetcher`` downloads, ``_produce.Producer`` runs
+a conversion in a writer subprocess).
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .._units import parse_size
 from ..errors import RecordkitError, ShardNotFoundError
-from ..format.index import INDEX_SUFFIX
-from ..format.manifest import Manifest, ShardInfo
+from ..format.manifest import ShardInfo
 from ..storage import is_remote
 from . import _fill
 from ._dir import POLICIES, CacheDir, Scan
-from ._errors import CacheFullError, DownloadError
+from ._errors import CacheFullError
 from ._locks import HeldFile
 from ._remote import Remote, RetryOptions
 from ._snapshot import Snapshot
+from ._types import CacheEvents, CacheStatus, Filler, NoEvents
+
+if TYPE_CHECKING:
+    from ..codec.schema import Schema
+    from ..convert.plan import ConvertOptions
 
 __all__ = ["CacheEvents", "CacheStatus", "ShardCache"]
 
@@ -37,60 +47,7 @@ _POLL_S = 0.5
 # with each failure, before the next try.
 _COOLDOWN_S = 5.0
 _MAX_COOLDOWN_S = 300.0
-
-
-class CacheEvents(Protocol):
-    """What a cache reports as it works (the CLI shows it with tqdm; tests check budgets).
-
-    Every method may be called from a fill worker thread; keep them quick.
-    """
-
-    def downloaded(self, nbytes: int) -> None:
-        """``nbytes`` more arrived from the remote."""
-
-    def published(self, shard: ShardInfo, used: int) -> None:
-        """``shard`` became visible; ``used`` is the cache's size right after."""
-
-    def evicted(self, path: str) -> None:
-        """A shard was removed to make room."""
-
-
-class _NoEvents:
-    def downloaded(self, nbytes: int) -> None:
-        pass
-
-    def published(self, shard: ShardInfo, used: int) -> None:
-        pass
-
-    def evicted(self, path: str) -> None:
-        pass
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStatus:
-    """A cache directory at one moment (``recordkit cache status``).
-
-    Attributes:
-        root: the cache directory.
-        remote: the remote URL the cache was filled from (``None`` if never).
-        max_bytes: the budget last configured (``None`` if unknown).
-        used: bytes counted against the budget.
-        complete: complete shards present.
-        remote_shards: shards the remote lists (``None`` if unknown).
-        downloading: reservations of downloads in progress.
-        pinned: shards pinned by live readers.
-        orphans: temp files and half-evicted indexes awaiting gc.
-    """
-
-    root: str
-    remote: str | None
-    max_bytes: int | None
-    used: int
-    complete: int
-    remote_shards: int | None
-    downloading: int
-    pinned: int
-    orphans: int
+_T = TypeVar("_T")
 
 
 class ShardCache:
@@ -109,10 +66,21 @@ class ShardCache:
     ``recordkit cache fill``): every change happens under a file lock, and a
     process that dies releases its reservations and pins by itself.
 
+    **Producer mode** (``format=`` a converter name): ``remote`` holds raw
+    samples (JSONL, images, NumPy arrays, ... — any ``converters`` source) and
+    the fill workers convert them as ``recordkit convert`` would, in writer
+    processes (fresh interpreters, never forks), one shard
+    ``part-PPPPP-00000.tfrecord`` per partition of the conversion plan. The
+    budget is kept the same way: a partition's output size is estimated before
+    it is written (from the output/source ratio of the partitions produced so
+    far), reserved, and enforced as a hard cap on the writer; one that
+    outgrows its reservation is redone with a larger one. See ``docs/cache.md``.
+
     Args:
         remote: the dataset to cache: an fsspec URL or a local path, holding a
-            recordkit manifest or a folder of ``.tfrecord`` files. ``None``
-            opens ``local_dir`` as a reader only (no filling), using the remote
+            recordkit manifest or a folder of ``.tfrecord`` files (shard mode),
+            or the raw samples (producer mode). ``None`` opens ``local_dir`` as
+            a reader only (no filling), using the remote, mode and catalog
             recorded there.
         local_dir: the cache directory (created if missing; rescanned and
             cleaned when reused after a crash).
@@ -131,6 +99,27 @@ class ShardCache:
             cut-off response repeats little.
         seed: orders shards that have been seen equally often.
         events: receives progress callbacks (:class:`CacheEvents`).
+        format: ``None`` (shard mode), or the converter that reads ``remote``
+            (``converters.available()``: ``jsonl``, ``imagefolder``, ``numpy``,
+            ...), which selects producer mode.
+        schema: producer mode: the schema to write (``None``: inferred from
+            the source, as ``recordkit convert`` does).
+        source_options: producer mode: the converter's options.
+        shard_size: producer mode: the source bytes one partition (and so one
+            shard) covers. The shard's size is that times the converter's
+            expansion; keep it a small fraction of ``max_bytes`` so the budget
+            holds many shards and eviction frees room in small steps.
+        compress: producer mode: ``"zstd"`` compresses every tensor feature.
+        convert_options: producer mode: all conversion options at once
+            (:class:`recordkit.convert.ConvertOptions`; ``partition_items``,
+            ``retries`` for transient source errors, ``fsync``, ...); then
+            ``shard_size`` and ``compress`` stay at their defaults.
+            ``max_records`` must be ``None``: a partition is one shard.
+        inactivity_timeout: producer mode: a writer process that reports no
+            progress for this many seconds is stopped (terminate, then kill)
+            and its partition retried later; ``None`` waits forever. With
+            ``fill_workers=0`` partitions are converted in the calling thread
+            instead of writer processes (debugging; ``memory://`` sources).
     """
 
     def __init__(
@@ -146,6 +135,13 @@ class ShardCache:
         chunk_bytes: int | str = "8MiB",
         seed: int = 0,
         events: CacheEvents | None = None,
+        format: str | None = None,
+        schema: Schema | None = None,
+        source_options: Mapping[str, Any] | None = None,
+        shard_size: int | str = "256MiB",
+        compress: str | None = None,
+        convert_options: ConvertOptions | None = None,
+        inactivity_timeout: float | None = 900.0,
     ) -> None:
         self.max_bytes = parse_size(max_bytes)
         if self.max_bytes <= 0:
@@ -162,22 +158,49 @@ class ShardCache:
         self.fill_workers = fill_workers
         self.policy: Policy = policy
         self.seed = seed
-        self.events: CacheEvents = events or _NoEvents()
+        self.events: CacheEvents = events or NoEvents()
         self._storage_options = storage_options
         self._retry = retry
+        saved: dict[str, Any] | None = None
         if remote is None:
-            catalog = self.dir.load_catalog()
-            if catalog is None:
+            saved = self.dir.load_catalog()
+            if saved is None:
                 raise ShardNotFoundError(f"{self.root} is not a cache (no catalog); give remote")
-            self.remote_url = str(catalog["remote"])
+            if format is not None:
+                raise ValueError(
+                    f"format needs a remote; a reader-only cache takes its mode from {self.root}"
+                )
+            self.remote_url = str(saved["remote"])
         else:
             url = os.fspath(remote)
             self.remote_url = url if is_remote(url) else os.path.abspath(url)
         self._remote: Remote | None = None
-        self._manifest: Manifest | None = None
         self._infos: list[ShardInfo] | None = None
-        self._remote_index: set[str] = set()
+        self._filler: Filler
+        if format is not None or (saved is not None and saved.get("mode") == "producer"):
+            from ._produce import Producer  # the conversion machinery, only when needed
+
+            self._filler = Producer(
+                self,
+                format=format,
+                schema=schema,
+                source_options=source_options,
+                shard_size=shard_size,
+                compress=compress,
+                options=convert_options,
+                inactivity_timeout=inactivity_timeout,
+                saved=saved,
+            )
+        else:
+            extras = {"schema": schema, "source_options": source_options, "compress": compress}
+            given = [k for k, v in extras.items() if v is not None]
+            given += ["shard_size"] if shard_size != "256MiB" else []
+            given += ["convert_options"] if convert_options is not None else []
+            if given:
+                raise ValueError(f"{', '.join(given)}: producer mode only; give format= too")
+            self._filler = _fill.Fetcher(self)
         self._threads: list[threading.Thread] = []
+        self._fill_idents: set[int] = set()  # threads whose work stop() abandons
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._failure: BaseException | None = None
@@ -198,40 +221,17 @@ class ShardCache:
             self._remote = Remote(self.remote_url, self._storage_options, retry=self._retry)
         return self._remote
 
+    @property
+    def mode(self) -> str:
+        """``"shards"`` (copies of a remote dataset's shards) or ``"producer"``."""
+        return self._filler.mode
+
     def catalog(self) -> list[ShardInfo]:
-        """The remote's shards (fetched once; from the cache's saved copy when offline)."""
+        """What the cache may hold, listed once: the remote's shards, or in producer
+        mode one entry per partition (``bytes`` is then the partition's source size).
+        A cache whose remote is unreachable uses the copy saved in the directory."""
         if self._infos is None:
-            try:
-                manifest, infos = self.remote.listing()
-                names = set()
-                if manifest is None:
-                    names = {i.path for i in infos}
-                    found = {n for n, _ in self.remote._list_files()}
-                    self._remote_index = {n for n in names if n + INDEX_SUFFIX in found}
-                else:
-                    self._remote_index = {i.path for i in infos}
-                self.dir.save_catalog(
-                    {
-                        "remote": self.remote_url,
-                        "max_bytes": self.max_bytes,
-                        "manifest": None if manifest is None else manifest.to_json(),
-                        "shards": [i.to_json() for i in infos],
-                        "remote_index": sorted(self._remote_index),
-                    }
-                )
-            except (DownloadError, OSError) as exc:
-                saved = self.dir.load_catalog()
-                if saved is None or saved.get("remote") != self.remote_url:
-                    raise
-                log.warning(
-                    "remote %s unreachable (%r); using the saved catalog", self.remote_url, exc
-                )
-                manifest = None
-                if saved.get("manifest") is not None:
-                    manifest = Manifest.loads(json.dumps(saved["manifest"]))
-                infos = [ShardInfo(**s) for s in saved["shards"]]
-                self._remote_index = set(saved.get("remote_index", []))
-            self._manifest, self._infos = manifest, infos
+            self._infos = self._filler.catalog()
         return self._infos
 
     def _known(self) -> dict[str, ShardInfo]:
@@ -261,7 +261,8 @@ class ShardCache:
         return self
 
     def stop(self, timeout: float | None = 60.0) -> None:
-        """Stop the fill workers (downloads in progress are abandoned and cleaned up)."""
+        """Stop the fill workers (downloads in progress are abandoned and cleaned up;
+        in producer mode the writer processes are stopped too)."""
         self._stop.set()
         self._wake.set()
         for t in self._threads:
@@ -269,6 +270,8 @@ class ShardCache:
             if t.is_alive():
                 log.warning("fill worker %s did not stop within %s s", t.name, timeout)
         self._threads = [t for t in self._threads if t.is_alive()]
+        if not self._threads:
+            self._filler.close()
 
     def __enter__(self) -> ShardCache:
         return self.start()
@@ -287,16 +290,13 @@ class ShardCache:
         return self._failure
 
     def gc(self) -> list[str]:
-        """Remove orphans left by dead processes and shards the remote no longer has."""
+        """Remove orphans left by dead processes and shards the remote no longer has
+        (in producer mode: shards of another conversion plan)."""
         known = self._known()
-        fetched = self.dir.load_state()["shards"]
+        meta = self.dir.load_state()["shards"]
 
         def keep(rel: str, size: int) -> bool:
-            info = known.get(rel)
-            if info is None or info.crc32c is None:
-                return info is not None
-            crc = fetched.get(rel, {}).get("crc32c")  # what the download had
-            return info.bytes == size and crc in (None, info.crc32c)
+            return self._filler.keep(known.get(rel), size, meta.get(rel, {}))
 
         return self.dir.gc(keep)
 
@@ -340,7 +340,19 @@ class ShardCache:
         with self._cv:
             return self._cv.wait_for(settled, timeout)
 
+    def _abandoning(self) -> bool:
+        """True in a fill worker once the cache is stopping (its work in progress may go)."""
+        return self._stop.is_set() and threading.get_ident() in self._fill_idents
+
     def _worker(self) -> None:
+        me = threading.get_ident()
+        self._fill_idents.add(me)
+        try:
+            self._work()
+        finally:
+            self._fill_idents.discard(me)
+
+    def _work(self) -> None:
         delay = 0.01
         me = threading.get_ident()
         while not self._stop.is_set():
@@ -398,7 +410,7 @@ class ShardCache:
             if not todo:
                 return "idle"
             info = min(todo, key=self._order_key(state))
-            need = info.bytes + _fill.index_bound(info)
+            need = self._filler.need(info, state)
             evicting = [r for r in self.dir.victims(scan, state, self.policy, displace=True)]
             lease = self.dir.reserve(
                 info.path,
@@ -416,34 +428,26 @@ class ShardCache:
                 if rel not in scan.complete:
                     self.events.evicted(rel)
         try:
-            self._fetch(info, lease)
-        except DownloadError as exc:
+            self._filler.fill(info, lease)
+        except self._filler.retriable as exc:
             # Retried later, less and less often: the remote may recover, a corrupt
             # object may be rewritten. Meanwhile the other shards go ahead.
             fails = self._failures[info.path] = self._failures.get(info.path, 0) + 1
             wait = min(_MAX_COOLDOWN_S, _COOLDOWN_S * 2 ** (fails - 1))
             self._cooldown[info.path] = time.monotonic() + wait
             self.errors.append(exc)
-            log.error("could not fetch %s (retrying in %.0f s): %s", info.path, wait, exc)
+            verb = "fetch" if self._filler.mode == "shards" else "produce"
+            log.error("could not %s %s (retrying in %.0f s): %s", verb, info.path, wait, exc)
         finally:
             self.dir.release(lease)
         return "worked"
 
-    def _fetch(self, info: ShardInfo, lease: HeldFile) -> None:
-        final = self.dir.path(info.path)
-        lease_id = str(lease.content["id"])
+    def _with_disk_room(self, lease: HeldFile, rel: str, stage: Callable[[], _T]) -> _T:
+        """``stage()``; on a full disk (``ENOSPC``) evict unpinned, used shards and try
+        once more, then give up with :class:`CacheFullError`."""
         for attempt in (1, 2):
             try:
-                staged = _fill.download(
-                    self.remote,
-                    info,
-                    final,
-                    lease_id,
-                    chunk_bytes=self.chunk_bytes,
-                    has_remote_index=info.path in self._remote_index,
-                    on_bytes=self.events.downloaded,
-                )
-                break
+                return stage()
             except OSError as exc:
                 if not _fill.is_disk_full(exc) or isinstance(exc, RecordkitError):
                     raise
@@ -451,20 +455,34 @@ class ShardCache:
                     raise CacheFullError(
                         f"the disk under {self.root} is full ({exc.strerror}) and evicting "
                         "unpinned shards did not free enough space",
-                        path=info.path,
+                        path=rel,
                         needed=int(lease.content["bytes"]),
                     ) from exc
+        raise AssertionError("unreachable")
+
+    def _publish(
+        self,
+        lease: HeldFile,
+        rel: str,
+        staged: _fill.Staged,
+        extra: dict[str, Any],
+        *,
+        crc32c: int | None,
+    ) -> None:
+        """Publish a staged shard (index first) in place of its reservation.
+
+        ``extra`` goes into the shard's state next to its records and CRC32C;
+        ``crc32c`` is what the published event reports (``None``: not known in advance).
+        """
         total = staged.bytes + staged.index_bytes
         if not self.dir.grow(lease, total, max_bytes=self.max_bytes, policy=self.policy):
             _fill.discard((staged.shard, staged.index))
             raise CacheFullError(
-                f"its index made it {total} bytes and no room could be made", path=info.path
+                f"its index made it {total} bytes and no room could be made", path=rel
             )
-        extra = {"records": staged.records, "crc32c": staged.crc32c}
-        scan = self.dir.publish(lease, info.path, staged.shard, staged.index, extra)
-        self.events.published(
-            ShardInfo(info.path, staged.records, staged.bytes, info.crc32c), scan.used
-        )
+        extra = {"records": staged.records, "crc32c": staged.crc32c, **extra}
+        scan = self.dir.publish(lease, rel, staged.shard, staged.index, extra)
+        self.events.published(ShardInfo(rel, staged.records, staged.bytes, crc32c), scan.used)
 
     def _free_disk(self, nbytes: int) -> bool:
         with self.dir.lock():
@@ -492,12 +510,15 @@ class ShardCache:
         failures: list[BaseException] = []
 
         def run() -> None:
+            self._fill_idents.add(threading.get_ident())
             try:
                 while self.fill_one() == "worked" and not self._stop.is_set():
                     pass
             except BaseException as exc:
                 failures.append(exc)
                 self._stop.set()
+            finally:
+                self._fill_idents.discard(threading.get_ident())
 
         threads = [threading.Thread(target=run) for _ in range(max(1, self.fill_workers))]
         for t in threads:
@@ -505,6 +526,8 @@ class ShardCache:
         for t in threads:
             t.join()
         self._stop.clear()
+        if not self._threads:
+            self._filler.close()  # no writer processes idle beside a finished fill
         if failures:
             raise failures[0]
         with self.dir.lock():
@@ -597,7 +620,7 @@ class ShardCache:
 
     def _pin(self, chosen: list[ShardInfo], epoch: int | None) -> Snapshot:
         claim = self.dir.pin([i.path for i in chosen], epoch=epoch)
-        return Snapshot(self, chosen, claim, epoch, self._manifest)
+        return Snapshot(self, chosen, claim, epoch, self._filler.snapshot_manifest(chosen))
 
     def status(self) -> CacheStatus:
         """What the cache directory holds now."""
@@ -614,7 +637,11 @@ class ShardCache:
             downloading=len(scan.leases),
             pinned=len(scan.pinned),
             orphans=len(scan.orphans),
+            mode=str(catalog.get("mode") or "shards"),
+            format=catalog.get("format"),
         )
 
     def __repr__(self) -> str:
-        return f"ShardCache({self.remote_url!r}, {self.root!r}, max_bytes={self.max_bytes})"
+        fmt = getattr(self._filler, "format", None)
+        extra = f", format={fmt!r}" if fmt else ""
+        return f"ShardCache({self.remote_url!r}, {self.root!r}, max_bytes={self.max_bytes}{extra})"

@@ -18,11 +18,14 @@ log = logging.getLogger("recordkit.cache")
 _EXAMPLES = """\
 examples:
   recordkit cache fill s3://bucket/train /scratch/cache --max-bytes 50GiB
+  recordkit cache fill s3://bucket/raw-jsonl /scratch/cache --max-bytes 50GiB --format jsonl
   recordkit cache status /scratch/cache
   recordkit cache gc /scratch/cache --max-bytes 20GiB
 
 fill stops when every shard is present, or when the budget is full of shards that
 no reader has used yet; training processes using the same directory keep it going.
+With --format (producer mode) REMOTE holds raw samples that writer processes convert
+into shards, one per partition, as `recordkit convert --from FORMAT` would.
 """
 
 
@@ -66,28 +69,72 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
     return options
 
 
+def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """ShardCache's producer-mode arguments from the command line (none without --format)."""
+    given = [
+        flag
+        for flag, value in (
+            ("--schema", args.schema),
+            ("--shard-size", args.shard_size),
+            ("--partition-items", args.partition_items),
+            ("--compress", args.compress),
+            ("--option", args.option),
+            ("--retries", args.retries),
+        )
+        if value
+    ]
+    if args.format is None:
+        if given:
+            raise ValueError(f"{', '.join(given)} need(s) --format (producer mode)")
+        return {}
+    from ..convert import ConvertOptions
+    from ..convert._cli import _options, parse_schema
+
+    options = ConvertOptions(
+        shard_size=args.shard_size or "256MiB",
+        partition_items=args.partition_items or 65536,
+        compress=args.compress,
+        retries=3 if args.retries is None else args.retries,
+    )
+    return {
+        "format": args.format,
+        "schema": parse_schema(args.schema) if args.schema else None,
+        "source_options": _options(args.option),
+        "convert_options": options,
+    }
+
+
 def _cmd_fill(args: argparse.Namespace) -> int:
     from . import ShardCache
 
-    cache = ShardCache(
-        args.remote,
-        args.local,
-        max_bytes=args.max_bytes,
-        fill_workers=args.workers,
-        policy=args.policy,
-        storage_options=_storage_options(args.storage_options),
-    )
+    try:
+        producer = _producer_options(args)
+        workers = args.workers if args.workers is not None else (2 if producer else 4)
+        cache = ShardCache(
+            args.remote,
+            args.local,
+            max_bytes=args.max_bytes,
+            fill_workers=workers,
+            policy=args.policy,
+            storage_options=_storage_options(args.storage_options),
+            **producer,
+        )
+    except ValueError as exc:  # a bad option value, an unknown converter
+        print(f"recordkit cache fill: error: {exc}", file=sys.stderr)
+        return 2
     bar = args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty())
     total = sum(s.bytes for s in cache.catalog())
-    progress = _Progress(bar, min(total, cache.max_bytes))
+    # Producer mode counts source bytes read, of which the budget holds an unknown share.
+    progress = _Progress(bar, None if producer else min(total, cache.max_bytes))
     cache.events = progress
     try:
         present = cache.fill()
     finally:
         progress.close()
     status = cache.status()
+    what = "partition(s) converted and cached" if producer else "shard(s) cached"
     print(
-        f"{present} of {status.remote_shards} shard(s) cached in {status.root}: "
+        f"{present} of {status.remote_shards} {what} in {status.root}: "
         f"{status.used} of {status.max_bytes} bytes used",
         file=sys.stderr,
     )
@@ -115,6 +162,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(status), indent=1))
         return 0
     print(f"{status.root}  (cache of {status.remote})")
+    if status.mode == "producer":
+        print(f"  mode         producer (converting {status.format} samples into shards)")
+    else:
+        print(f"  mode         {status.mode} (copies of the remote's shards)")
     print(f"  used         {status.used} bytes ({format_size(status.used)})")
     if status.max_bytes:
         print(f"  budget       {status.max_bytes} bytes ({format_size(status.max_bytes)})")
@@ -158,14 +209,58 @@ def add_parser(sub: Any) -> None:
         description="Download shards of REMOTE into LOCAL (verified, published atomically), "
         "never using more than --max-bytes.",
     )
-    f.add_argument("remote", help="the dataset: s3://..., https://..., gs://..., or a path")
+    f.add_argument(
+        "remote",
+        help="the dataset (or, with --format, the raw samples): s3://..., https://..., "
+        "gs://..., or a path",
+    )
     f.add_argument("local", help="the local cache directory")
     f.add_argument("--max-bytes", required=True, help="the disk budget, e.g. 50GiB")
-    f.add_argument("--workers", type=int, default=4, help="concurrent downloads (default 4)")
+    f.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="concurrent downloads (default 4), or with --format writer processes (default 2)",
+    )
     f.add_argument(
         "--policy", choices=("consumed-lru", "lru"), default="consumed-lru", help="eviction"
     )
     f.add_argument("--storage-options", help="fsspec options as a JSON object")
+    prod = f.add_argument_group(
+        "producer mode",
+        "REMOTE holds raw samples; writer processes convert each partition into one shard",
+    )
+    prod.add_argument(
+        "--format",
+        "--from",
+        dest="format",
+        metavar="FORMAT",
+        help="the source format (as recordkit convert --from): imagefolder, jsonl, csv, numpy, "
+        "parquet, webdataset, tfrecord, or one a plugin registers",
+    )
+    prod.add_argument(
+        "--schema",
+        help="JSON, @file.json, or 'name:type[shape],...' (default: inferred from the source)",
+    )
+    prod.add_argument(
+        "--shard-size",
+        help="source bytes per partition, each converted into one shard (default 256MiB)",
+    )
+    prod.add_argument(
+        "--partition-items", type=int, help="at most N source items per partition (default 65536)"
+    )
+    prod.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
+    prod.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a converter option (value parsed as JSON when it is JSON)",
+    )
+    prod.add_argument(
+        "--retries", type=int, default=None, help="retries on transient source errors (default 3)"
+    )
     f.add_argument(
         "--progress",
         choices=("auto", "bar", "log"),

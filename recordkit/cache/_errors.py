@@ -5,8 +5,10 @@
     RecordkitError
     ├── CacheFullError (OSError)    the budget or the disk cannot hold a shard, even
     │                               after evicting every shard that may be evicted
-    └── DownloadError (OSError)     a remote read that failed after its retries, or
-                                    returned the wrong length, size or CRC
+    ├── DownloadError (OSError)     a remote read that failed after its retries, or
+    │                               returned the wrong length, size or CRC
+    └── ProduceError (RuntimeError) producer mode: a partition's writer failed (source
+                                    error after its retries), died or stopped responding
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import errno
 
 from ..errors import RecordkitError
 
-__all__ = ["CacheFullError", "DownloadError"]
+__all__ = ["CacheFullError", "DownloadError", "ProduceError"]
 
 
 class CacheFullError(RecordkitError, OSError):
@@ -76,3 +78,35 @@ class DownloadError(RecordkitError, OSError):
 
 def _rebuild_download(reason: str, url: str | None, offset: int | None) -> DownloadError:
     return DownloadError(reason, url=url, offset=offset)
+
+
+class ProduceError(RecordkitError, RuntimeError):
+    """Producer mode: a partition could not be turned into a shard this time.
+
+    The writer raised (a source error, after its retries for transient ones),
+    its process died (killed, out of memory) or reported no progress for the
+    cache's ``inactivity_timeout``. Nothing of it is published; the partition is
+    tried again later, less and less often, while the others go ahead. The
+    message names the partition, its shard and its first source items; the
+    writer's traceback, when there is one, is in :attr:`details`.
+
+    Attributes:
+        path: the partition's shard (relative to the cache root).
+        details: the writer's traceback text, or ``""``.
+    """
+
+    def __init__(self, reason: str, *, path: str | None = None, details: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.path = path
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_produce, (self.reason, self.path, self.details))
+
+
+def _rebuild_produce(reason: str, path: str | None, details: str) -> ProduceError:
+    return ProduceError(reason, path=path, details=details)

@@ -1,4 +1,5 @@
-"""Downloading one shard: ranged reads into a temp file, checked, then published.
+"""Shard mode's filler: downloading one shard by ranged reads into a temp file, checked,
+then published (:class:`Fetcher`).
 
 Order of work for a shard (nothing is visible in the cache until the last step):
 
@@ -16,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,9 +36,13 @@ from ..format.index import (
     scan_index,
     validate_index,
 )
-from ..format.manifest import ShardInfo
+from ..format.manifest import Manifest, ShardInfo
 from ._errors import DownloadError
 from ._remote import Remote
+
+if TYPE_CHECKING:
+    from ._cache import ShardCache
+    from ._locks import HeldFile
 
 log = logging.getLogger(__name__)
 
@@ -163,3 +170,96 @@ def _index_for(remote: Remote, info: ShardInfo, path: str, has_remote_index: boo
 def is_disk_full(exc: BaseException) -> bool:
     """True for an ``OSError`` that means the disk (or quota) is full."""
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class Fetcher:
+    """Shard mode: the cache's catalog is the remote's manifest (or listing), and each
+    entry is filled by downloading it (see the module doc).
+
+    One of the two fillers of :class:`~recordkit.cache.ShardCache` (the other is
+    producer mode's :class:`~recordkit.cache._produce.Producer`): the cache owns the
+    budget, eviction, pins and threads; a filler says what the entries are, how much
+    room one needs, and how it gets there.
+
+    Args:
+        cache: the cache it fills.
+    """
+
+    mode = "shards"
+    retriable: tuple[type[BaseException], ...] = (DownloadError,)
+
+    def __init__(self, cache: ShardCache) -> None:
+        self.cache = cache
+        self.manifest: Manifest | None = None
+        self._remote_index: set[str] = set()
+
+    def catalog(self) -> list[ShardInfo]:
+        """The remote's shards, saved in the cache for offline restarts (and used then)."""
+        cache = self.cache
+        try:
+            manifest, infos = cache.remote.listing()
+            if manifest is None:
+                names = {i.path for i in infos}
+                found = {n for n, _ in cache.remote._list_files()}
+                self._remote_index = {n for n in names if n + INDEX_SUFFIX in found}
+            else:
+                self._remote_index = {i.path for i in infos}
+            cache.dir.save_catalog(
+                {
+                    "remote": cache.remote_url,
+                    "max_bytes": cache.max_bytes,
+                    "mode": self.mode,
+                    "manifest": None if manifest is None else manifest.to_json(),
+                    "shards": [i.to_json() for i in infos],
+                    "remote_index": sorted(self._remote_index),
+                }
+            )
+        except (DownloadError, OSError) as exc:
+            saved = cache.dir.load_catalog()
+            if saved is None or saved.get("remote") != cache.remote_url:
+                raise
+            log.warning(
+                "remote %s unreachable (%r); using the saved catalog", cache.remote_url, exc
+            )
+            manifest = None
+            if saved.get("manifest") is not None:
+                manifest = Manifest.loads(json.dumps(saved["manifest"]))
+            infos = [ShardInfo(**s) for s in saved["shards"]]
+            self._remote_index = set(saved.get("remote_index", []))
+        self.manifest = manifest
+        return infos
+
+    def need(self, info: ShardInfo, state: dict[str, Any]) -> int:
+        """The reservation a download of ``info`` starts with (its index may grow it)."""
+        return info.bytes + index_bound(info)
+
+    def fill(self, info: ShardInfo, lease: HeldFile) -> None:
+        """Download ``info`` into the lease's temp names, verify it, publish it."""
+        cache = self.cache
+        staged = cache._with_disk_room(
+            lease,
+            info.path,
+            lambda: download(
+                cache.remote,
+                info,
+                cache.dir.path(info.path),
+                str(lease.content["id"]),
+                chunk_bytes=cache.chunk_bytes,
+                has_remote_index=info.path in self._remote_index,
+                on_bytes=cache.events.downloaded,
+            ),
+        )
+        cache._publish(lease, info.path, staged, {}, crc32c=info.crc32c)
+
+    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
+        """Whether a shard found in the cache still matches the remote (else gc removes it)."""
+        if info is None or info.crc32c is None:
+            return info is not None
+        return info.bytes == size and meta.get("crc32c") in (None, info.crc32c)
+
+    def snapshot_manifest(self, shards: list[ShardInfo]) -> Manifest | None:
+        """What a snapshot hands readers as ``snap.manifest``: the remote's manifest."""
+        return self.manifest
+
+    def close(self) -> None:
+        """Nothing to release (downloads run in the cache's threads)."""

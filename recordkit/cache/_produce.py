@@ -1,0 +1,413 @@
+"""Producer mode: raw samples in, local shards out, in writer subprocesses.
+
+The cache's catalog is a conversion plan (:func:`recordkit.convert.plan_conversion`):
+one entry per partition, each producing exactly one shard
+``{prefix}-PPPPP-00000.tfrecord`` (no roll-over inside a partition; its size is
+bounded by ``shard_size`` / ``partition_items`` of the source). Entries look
+like foreign shards to the rest of the cache (``crc32c=None``; records and size
+are what production found), so the fill order, eviction, pins and snapshots
+are shard mode's.
+
+Filling one entry, nothing visible before the last step:
+
+1. The cache reserves an *estimate* of the output: the same bytes as last time
+   if this partition was produced before (evicted since: the same plan writes
+   the same bytes), else the partition's source bytes times the largest
+   output/source ratio seen so far plus headroom (or a conservative first
+   guess), never more than the budget.
+2. A writer process (a fresh interpreter, never a fork; one per fill worker,
+   reused) converts the partition into the reservation's temp names
+   ``NAME.tmp-<lease>`` and ``NAME.idx.tmp-<lease>``, with the reservation as a
+   hard cap on shard plus index: a record that would pass it aborts the
+   partition (temp files removed).
+   Transient source errors are retried inside the writer, as ``recordkit
+   convert`` does.
+3. An aborted partition is redone with a larger reservation (grown in place,
+   evicting as needed); one that passes the whole budget is a
+   :class:`CacheFullError`. A writer that fails, dies or goes silent for
+   ``inactivity_timeout`` (terminate, then kill) is a :class:`ProduceError`: the
+   partition is tried again later while the others go ahead.
+4. The cache publishes the staged index and then the shard, as a download is
+   published, and records its size, record count and source bytes in its state
+   (the next estimates learn from them).
+
+The budget therefore bounds temp files too, at every moment. A killed cache
+process leaves only temp files whose reservation died with it; ``gc`` removes
+them, and shards of another plan (the source or options changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._version import __version__
+from ..codec.schema import Schema
+from ..convert._errors import is_transient
+from ..convert.plan import ConvertOptions, Plan
+from ..format.manifest import Manifest, ShardInfo
+from . import _fill
+from ._errors import CacheFullError, ProduceError
+from ._writer import ProduceTask, WriterPool, run_task
+
+if TYPE_CHECKING:
+    from ._cache import ShardCache
+    from ._locks import HeldFile
+
+__all__ = ["Producer", "shard_name"]
+
+log = logging.getLogger(__name__)
+
+# The reservation of the first partitions, before any output/source ratio is known:
+# twice the source bytes. Images, arrays and tar members come out about their own size
+# (plus framing and index); text of small numbers grows 2-4x; a partition that outgrows
+# its reservation is redone with a larger one, so a low guess costs one redo, a high
+# one only evicts early.
+_FIRST_RATIO = 2.0
+# Over the largest ratio seen so far: the next partition may hold longer strings or
+# larger images than any before.
+_HEADROOM = 1.25
+# On top of every estimate: an index line or two, a partition whose items claim 0 bytes.
+_SLACK = 4096
+
+
+def shard_name(prefix: str, partition: int) -> str:
+    """The one shard partition ``partition`` produces: ``part-00003-00000.tfrecord``."""
+    return f"{prefix}-{partition:05d}-00000.tfrecord"
+
+
+# -- the filler -------------------------------------------------------------------------------
+
+
+class Producer:
+    """Producer mode's filler: the catalog is a conversion plan, filling is converting.
+
+    Args:
+        cache: the cache it fills.
+        format: the converter; ``None`` for a reader-only cache, which takes
+            everything from the ``saved`` catalog.
+        schema, source_options, shard_size, compress, options,
+        inactivity_timeout: as :class:`~recordkit.cache.ShardCache` takes them.
+        saved: the directory's saved catalog (reader-only caches).
+    """
+
+    mode = "producer"
+    retriable: tuple[type[BaseException], ...] = (ProduceError,)
+
+    def __init__(
+        self,
+        cache: ShardCache,
+        *,
+        format: str | None,
+        schema: Schema | None,
+        source_options: Mapping[str, Any] | None,
+        shard_size: int | str,
+        compress: str | None,
+        options: ConvertOptions | None,
+        inactivity_timeout: float | None,
+        saved: dict[str, Any] | None,
+    ) -> None:
+        if inactivity_timeout is not None and inactivity_timeout <= 0:
+            raise ValueError(f"inactivity_timeout must be > 0 or None, got {inactivity_timeout}")
+        self.cache = cache
+        self.inactivity_timeout = inactivity_timeout
+        self._saved = saved if format is None else None
+        if format is not None:
+            import converters
+
+            converters.get(format)  # an unknown name fails now, listing the known ones
+            if options is None:
+                options = ConvertOptions(shard_size=shard_size, compress=compress)
+            elif shard_size != "256MiB" or compress is not None:
+                raise ValueError("pass shard_size and compress inside convert_options=, not both")
+            self.format = format
+            self._schema = schema
+            self._source_options = dict(source_options or {})
+        else:  # a reader-only cache: what the filling process saved
+            assert saved is not None
+            self.format = str(saved["format"])
+            self._schema = Schema.from_json(saved["manifest"]["schema"])
+            self._source_options = dict(saved.get("source_options") or {})
+            options = ConvertOptions(**saved["options"])
+        if options.max_records is not None:
+            raise ValueError(
+                "convert_options.max_records must be None: in producer mode a partition is "
+                "one shard (bound it with shard_size or partition_items)"
+            )
+        self.options = options
+        self.fingerprint = ""
+        self.schema_json: dict[str, Any] = {}
+        self.metadata: dict[str, Any] = {}
+        self._index: dict[str, int] = {}
+        self._plan: tuple[Any, Plan] | None = None
+        self._plan_lock = threading.Lock()
+        self._need: dict[str, int] = {}  # partitions that outgrew a reservation: the next one
+        self._floor = 0.0  # an output/source ratio that an outgrown partition proved
+        self._pool: WriterPool | None = None
+        self._pool_lock = threading.Lock()
+        # Other processes cannot see a memory:// source.
+        self._inline = cache.fill_workers == 0 or cache.remote_url.startswith("memory://")
+
+    # -- the catalog ---------------------------------------------------------------------------
+
+    def _make_plan(self) -> tuple[Any, Plan]:
+        from ..convert.run import plan_conversion
+
+        return plan_conversion(
+            self.cache.remote_url,
+            format=self.format,
+            schema=self._schema,
+            options=self.options,
+            storage_options=self.cache._storage_options,
+            source_options=self._source_options,
+        )
+
+    def _catalog_doc(self, plan: Plan) -> dict[str, Any]:
+        source_options: dict[str, Any] | None = self._source_options
+        try:
+            json.dumps(source_options)
+        except (TypeError, ValueError):
+            log.warning("source options are not JSON; reader-only caches cannot re-plan")
+            source_options = None
+        manifest = Manifest(
+            schema=plan.schema.to_json(),
+            shards=(),
+            metadata=dict(plan.metadata),
+            created_by=f"recordkit {__version__}",
+        )
+        return {
+            "remote": self.cache.remote_url,
+            "max_bytes": self.cache.max_bytes,
+            "mode": self.mode,
+            "format": self.format,
+            "plan": plan.fingerprint,
+            "manifest": manifest.to_json(),
+            "options": dataclasses.asdict(self.options),
+            "source_options": source_options,
+            "shards": [
+                ShardInfo(shard_name(self.options.prefix, p.index), 0, p.size).to_json()
+                for p in plan.partitions
+            ],
+        }
+
+    def _load(self, doc: dict[str, Any]) -> list[ShardInfo]:
+        self.fingerprint = str(doc["plan"])
+        self.schema_json = dict(doc["manifest"]["schema"])
+        self.metadata = dict(doc["manifest"].get("metadata") or {})
+        infos = [ShardInfo(**s) for s in doc["shards"]]
+        self._index = {info.path: i for i, info in enumerate(infos)}
+        return infos
+
+    def catalog(self) -> list[ShardInfo]:
+        """Plan the conversion (or, reader-only or offline, take the saved plan's catalog)."""
+        cache = self.cache
+        if self._saved is not None:
+            return self._load(self._saved)
+        try:
+            source, plan = self._make_plan()
+        except Exception as exc:
+            saved = cache.dir.load_catalog()
+            usable = (
+                saved is not None
+                and saved.get("remote") == cache.remote_url
+                and saved.get("format") == self.format
+            )
+            if not usable or not (isinstance(exc, OSError) or is_transient(exc)):
+                raise
+            assert saved is not None
+            log.warning(
+                "source %s unreachable (%r); using the saved catalog", cache.remote_url, exc
+            )
+            return self._load(saved)
+        with self._plan_lock:
+            self._plan = (source, plan)
+        doc = self._catalog_doc(plan)
+        cache.dir.save_catalog(doc)
+        log.info(
+            "producer cache of %s (%s): %d partitions, plan %s",
+            cache.remote_url,
+            self.format,
+            len(plan.partitions),
+            plan.fingerprint[:12],
+        )
+        return self._load(doc)
+
+    def _planned(self) -> tuple[Any, Plan]:
+        """The source and plan (planned now in a reader-only or offline cache)."""
+        with self._plan_lock:
+            if self._plan is None:
+                try:
+                    self._plan = self._make_plan()
+                except Exception as exc:
+                    raise ProduceError(
+                        f"cannot plan the conversion of {self.cache.remote_url}: {exc!r}"
+                    ) from exc
+            plan = self._plan[1]
+        if plan.fingerprint != self.fingerprint:
+            raise ProduceError(
+                f"the source {self.cache.remote_url} changed since the cache's catalog was made "
+                f"(plan {self.fingerprint[:12]}, now {plan.fingerprint[:12]}); restart the "
+                "filling cache to re-plan"
+            )
+        return self._plan
+
+    # -- the budget ----------------------------------------------------------------------------
+
+    def _ratio(self, state: dict[str, Any]) -> float:
+        """Output bytes (shard and index) to reserve per source byte."""
+        seen = [
+            (int(m["bytes"]) + int(m.get("index_bytes", 0))) / int(m["source_bytes"])
+            for m in state["shards"].values()
+            if m.get("plan") == self.fingerprint and m.get("source_bytes") and "bytes" in m
+        ]
+        ratio = max(seen) * _HEADROOM if seen else _FIRST_RATIO
+        return max(ratio, self._floor * _HEADROOM)
+
+    def need(self, info: ShardInfo, state: dict[str, Any]) -> int:
+        """The reservation a partition starts with: its exact size if it was produced
+        before, else an estimate from its source bytes (see the module doc)."""
+        meta = state["shards"].get(info.path, {})
+        if meta.get("plan") == self.fingerprint and "bytes" in meta:
+            exact = int(meta["bytes"]) + int(meta.get("index_bytes", 0))
+            return min(self.cache.max_bytes, exact)
+        estimate = math.ceil(info.bytes * self._ratio(state)) + _SLACK
+        return min(self.cache.max_bytes, max(estimate, self._need.get(info.path, 0)))
+
+    def _outgrown(self, info: ShardInfo, items: tuple[Any, ...], outcome: tuple[Any, ...]) -> int:
+        """The next reservation of a partition that outgrew ``cap``."""
+        cap, items_done, source_done = (int(x) for x in outcome[1:])
+        budget = self.cache.max_bytes
+        if cap >= budget:
+            raise CacheFullError(
+                f"the partition converts to more than the whole cache budget of {budget} bytes "
+                f"(it passed it after {items_done} of {len(items)} source items); use a "
+                "smaller shard_size or partition_items, or a larger budget",
+                path=info.path,
+            )
+        # Of the item that was being written, at most all of it was read.
+        current = int(items[items_done].size) if items_done < len(items) else 0
+        self._floor = max(self._floor, cap / max(1, source_done + current))
+        total = sum(int(i.size) for i in items)
+        bigger = max(2 * cap, math.ceil(total * self._floor * _HEADROOM) + _SLACK)
+        bigger = min(budget, bigger)
+        self._need[info.path] = max(self._need.get(info.path, 0), bigger)
+        log.info(
+            "%s: the output outgrew its reservation of %d bytes; redoing it with %d",
+            info.path,
+            cap,
+            bigger,
+        )
+        return bigger
+
+    # -- filling -------------------------------------------------------------------------------
+
+    def _run(self, task: ProduceTask, where: str) -> tuple[Any, ...]:
+        """Produce in a writer process (or inline): ``("done", Staged)``,
+        ``("outgrew", ...)`` or ``("abandoned",)``; the rest raises."""
+        cache = self.cache
+        if self._inline:
+            outcome = run_task(task, cache.events.downloaded)
+        else:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = WriterPool()
+                pool = self._pool
+            outcome = pool.run(
+                task,
+                cache.events.downloaded,
+                timeout=self.inactivity_timeout,
+                abandon=cache._abandoning,
+            )
+        kind = outcome[0]
+        if kind == "full":
+            raise OSError(outcome[1], outcome[2])
+        if kind == "error":
+            raise ProduceError(f"{where}: {outcome[1]}", path=task.path, details=outcome[2])
+        if kind == "died":
+            raise ProduceError(
+                f"{where}: the writer process died ({outcome[1]}); out of memory, or killed?",
+                path=task.path,
+            )
+        if kind == "silent":
+            raise ProduceError(
+                f"{where}: the writer process reported no progress for {outcome[1]:.0f} s "
+                "and was stopped (inactivity_timeout)",
+                path=task.path,
+            )
+        return outcome
+
+    def fill(self, info: ShardInfo, lease: HeldFile) -> None:
+        """Convert the partition within ``lease`` (growing it if it must), publish it."""
+        cache = self.cache
+        source, plan = self._planned()
+        part = plan.partitions[self._index[info.path]]
+        where = f"partition {part.index} (source items: {part.describe()})"
+        final = cache.dir.path(info.path)
+        lease_id = str(lease.content["id"])
+        try:
+            while True:
+                task = ProduceTask(
+                    path=info.path,
+                    final=final,
+                    lease_id=lease_id,
+                    cap=int(lease.content["bytes"]),
+                    items=part.items,
+                    source=source,
+                    schema=plan.schema.to_json(),
+                    fsync=self.options.fsync,
+                    retries=self.options.retries,
+                    retry_backoff=self.options.retry_backoff,
+                )
+                outcome = cache._with_disk_room(
+                    lease, info.path, functools.partial(self._run, task, where)
+                )
+                if outcome[0] == "done":
+                    break
+                if outcome[0] == "abandoned":
+                    return
+                bigger = self._outgrown(info, part.items, outcome)
+                if not cache.dir.grow(
+                    lease, bigger, max_bytes=cache.max_bytes, policy=cache.policy
+                ):
+                    return  # no room now: the fill order comes back to it, with ``bigger``
+            staged: _fill.Staged = outcome[1]
+            extra = {
+                "bytes": staged.bytes,
+                "index_bytes": staged.index_bytes,
+                "source_bytes": part.size,
+                "plan": self.fingerprint,
+            }
+            cache._publish(lease, info.path, staged, extra, crc32c=None)
+        finally:
+            # What a stopped, killed or failed writer left (nothing after a publish).
+            _fill.discard(_fill.staged_names(final, lease_id))
+
+    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
+        """A shard stays if this plan produced it (same name, plan and size)."""
+        return (
+            info is not None
+            and meta.get("plan") == self.fingerprint
+            and int(meta.get("bytes", -1)) == size
+        )
+
+    def snapshot_manifest(self, shards: list[ShardInfo]) -> Manifest:
+        """The plan's schema and metadata, listing the snapshot's shards."""
+        return Manifest(
+            schema=self.schema_json,
+            shards=tuple(shards),
+            metadata=self.metadata,
+            created_by=f"recordkit {__version__}",
+        )
+
+    def close(self) -> None:
+        """Stop the writer processes (they are spawned again when needed)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
