@@ -97,6 +97,18 @@ class Chunk:
 
 
 @dataclass
+class _Prepared:
+    """A runner task as submitted: its shards, records, outputs and row units."""
+
+    bufs: tuple[Any, ...]
+    rec: np.ndarray
+    outs: tuple[np.ndarray, ...]
+    unit_of_row: np.ndarray
+    n: int
+    nbytes: int
+
+
+@dataclass
 class _Done:
     chunk: Chunk
     nbytes: int
@@ -118,6 +130,9 @@ class RecordReader:
         task_records: a task takes whole units until it holds this many records...
         task_bytes: ...or this many bytes, whichever comes first.
         stats: counters to update.
+        native_tasks: decode each task in one native call on threads that never
+            take the GIL (see :meth:`BatchDecoder.runner`); ``None`` (default) does
+            so whenever the schema allows, ``False`` never (tests compare both).
     """
 
     def __init__(
@@ -132,6 +147,7 @@ class RecordReader:
         task_records: int = 4096,
         task_bytes: int = 8 << 20,
         stats: ReaderStats | None = None,
+        native_tasks: bool | None = None,
     ) -> None:
         if on_error not in ("raise", "skip", "warn"):
             raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
@@ -149,6 +165,12 @@ class RecordReader:
         self.task_bytes = task_bytes
         self.stats = stats or ReaderStats()
         self._avg_bytes = shards.avg_record_bytes
+        self.native_tasks = native_tasks is not False and decoder.runner() is not None
+        # Row widths to allocate for each padded bytes feature in runner tasks: the
+        # widest value seen so far, with headroom; a wider one sends its task to
+        # the reference path, which is exact, and widens the guess.
+        self._widths: list[int] = [0] * len(decoder.bytes_features)
+        self.native_fallbacks = 0  # runner tasks decoded the reference way instead
 
     # -- one task, on a reader thread ------------------------------------------------
 
@@ -197,6 +219,91 @@ class RecordReader:
 
         Stops the threads when the iterator is closed or garbage collected.
         """
+        if self.native_tasks:
+            return self._read_native(plan, split, units)
+        return self._read_python(plan, split, units)
+
+    def _prepare(self, plan: EpochPlan, split: Split, units: Sequence[int]) -> _Prepared:
+        """Locate a task's records and allocate its outputs (on the consumer thread)."""
+        positions, lengths = plan.unit_positions(split, units)
+        unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
+        shard_ids, records = plan.resolve(positions)
+        n = len(records)
+        rec = np.empty((n, 3), dtype=np.int64)
+        bufs: list[Any] = []
+        edges = np.flatnonzero(np.diff(shard_ids)) + 1
+        slot: dict[int, int] = {}
+        for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [n]))):
+            sid = int(shard_ids[lo])
+            if sid not in slot:
+                slot[sid] = len(bufs)
+                bufs.append(self.shards.shards[sid].buf)
+            shard = self.shards.shards[sid]
+            recs = records[lo:hi]
+            rec[lo:hi, 0] = slot[sid]
+            rec[lo:hi, 1] = shard.offsets[recs]
+            rec[lo:hi, 2] = shard.sizes[recs]
+        widest = int(rec[:, 2].max()) - 16 if n else 0
+        widths = []
+        for seen in self._widths:
+            guess = widest if not seen else min(widest, seen + (seen >> 2) + 64)
+            widths.append(max(guess, 0))
+        outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
+        return _Prepared(tuple(bufs), rec, outs, unit_of_row, n, int(rec[:, 2].sum()))
+
+    def _read_native(
+        self, plan: EpochPlan, split: Split, units: range
+    ) -> Generator[Chunk, None, None]:
+        tasks = self._tasks(plan, units)
+        runner = self.decoder.runner()
+        assert runner is not None  # native_tasks is only set when there is one
+        threads = [
+            threading.Thread(target=runner.work, name=f"recordkit-reader-{i}", daemon=True)
+            for i in range(self.num_threads)
+        ]
+        for t in threads:
+            t.start()
+        pending: deque[tuple[range, _Prepared, int]] = deque()
+
+        def refill() -> None:
+            while len(pending) < self.prefetch:
+                task = next(tasks, None)
+                if task is None:
+                    return
+                prep = self._prepare(plan, split, task)
+                pending.append((task, prep, runner.submit(prep.bufs, prep.rec, prep.outs)))
+
+        try:
+            refill()
+            while pending:
+                task, prep, task_id = pending.popleft()
+                t0 = time.perf_counter()
+                ok, widths, seconds = runner.wait(task_id)
+                waited = time.perf_counter() - t0
+                refill()
+                if ok:
+                    columns = self.decoder.runner_columns(prep.outs, widths, prep.n)
+                    done = _Done(Chunk(prep.unit_of_row, columns, prep.n), prep.nbytes, [], seconds)
+                    for k, name in enumerate(self.decoder.bytes_features):
+                        self._widths[k] = max(self._widths[k], columns[name].shape[1])
+                else:  # a record the fast path does not take: the reference path, here
+                    self.native_fallbacks += 1
+                    done = self._decode_task(plan, split, task)
+                    for k, name in enumerate(self.decoder.bytes_features):
+                        col = done.chunk.columns.get(name)
+                        if col is not None and col.ndim == 2:
+                            self._widths[k] = max(self._widths[k], col.shape[1])
+                self._account(done, waited)
+                yield done.chunk
+        finally:
+            runner.close()
+            for t in threads:
+                t.join()
+            runner.drop()
+
+    def _read_python(
+        self, plan: EpochPlan, split: Split, units: range
+    ) -> Generator[Chunk, None, None]:
         tasks = self._tasks(plan, units)
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
