@@ -1793,17 +1793,18 @@ static PyObject *Runner_close(Runner *r, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
-/* drop(): let go of every task's buffers; only once the workers have returned. */
+/* drop(): close, wait until no worker runs a task (GIL released), then let go of
+ * every task's buffers. Waits in C, not on Python threads: it also works while the
+ * interpreter shuts down, when joining a thread may return early. */
 static PyObject *Runner_drop(Runner *r, PyObject *Py_UNUSED(ignored)) {
     if (!r->sync_ok) Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&r->mu);
-    int busy = r->workers;
+    r->closed = 1;
+    pthread_cond_broadcast(&r->work_cv);
+    while (r->workers > 0) pthread_cond_wait(&r->done_cv, &r->mu);
     pthread_mutex_unlock(&r->mu);
-    if (busy) {
-        PyErr_Format(PyExc_RuntimeError, "%d worker(s) still running: close() and join them first",
-                     busy);
-        return NULL;
-    }
+    Py_END_ALLOW_THREADS
     runner_drop_all(r);
     Py_RETURN_NONE;
 }
@@ -1817,7 +1818,7 @@ static PyMethodDef Runner_methods[] = {
      "wait(id, /) -> (ok, widths, seconds): wait for a task (GIL released), collect it."},
     {"close", (PyCFunction)Runner_close, METH_NOARGS, "close() -> None: stop the workers."},
     {"drop", (PyCFunction)Runner_drop, METH_NOARGS,
-     "drop() -> None: let go of the tasks not collected (after the workers returned)."},
+     "drop() -> None: close, wait for the workers to leave, let go of the tasks not collected."},
     {NULL, NULL, 0, NULL},
 };
 

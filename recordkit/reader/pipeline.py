@@ -10,6 +10,8 @@ the output order never depends on thread timing.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 import warnings
@@ -34,6 +36,10 @@ log = logging.getLogger(__name__)
 OnError = Literal["raise", "skip", "warn"]
 Columns = dict[str, Any]
 
+
+# Scheduling priority of the runner's threads (see _reader_nice); measured in
+# docs/performance.md (GIL pressure).
+_DEFAULT_NICE = 10
 
 # One lock for every ReaderStats: updates are per task or per batch, so it is never
 # contended, and a module-level lock keeps the dataclass picklable (DataLoader workers).
@@ -257,8 +263,22 @@ class RecordReader:
         tasks = self._tasks(plan, units)
         runner = self.decoder.runner()
         assert runner is not None  # native_tasks is only set when there is one
+        nice = _reader_nice()
+
+        def work() -> None:
+            if nice:
+                # Linux: a thread id names just that thread. Lowering one's own
+                # priority needs no privilege; it ends with the thread (per epoch).
+                try:
+                    tid = threading.get_native_id()
+                    mine = os.getpriority(os.PRIO_PROCESS, tid)
+                    os.setpriority(os.PRIO_PROCESS, tid, min(19, mine + nice))
+                except OSError as exc:
+                    log.debug("could not lower the reader threads' priority: %s", exc)
+            runner.work()
+
         threads = [
-            threading.Thread(target=runner.work, name=f"recordkit-reader-{i}", daemon=True)
+            threading.Thread(target=work, name=f"recordkit-reader-{i}", daemon=True)
             for i in range(self.num_threads)
         ]
         for t in threads:
@@ -297,9 +317,9 @@ class RecordReader:
                 yield done.chunk
         finally:
             runner.close()
+            runner.drop()  # waits for a task in progress; the shards are then let go
             for t in threads:
                 t.join()
-            runner.drop()
 
     def _read_python(
         self, plan: EpochPlan, split: Split, units: range
@@ -342,6 +362,31 @@ class RecordReader:
                 warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=3)
             else:
                 log.debug("skipped corrupt record: %s", err)
+
+
+def _reader_nice() -> int:
+    """How much the runner's threads lower their scheduling priority (``nice``).
+
+    The training thread waits on the reader threads only when they are behind; when
+    they are ahead, every slice of CPU they take from it delays the step. So on
+    Linux they add 10 to their ``nice`` value by default: on a busy machine the training
+    thread's Python goes first, and the readers take the rest (all of it while the
+    training thread waits on data or the accelerator). ``RECORDKIT_READER_NICE``
+    sets another value; 0 keeps the process's priority. Other systems: unchanged
+    (there ``setpriority`` cannot name a thread).
+    """
+    if sys.platform != "linux":
+        return 0
+    value = os.environ.get("RECORDKIT_READER_NICE", "").strip()
+    if not value:
+        return _DEFAULT_NICE
+    try:
+        nice = int(value)
+    except ValueError:
+        raise ValueError(f"RECORDKIT_READER_NICE must be an integer 0..19, got {value!r}") from None
+    if not 0 <= nice <= 19:
+        raise ValueError(f"RECORDKIT_READER_NICE must be an integer 0..19, got {value!r}")
+    return nice
 
 
 def _concat(

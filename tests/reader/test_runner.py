@@ -221,3 +221,38 @@ def test_runner_rejects_bad_submissions():
     with pytest.raises(RuntimeError, match="closed"):
         runner.submit((b"",), rec, outs)
     assert isinstance(runner, _native.Runner)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux only")
+@pytest.mark.parametrize(("env", "want"), [(None, 10), ("3", 3), ("0", 0)])
+def test_runner_threads_lower_their_priority(ds_path, monkeypatch, env, want):
+    import threading
+
+    if env is None:
+        monkeypatch.delenv("RECORDKIT_READER_NICE", raising=False)
+    else:
+        monkeypatch.setenv("RECORDKIT_READER_NICE", env)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    shards = open_shards(str(ds_path), None)
+    reader = RecordReader(shards, BatchDecoder(shards.schema), num_threads=2, prefetch=2)
+    plan = EpochPlan(shards.counts, PlanOptions(batch_size=16), epoch=0)
+    it = reader.read(plan, Split(), plan.units(Split()))
+    next(it)
+    readers = [t for t in threading.enumerate() if t.name.startswith("recordkit-reader")]
+    assert len(readers) == 2
+    for t in readers:
+        with open(f"/proc/self/task/{t.native_id}/stat") as f:
+            nice = int(f.read().rsplit(")", 1)[1].split()[16])
+        assert nice == min(19, base + want)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the training thread keeps its own
+    it.close()
+    shards.close()
+
+
+def test_reader_nice_must_be_in_range(ds_path, monkeypatch):
+    from recordkit.reader.pipeline import _reader_nice
+
+    for bad in ("-1", "20", "high"):
+        monkeypatch.setenv("RECORDKIT_READER_NICE", bad)
+        with pytest.raises(ValueError, match="RECORDKIT_READER_NICE"):
+            _reader_nice()
