@@ -120,6 +120,13 @@ def _recordkit(wl: Workload, files: Files) -> Iterator[int]:
     return _count(_epochs(ds), lambda b: b["label"])
 
 
+def _recordkit_pool(wl: Workload, files: Files) -> Iterator[int]:
+    """``RecordDataset`` with the earlier reader: a thread pool that takes the GIL
+    between native calls (``RECORDKIT_NATIVE_TASKS=0``), for same-run comparisons."""
+    os.environ["RECORDKIT_NATIVE_TASKS"] = "0"  # this child process only
+    return _recordkit(wl, files)
+
+
 def _recordkit_proc(wl: Workload, files: Files) -> Iterator[int]:
     """``RecordDataset(reader_process=True)``: decoding in a loader process (its own GIL)."""
     import recordkit.torch as rkt
@@ -247,6 +254,7 @@ def _dataloader_map(wl: Workload, files: Files) -> Iterator[int]:
 READERS: dict[str, Reader] = {
     "recordkit": _recordkit,
     "recordkit-proc": _recordkit_proc,
+    "recordkit-pool": _recordkit_pool,
     "tf.data": _tfdata,
     "recordkit.tf": _recordkit_tf,
     "tfrecord-dl0": _tfrecord_pkg(0),

@@ -138,7 +138,8 @@ class RecordReader:
         stats: counters to update.
         native_tasks: decode each task in one native call on threads that never
             take the GIL (see :meth:`BatchDecoder.runner`); ``None`` (default) does
-            so whenever the schema allows, ``False`` never (tests compare both).
+            so whenever the schema allows (unless ``RECORDKIT_NATIVE_TASKS=0``),
+            ``False`` never (tests compare both).
     """
 
     def __init__(
@@ -171,7 +172,9 @@ class RecordReader:
         self.task_bytes = task_bytes
         self.stats = stats or ReaderStats()
         self._avg_bytes = shards.avg_record_bytes
-        self.native_tasks = native_tasks is not False and decoder.runner() is not None
+        if native_tasks is None:  # the environment may turn it off (diagnosis, benchmarks)
+            native_tasks = os.environ.get("RECORDKIT_NATIVE_TASKS", "").strip() != "0"
+        self.native_tasks = native_tasks and decoder.runner() is not None
         # Row widths to allocate for each padded bytes feature in runner tasks: the
         # widest value seen so far, with headroom; a wider one sends its task to
         # the reference path, which is exact, and widens the guess.

@@ -256,3 +256,18 @@ def test_reader_nice_must_be_in_range(ds_path, monkeypatch):
         monkeypatch.setenv("RECORDKIT_READER_NICE", bad)
         with pytest.raises(ValueError, match="RECORDKIT_READER_NICE"):
             _reader_nice()
+
+
+def test_environment_turns_the_runner_off(ds_path, monkeypatch):
+    shards = open_shards(str(ds_path), None)
+    try:
+        monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", "0")
+        assert not RecordReader(
+            shards, BatchDecoder(shards.schema), num_threads=1, prefetch=1
+        ).native_tasks
+        monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", "1")
+        assert RecordReader(
+            shards, BatchDecoder(shards.schema), num_threads=1, prefetch=1
+        ).native_tasks
+    finally:
+        shards.close()
