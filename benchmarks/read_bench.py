@@ -18,7 +18,7 @@ Usage::
 
     python benchmarks/read_bench.py generate [--data bench-data] [--quick]
     python benchmarks/read_bench.py run [--workloads W1,W2] [--readers ...] [--repeat 3] [--quick]
-    python benchmarks/read_bench.py run --gil [--quick]
+    python benchmarks/read_bench.py run --gil [--gil-epochs N] [--accel F] [--quick]
 
 ``--quick`` uses its own data set of 1/8 the records (still 8 shards) and 1 repeat.
 """
@@ -36,6 +36,7 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _readers
 from _common import median, run_child
 from _readers import (
     QUICK_FRACTION,
@@ -287,6 +288,7 @@ def _measure(args: argparse.Namespace, mode: str, reader: str, wl: Workload, fil
     _warm(_warm_paths(reader, wl, files))
     cmd = ["child", "--data", args.data, "--mode", mode, "--reader", reader, "--workloads", wl.name]
     cmd += ["--gil-batches", str(args.gil_batches), "--accel", str(args.accel)]
+    cmd += ["--gil-epochs", str(args.gil_epochs)]
     kids0, ticks0, t0 = _cpu_children(), _busy_ticks(), time.perf_counter()
     res = run_child(__file__, cmd + (["--quick"] if args.quick else []))
     wall = time.perf_counter() - t0
@@ -364,8 +366,8 @@ def run_gil(args: argparse.Namespace, wl: Workload, files: Files, readers: list[
             )
     print(
         f"\n**{wl.name} under GIL pressure**: after each batch, pure-Python work taking about "
-        f"as long as the unloaded batch; up to {args.gil_batches} batches a pass; "
-        f"median of {args.repeat}\n"
+        f"as long as the unloaded batch; up to {args.gil_batches} batches a pass "
+        f"({args.gil_epochs} epoch(s) of one dataset object); median of {args.repeat}\n"
     )
     print(
         "| reader | load ms/batch | compute ms | under load: compute ms | in next() ms | step ms "
@@ -412,6 +414,13 @@ def main() -> None:
         help="batches per pass in the GIL run (W2 has 15625)",
     )
     ap.add_argument(
+        "--gil-epochs",
+        type=int,
+        default=1,
+        help="GIL run: epochs per pass, iterating one dataset object as a training loop "
+        "does (the first epoch maps the shards; later ones reuse the maps)",
+    )
+    ap.add_argument(
         "--accel",
         type=float,
         default=0.0,
@@ -434,6 +443,7 @@ def main() -> None:
         wl = workloads[0]
         files = files_for(args.data, wl, args.quick)
         if args.mode == "gil":
+            _readers.EPOCHS = args.gil_epochs
             print(json.dumps(child_gil(args.reader, wl, files, args.gil_batches, args.accel)))
         else:
             print(json.dumps(child_epoch(args.reader, wl, files)))

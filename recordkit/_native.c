@@ -3,7 +3,8 @@
  * parsing, CRC-32C, and the batch copies, all with the GIL released.
  *
  * Every function here is a faster twin of one in recordkit/reader/_fallback.py
- * and must give identical results; the wire semantics are those of
+ * and must give identical results (the Runner type has no twin: without it the
+ * reader runs BatchDecoder.decode on a thread pool, and must match that); the wire semantics are those of
  * recordkit/codec/example.py (the reference decoder), which follows protobuf's
  * parser. Nothing read from the input is trusted: every length is checked
  * against the end of the message that contains it before it is used, so any
@@ -1283,6 +1284,558 @@ release_buf:
     return result;
 }
 
+/* --------------------------------------------------------------- the task runner */
+
+/*
+ * Runner: whole reader tasks decoded by threads that never take the GIL.
+ *
+ * A reader thread calls runner.work() once: it releases the GIL and loops in C,
+ * taking tasks from a queue until close(). The consumer submits tasks (a task is
+ * the records of one or more batches, each record given as (buffer, offset,
+ * framed size), plus the output arrays to fill) and waits for each, in order,
+ * with the GIL released. A task runs the whole fast path in one go: framing and
+ * CRC checks, the Example parse, the span checks against `expect`, and the
+ * copies into the outputs (the biggest column fused with the payload CRC for
+ * large records). Any record that the fast path does not take — corrupt, or
+ * merely unusual — makes the whole task "not done": the consumer then decodes
+ * it the reference way (BatchDecoder), which gives the exact result or error.
+ * So a reader thread needs the GIL neither per record nor per task, and a
+ * finished task needs it only when the consumer takes it.
+ */
+#ifndef _WIN32
+#include <pthread.h>
+#include <time.h>
+
+enum { COL_BYTES = 0, COL_FIXED = 1, COL_INT64 = 2 };
+enum { T_QUEUED = 0, T_RUNNING = 1, T_DONE = 2 };
+
+typedef struct {
+    int mode;          /* COL_* */
+    Py_ssize_t key;    /* index into the keys */
+    int64_t row_bytes; /* COL_FIXED: bytes per row */
+    int64_t count;     /* COL_INT64: values per row */
+    int fusable;       /* may be copied by the fused CRC pass */
+} ColSpec;
+
+typedef struct Task {
+    struct Task *next;  /* queue link */
+    int64_t id;
+    Py_ssize_t n;
+    Py_ssize_t nbufs;
+    Py_buffer *bufs;   /* the shards, exported until the task is collected */
+    int64_t *rec;      /* n * (buffer index, offset, framed size) */
+    Py_ssize_t nouts;
+    Py_buffer *outs;   /* output slots: bytes columns take two (values, lengths) */
+    int64_t *widths;   /* per column: the padded width of a bytes column */
+    int state;
+    int ok;
+    double seconds;
+} Task;
+
+typedef struct {
+    PyObject_HEAD
+    Keys keys;
+    PyObject *keys_obj;
+    int64_t *expect;   /* nkeys * 3 */
+    ColSpec *cols;
+    Py_ssize_t ncols;
+    Py_ssize_t nslots;
+    int verify;
+    int64_t max_len;
+    int64_t fuse_min;  /* mean framed bytes from which the fused copy is used */
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    int sync_ok;
+    Task *head, *tail; /* queued */
+    Task **all;        /* submitted, not yet collected, by id order */
+    Py_ssize_t nall, capall;
+    int64_t next_id;
+    int closed;
+    int workers;
+} Runner;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void task_free(Task *t) {
+    if (!t) return;
+    for (Py_ssize_t i = 0; i < t->nbufs; i++)
+        if (t->bufs[i].obj) PyBuffer_Release(&t->bufs[i]);
+    for (Py_ssize_t i = 0; i < t->nouts; i++)
+        if (t->outs[i].obj) PyBuffer_Release(&t->outs[i]);
+    PyMem_Free(t->bufs);
+    PyMem_Free(t->outs);
+    PyMem_RawFree(t->rec);
+    PyMem_RawFree(t->widths);
+    PyMem_Free(t);
+}
+
+/* Decode one task with no Python at all. 1: outputs filled; 0: not for the fast path. */
+static int run_task(const Runner *r, Task *t, KeyState *st) {
+    Py_ssize_t n = t->n, nkeys = r->keys.n;
+    if (n == 0) return 1;
+    int64_t *spans = malloc((size_t)n * (size_t)nkeys * 4 * sizeof(int64_t));
+    const uint8_t **payloads = malloc((size_t)n * sizeof(*payloads));
+    int ok = 0;
+    if (!spans || !payloads) goto done;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t z = t->rec[3 * i + 2];
+        total += z > 0 ? z : 0;
+    }
+    int fuse = r->verify && total >= (int64_t)n * r->fuse_min;
+    Ctx cx = {&r->keys, st};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const Py_buffer *b = &t->bufs[t->rec[3 * i]];
+        const uint8_t *base = b->buf, *payload = NULL;
+        uint64_t plen = 0;
+        int64_t *sp = spans + i * nkeys * 4;
+        if (check_frame(base, (int64_t)b->len, t->rec[3 * i + 1], t->rec[3 * i + 2],
+                        r->verify && !fuse, r->max_len, &payload, &plen) != ST_OK)
+            goto done;
+        if (parse_record(base, payload, payload + plen, &cx, sp) < 0) goto done;
+        for (Py_ssize_t k = 0; k < nkeys; k++) {
+            const int64_t *want = r->expect + 3 * k, *got = sp + 4 * k;
+            if ((want[0] >= 0 && got[0] != want[0]) || (want[1] >= 0 && got[1] != want[1]) ||
+                (want[2] >= 0 && got[3] != want[2]))
+                goto done;
+        }
+        payloads[i] = payload;
+    }
+    /* Output sizes, and which column the CRC pass copies (the most bytes). */
+    Py_ssize_t fused = -1, slot = 0;
+    int64_t most = -1;
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        const ColSpec *col = &r->cols[c];
+        int64_t sum = 0, width = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t len = spans[(i * nkeys + col->key) * 4 + 3];
+            sum += len;
+            if (len > width) width = len;
+        }
+        const Py_buffer *out = &t->outs[slot];
+        if (col->mode == COL_BYTES) {
+            if (width > 0 && out->len / width < n) goto done; /* too narrow: the caller guessed low */
+            t->widths[c] = width;
+            slot += 2;
+        } else {
+            int64_t want = col->mode == COL_FIXED ? col->row_bytes : col->count * 8;
+            if (out->len != (Py_ssize_t)(want * n)) goto done;
+            t->widths[c] = want;
+            slot += 1;
+        }
+        if (fuse && col->fusable && sum > most) {
+            most = sum;
+            fused = c;
+        }
+    }
+    if (fuse && fused < 0) { /* nothing to fuse with: check the payloads on their own */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const uint8_t *p = payloads[i];
+            size_t len = (size_t)(t->rec[3 * i + 2] - OVERHEAD);
+            if (masked(crc32c_impl(0, p, len)) != ld32le(p + len)) goto done;
+        }
+    }
+    slot = 0;
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        const ColSpec *col = &r->cols[c];
+        uint8_t *dst = t->outs[slot].buf;
+        int64_t row = t->widths[c];
+        if (col->mode == COL_INT64) {
+            uint64_t *vals = (uint64_t *)dst;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                const int64_t *sp = spans + (i * nkeys + col->key) * 4;
+                const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
+                const uint8_t *p = base + sp[2], *end = p + sp[3];
+                int64_t k = 0;
+                while (p < end) {
+                    uint64_t v;
+                    if (*p < 0x80) {
+                        v = *p++;
+                    } else if (!(p = rd_varint(p, end, &v))) {
+                        goto done;
+                    }
+                    if (k == col->count) goto done;
+                    vals[k++] = v;
+                }
+                if (k != col->count) goto done;
+                vals += col->count;
+            }
+            slot += 1;
+            continue;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const int64_t *sp = spans + (i * nkeys + col->key) * 4;
+            const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
+            int64_t l = sp[3];
+            const uint8_t *v = base + sp[2];
+            uint8_t *d = dst + i * row;
+            if (c == fused) {
+                const uint8_t *p = payloads[i], *end = p + (t->rec[3 * i + 2] - OVERHEAD);
+                if (!l) v = p;
+                uint32_t crc = crc32c_impl(0, p, (size_t)(v - p));
+                crc = crc32c_copy(crc, v, d, (size_t)l);
+                crc = crc32c_impl(crc, v + l, (size_t)(end - v - l));
+                if (masked(crc) != ld32le(end)) goto done;
+            } else {
+                memcpy(d, v, (size_t)l);
+            }
+            memset(d + l, 0, (size_t)(row - l));
+        }
+        if (col->mode == COL_BYTES) {
+            int64_t *lengths = (int64_t *)t->outs[slot + 1].buf;
+            for (Py_ssize_t i = 0; i < n; i++) lengths[i] = spans[(i * nkeys + col->key) * 4 + 3];
+            slot += 2;
+        } else {
+            slot += 1;
+        }
+    }
+    ok = 1;
+done:
+    free(spans);
+    free((void *)payloads);
+    return ok;
+}
+
+static void runner_drop_all(Runner *r) {
+    for (Py_ssize_t i = 0; i < r->nall; i++) task_free(r->all[i]);
+    r->nall = 0;
+    r->head = r->tail = NULL;
+}
+
+static void Runner_dealloc(Runner *r) {
+    runner_drop_all(r); /* workers hold a reference while they run: none runs now */
+    PyMem_Free(r->all);
+    PyMem_Free(r->expect);
+    PyMem_Free(r->cols);
+    keys_free(&r->keys);
+    Py_XDECREF(r->keys_obj);
+    if (r->sync_ok) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->work_cv);
+        pthread_cond_destroy(&r->done_cv);
+    }
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* Runner(keys, expect, columns, verify, max_record_bytes, fuse_min_bytes) */
+static int Runner_init(Runner *r, PyObject *args, PyObject *kwds) {
+    (void)kwds;
+    PyObject *keys_obj, *expect_obj, *cols_obj;
+    int verify;
+    long long max_len, fuse_min;
+    if (r->keys_obj) {
+        PyErr_SetString(PyExc_RuntimeError, "Runner is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!OO!pLL:Runner", &PyTuple_Type, &keys_obj, &expect_obj,
+                          &PyTuple_Type, &cols_obj, &verify, &max_len, &fuse_min))
+        return -1;
+    if (keys_init(keys_obj, &r->keys) < 0) return -1;
+    r->keys_obj = Py_NewRef(keys_obj);
+    Py_ssize_t nkeys = r->keys.n;
+    Py_buffer ex;
+    if (PyObject_GetBuffer(expect_obj, &ex, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (ex.len != nkeys * 24) {
+        PyErr_Format(PyExc_ValueError, "expect must hold %zd int64 triples", nkeys);
+        PyBuffer_Release(&ex);
+        return -1;
+    }
+    r->expect = PyMem_Malloc((size_t)nkeys * 24 + 1);
+    if (!r->expect) {
+        PyBuffer_Release(&ex);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(r->expect, ex.buf, (size_t)ex.len);
+    PyBuffer_Release(&ex);
+    r->ncols = PyTuple_GET_SIZE(cols_obj);
+    r->cols = PyMem_Calloc((size_t)r->ncols + 1, sizeof(ColSpec));
+    if (!r->cols) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        ColSpec *col = &r->cols[c];
+        long long key, row, count;
+        int mode, fusable;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(cols_obj, c), "iLLLp:column", &mode, &key, &row,
+                              &count, &fusable))
+            return -1;
+        if (mode < COL_BYTES || mode > COL_INT64 || key < 0 || key >= nkeys || row < 0 || count < 0) {
+            PyErr_Format(PyExc_ValueError, "column %zd: bad spec", c);
+            return -1;
+        }
+        col->mode = mode;
+        col->key = (Py_ssize_t)key;
+        col->row_bytes = row;
+        col->count = count;
+        col->fusable = fusable && mode != COL_INT64;
+        r->nslots += mode == COL_BYTES ? 2 : 1;
+    }
+    r->verify = verify;
+    r->max_len = max_len;
+    r->fuse_min = fuse_min;
+    if (pthread_mutex_init(&r->mu, NULL) || pthread_cond_init(&r->work_cv, NULL) ||
+        pthread_cond_init(&r->done_cv, NULL)) {
+        PyErr_SetString(PyExc_OSError, "could not create the runner's locks");
+        return -1;
+    }
+    r->sync_ok = 1;
+    return 0;
+}
+
+/* submit(bufs, rec, outs) -> id; rec: n*3 int64 (buffer index, offset, framed size). */
+static PyObject *Runner_submit(Runner *r, PyObject *args) {
+    PyObject *bufs_obj, *rec_obj, *outs_obj;
+    if (!PyArg_ParseTuple(args, "O!OO!:submit", &PyTuple_Type, &bufs_obj, &rec_obj, &PyTuple_Type,
+                          &outs_obj))
+        return NULL;
+    if (!r->sync_ok) {
+        PyErr_SetString(PyExc_RuntimeError, "Runner is not initialised");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(outs_obj) != r->nslots) {
+        PyErr_Format(PyExc_ValueError, "expected %zd output buffers", r->nslots);
+        return NULL;
+    }
+    Task *t = PyMem_Calloc(1, sizeof(Task));
+    if (!t) return PyErr_NoMemory();
+    t->nbufs = PyTuple_GET_SIZE(bufs_obj);
+    t->nouts = r->nslots;
+    t->bufs = PyMem_Calloc((size_t)t->nbufs + 1, sizeof(Py_buffer));
+    t->outs = PyMem_Calloc((size_t)t->nouts + 1, sizeof(Py_buffer));
+    t->widths = PyMem_RawCalloc((size_t)r->ncols + 1, sizeof(int64_t));
+    if (!t->bufs || !t->outs || !t->widths) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < t->nbufs; i++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(bufs_obj, i), &t->bufs[i], PyBUF_SIMPLE) < 0) goto fail;
+    }
+    for (Py_ssize_t i = 0; i < t->nouts; i++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs_obj, i), &t->outs[i],
+                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto fail;
+    }
+    {
+        Py_buffer rv;
+        if (PyObject_GetBuffer(rec_obj, &rv, PyBUF_C_CONTIGUOUS) < 0) goto fail;
+        if (rv.len % 24) {
+            PyBuffer_Release(&rv);
+            PyErr_SetString(PyExc_ValueError, "rec must hold int64 triples");
+            goto fail;
+        }
+        t->n = rv.len / 24;
+        t->rec = PyMem_RawMalloc((size_t)rv.len + 1);
+        if (!t->rec) {
+            PyBuffer_Release(&rv);
+            PyErr_NoMemory();
+            goto fail;
+        }
+        memcpy(t->rec, rv.buf, (size_t)rv.len);
+        PyBuffer_Release(&rv);
+    }
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        if (t->rec[3 * i] < 0 || t->rec[3 * i] >= t->nbufs) {
+            PyErr_Format(PyExc_ValueError, "record %zd: buffer index %lld out of range", i,
+                         (long long)t->rec[3 * i]);
+            goto fail;
+        }
+    }
+    /* A bytes column's values output may be too narrow for the task's widest value:
+     * run_task then leaves the task to the reference path. */
+    {
+        Py_ssize_t slot = 0;
+        for (Py_ssize_t c = 0; c < r->ncols; c++) {
+            if (r->cols[c].mode == COL_BYTES) {
+                if (t->outs[slot + 1].len != t->n * 8) {
+                    PyErr_Format(PyExc_ValueError, "column %zd: the lengths output must hold %zd int64",
+                                 c, t->n);
+                    goto fail;
+                }
+                slot += 2;
+            } else {
+                slot += 1;
+            }
+        }
+    }
+    if (r->nall == r->capall) {
+        Py_ssize_t cap = r->capall ? 2 * r->capall : 16;
+        Task **all = PyMem_Realloc(r->all, (size_t)cap * sizeof(Task *));
+        if (!all) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        r->all = all;
+        r->capall = cap;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (r->closed) {
+        pthread_mutex_unlock(&r->mu);
+        PyErr_SetString(PyExc_RuntimeError, "Runner is closed");
+        goto fail;
+    }
+    t->id = r->next_id++;
+    r->all[r->nall++] = t;
+    if (r->tail) r->tail->next = t;
+    else r->head = t;
+    r->tail = t;
+    pthread_cond_signal(&r->work_cv);
+    pthread_mutex_unlock(&r->mu);
+    return PyLong_FromLongLong(t->id);
+fail:
+    task_free(t);
+    return NULL;
+}
+
+/* work(): run tasks with the GIL released until close(); returns the tasks run. */
+static PyObject *Runner_work(Runner *r, PyObject *Py_UNUSED(ignored)) {
+    if (!r->sync_ok) {
+        PyErr_SetString(PyExc_RuntimeError, "Runner is not initialised");
+        return NULL;
+    }
+    KeyState *st = PyMem_RawCalloc((size_t)r->keys.n + 1, sizeof(KeyState));
+    if (!st) return PyErr_NoMemory();
+    long long ran = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->mu);
+    r->workers++;
+    for (;;) {
+        while (!r->head && !r->closed) pthread_cond_wait(&r->work_cv, &r->mu);
+        if (r->closed) break;
+        Task *t = r->head;
+        r->head = t->next;
+        if (!r->head) r->tail = NULL;
+        t->state = T_RUNNING;
+        pthread_mutex_unlock(&r->mu);
+        double t0 = now_s();
+        int ok = run_task(r, t, st);
+        double dt = now_s() - t0;
+        pthread_mutex_lock(&r->mu);
+        t->ok = ok;
+        t->seconds = dt;
+        t->state = T_DONE;
+        ran++;
+        pthread_cond_broadcast(&r->done_cv);
+    }
+    r->workers--;
+    pthread_cond_broadcast(&r->done_cv);
+    pthread_mutex_unlock(&r->mu);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(st);
+    return PyLong_FromLongLong(ran);
+}
+
+/* wait(id) -> (ok, widths, seconds); the task is then collected (its buffers let go). */
+static PyObject *Runner_wait(Runner *r, PyObject *arg) {
+    long long id = PyLong_AsLongLong(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    if (!r->sync_ok) {
+        PyErr_SetString(PyExc_RuntimeError, "Runner is not initialised");
+        return NULL;
+    }
+    Py_ssize_t at = -1;
+    for (Py_ssize_t i = 0; i < r->nall; i++) {
+        if (r->all[i]->id == id) {
+            at = i;
+            break;
+        }
+    }
+    if (at < 0) {
+        PyErr_Format(PyExc_KeyError, "no task %lld", id);
+        return NULL;
+    }
+    Task *t = r->all[at];
+    int gone = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->mu);
+    while (t->state != T_DONE && !(r->closed && t->state == T_QUEUED))
+        pthread_cond_wait(&r->done_cv, &r->mu);
+    gone = t->state != T_DONE;
+    pthread_mutex_unlock(&r->mu);
+    Py_END_ALLOW_THREADS
+    if (gone) {
+        PyErr_SetString(PyExc_RuntimeError, "the runner was closed before the task ran");
+        return NULL;
+    }
+    PyObject *widths = PyTuple_New(r->ncols);
+    if (!widths) return NULL;
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        PyObject *w = PyLong_FromLongLong(t->widths[c]);
+        if (!w) {
+            Py_DECREF(widths);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(widths, c, w);
+    }
+    PyObject *result = Py_BuildValue("(ONd)", t->ok ? Py_True : Py_False, widths, t->seconds);
+    pthread_mutex_lock(&r->mu);
+    memmove(&r->all[at], &r->all[at + 1], (size_t)(r->nall - at - 1) * sizeof(Task *));
+    r->nall--;
+    pthread_mutex_unlock(&r->mu);
+    task_free(t);
+    return result;
+}
+
+/* close(): stop the workers (a task in progress finishes); queued tasks never run. */
+static PyObject *Runner_close(Runner *r, PyObject *Py_UNUSED(ignored)) {
+    if (r->sync_ok) {
+        pthread_mutex_lock(&r->mu);
+        r->closed = 1;
+        pthread_cond_broadcast(&r->work_cv);
+        pthread_cond_broadcast(&r->done_cv);
+        pthread_mutex_unlock(&r->mu);
+    }
+    Py_RETURN_NONE;
+}
+
+/* drop(): close, wait until no worker runs a task (GIL released), then let go of
+ * every task's buffers. Waits in C, not on Python threads: it also works while the
+ * interpreter shuts down, when joining a thread may return early. */
+static PyObject *Runner_drop(Runner *r, PyObject *Py_UNUSED(ignored)) {
+    if (!r->sync_ok) Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->mu);
+    r->closed = 1;
+    pthread_cond_broadcast(&r->work_cv);
+    while (r->workers > 0) pthread_cond_wait(&r->done_cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    Py_END_ALLOW_THREADS
+    runner_drop_all(r);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Runner_methods[] = {
+    {"submit", (PyCFunction)Runner_submit, METH_VARARGS,
+     "submit(bufs, rec, outs, /) -> int: queue a task, return its id."},
+    {"work", (PyCFunction)Runner_work, METH_NOARGS,
+     "work() -> int: run tasks with the GIL released until close()."},
+    {"wait", (PyCFunction)Runner_wait, METH_O,
+     "wait(id, /) -> (ok, widths, seconds): wait for a task (GIL released), collect it."},
+    {"close", (PyCFunction)Runner_close, METH_NOARGS, "close() -> None: stop the workers."},
+    {"drop", (PyCFunction)Runner_drop, METH_NOARGS,
+     "drop() -> None: close, wait for the workers to leave, let go of the tasks not collected."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RunnerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "recordkit._native.Runner",
+    .tp_basicsize = sizeof(Runner),
+    .tp_dealloc = (destructor)Runner_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Runner(keys, expect, columns, verify, max_record_bytes, fuse_min_bytes)\n\n"
+              "Decodes whole reader tasks on threads that never take the GIL (see _native.c).",
+    .tp_methods = Runner_methods,
+    .tp_init = (initproc)Runner_init,
+    .tp_new = PyType_GenericNew,
+};
+#endif /* _WIN32 */
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -1322,6 +1875,14 @@ static int module_exec(PyObject *m) {
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0) return -1;
     }
     if (PyModule_AddStringConstant(m, "CRC32C_IMPL", crc32c_impl_name) < 0) return -1;
+#ifndef _WIN32
+    if (PyType_Ready(&RunnerType) < 0) return -1;
+    if (PyModule_AddObjectRef(m, "Runner", (PyObject *)&RunnerType) < 0) return -1;
+    if (PyModule_AddIntConstant(m, "COL_BYTES", COL_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "COL_FIXED", COL_FIXED) < 0 ||
+        PyModule_AddIntConstant(m, "COL_INT64", COL_INT64) < 0)
+        return -1;
+#endif
     return 0;
 }
 

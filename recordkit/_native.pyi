@@ -49,3 +49,26 @@ def gather_verified(
     /,
 ) -> bytearray: ...
 def varints(buf: Any, starts: Any, nbytes: Any, counts: Any, out: Any, /) -> None: ...
+
+COL_BYTES: int
+COL_FIXED: int
+COL_INT64: int
+
+class Runner:
+    """Decodes whole reader tasks on threads that never take the GIL (Linux/macOS only)."""
+
+    def __init__(
+        self,
+        keys: tuple[bytes, ...],
+        expect: Any,
+        columns: tuple[tuple[int, int, int, int, bool], ...],
+        verify: bool,
+        max_record_bytes: int,
+        fuse_min_bytes: int,
+        /,
+    ) -> None: ...
+    def submit(self, bufs: tuple[Any, ...], rec: Any, outs: tuple[Any, ...], /) -> int: ...
+    def work(self) -> int: ...
+    def wait(self, task_id: int, /) -> tuple[bool, tuple[int, ...], float]: ...
+    def close(self) -> None: ...
+    def drop(self) -> None: ...

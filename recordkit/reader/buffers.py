@@ -17,6 +17,7 @@ between reader threads and consumers, also on free-threaded CPython.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -77,7 +78,7 @@ class BufferPool:
     def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised array of ``shape`` and ``dtype`` backed by a pooled slab."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # (np.prod costs 4 µs a call)
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
         slab = self._take(nbytes)

@@ -221,6 +221,81 @@ class BatchDecoder:
             return (_fallback.KIND_BYTES, 1, plan.row_bytes)
         return (_fallback.KIND_BYTES, 1, _ANY)  # "zstd", "bytes"
 
+    # ------------------------------------------------------------- whole tasks
+
+    def runner(self) -> Any | None:
+        """A native :class:`Runner` that decodes whole tasks with no GIL, or ``None``.
+
+        ``None`` when the native extension is not in use, or when a feature needs
+        Python per record (zstd tensors, variable shapes, lists, ``bytes_as="list"``):
+        those schemas are decoded by :meth:`decode` on reader threads as before.
+        The runner takes exactly the records :meth:`decode` takes on its fast path
+        and gives identical columns (see :meth:`runner_outputs`,
+        :meth:`runner_columns`); any other record makes its task fall back to
+        :meth:`decode`.
+        """
+        runner_type = getattr(_impl, "Runner", None)
+        if runner_type is None or self._python_features or not self._plans:
+            return None
+        if self.bytes_as == "list" and any(p.mode == "bytes" for p in self._plans):
+            return None
+        specs = []
+        for plan in self._plans:
+            if plan.mode == "bytes":
+                specs.append((_impl.COL_BYTES, plan.key, 0, 0, True))
+            elif plan.mode == "int64":
+                specs.append((_impl.COL_INT64, plan.key, 0, plan.count, False))
+            else:  # "float", "raw"
+                specs.append((_impl.COL_FIXED, plan.key, plan.row_bytes, 0, True))
+        return runner_type(
+            self._keys,
+            self._expect,
+            tuple(specs),
+            self.verify,
+            self.max_record_bytes,
+            _FUSE_MIN_BYTES,
+        )
+
+    def runner_outputs(
+        self, n: int, bytes_widths: Sequence[int], alloc: Alloc
+    ) -> tuple[np.ndarray, ...]:
+        """The output arrays of a runner task of ``n`` records, in slot order.
+
+        ``bytes_widths`` gives, for each bytes feature in schema order, the row
+        width to allocate: a task whose widest value is wider is left to
+        :meth:`decode`.
+        """
+        outs: list[np.ndarray] = []
+        widths = iter(bytes_widths)
+        for plan in self._plans:
+            if plan.mode == "bytes":
+                outs.append(_alloc(alloc, (n * next(widths),), _U8))
+                outs.append(_alloc(alloc, (n,), _I64))
+            else:
+                outs.append(_alloc(alloc, (n, *plan.shape), plan.dtype))
+        return tuple(outs)
+
+    def runner_columns(
+        self, outs: Sequence[np.ndarray], widths: Sequence[int], n: int
+    ) -> dict[str, Any]:
+        """The columns of a finished runner task (as :meth:`decode` gives them)."""
+        columns: dict[str, Any] = {}
+        slot = 0
+        for plan, width in zip(self._plans, widths, strict=True):
+            if plan.mode == "bytes":
+                columns[plan.name] = outs[slot][: n * width].reshape(n, width)
+                columns[plan.name + "/lengths"] = outs[slot + 1]
+                slot += 2
+            else:
+                columns[plan.name] = outs[slot]
+                slot += 1
+        return columns
+
+    @property
+    def bytes_features(self) -> list[str]:
+        """The padded bytes features, in schema order (one width each for the runner)."""
+        return [p.name for p in self._plans if p.mode == "bytes"]
+
     # ------------------------------------------------------------------ decode
 
     def decode(

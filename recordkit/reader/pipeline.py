@@ -10,6 +10,8 @@ the output order never depends on thread timing.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 import warnings
@@ -34,6 +36,10 @@ log = logging.getLogger(__name__)
 OnError = Literal["raise", "skip", "warn"]
 Columns = dict[str, Any]
 
+
+# Scheduling priority of the runner's threads (see _reader_nice); measured in
+# docs/performance.md (GIL pressure).
+_DEFAULT_NICE = 10
 
 # One lock for every ReaderStats: updates are per task or per batch, so it is never
 # contended, and a module-level lock keeps the dataclass picklable (DataLoader workers).
@@ -97,6 +103,18 @@ class Chunk:
 
 
 @dataclass
+class _Prepared:
+    """A runner task as submitted: its shards, records, outputs and row units."""
+
+    bufs: tuple[Any, ...]
+    rec: np.ndarray
+    outs: tuple[np.ndarray, ...]
+    unit_of_row: np.ndarray
+    n: int
+    nbytes: int
+
+
+@dataclass
 class _Done:
     chunk: Chunk
     nbytes: int
@@ -118,6 +136,10 @@ class RecordReader:
         task_records: a task takes whole units until it holds this many records...
         task_bytes: ...or this many bytes, whichever comes first.
         stats: counters to update.
+        native_tasks: decode each task in one native call on threads that never
+            take the GIL (see :meth:`BatchDecoder.runner`); ``None`` (default) does
+            so whenever the schema allows (unless ``RECORDKIT_NATIVE_TASKS=0``),
+            ``False`` never (tests compare both).
     """
 
     def __init__(
@@ -132,6 +154,7 @@ class RecordReader:
         task_records: int = 4096,
         task_bytes: int = 8 << 20,
         stats: ReaderStats | None = None,
+        native_tasks: bool | None = None,
     ) -> None:
         if on_error not in ("raise", "skip", "warn"):
             raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
@@ -149,6 +172,14 @@ class RecordReader:
         self.task_bytes = task_bytes
         self.stats = stats or ReaderStats()
         self._avg_bytes = shards.avg_record_bytes
+        if native_tasks is None:  # the environment may turn it off (diagnosis, benchmarks)
+            native_tasks = os.environ.get("RECORDKIT_NATIVE_TASKS", "").strip() != "0"
+        self.native_tasks = native_tasks and decoder.runner() is not None
+        # Row widths to allocate for each padded bytes feature in runner tasks: the
+        # widest value seen so far, with headroom; a wider one sends its task to
+        # the reference path, which is exact, and widens the guess.
+        self._widths: list[int] = [0] * len(decoder.bytes_features)
+        self.native_fallbacks = 0  # runner tasks decoded the reference way instead
 
     # -- one task, on a reader thread ------------------------------------------------
 
@@ -197,6 +228,105 @@ class RecordReader:
 
         Stops the threads when the iterator is closed or garbage collected.
         """
+        if self.native_tasks:
+            return self._read_native(plan, split, units)
+        return self._read_python(plan, split, units)
+
+    def _prepare(self, plan: EpochPlan, split: Split, units: Sequence[int]) -> _Prepared:
+        """Locate a task's records and allocate its outputs (on the consumer thread)."""
+        positions, lengths = plan.unit_positions(split, units)
+        unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
+        shard_ids, records = plan.resolve(positions)
+        n = len(records)
+        rec = np.empty((n, 3), dtype=np.int64)
+        bufs: list[Any] = []
+        edges = np.flatnonzero(np.diff(shard_ids)) + 1
+        slot: dict[int, int] = {}
+        for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [n]))):
+            sid = int(shard_ids[lo])
+            if sid not in slot:
+                slot[sid] = len(bufs)
+                bufs.append(self.shards.shards[sid].buf)
+            shard = self.shards.shards[sid]
+            recs = records[lo:hi]
+            rec[lo:hi, 0] = slot[sid]
+            rec[lo:hi, 1] = shard.offsets[recs]
+            rec[lo:hi, 2] = shard.sizes[recs]
+        widest = int(rec[:, 2].max()) - 16 if n else 0
+        widths = []
+        for seen in self._widths:
+            guess = widest if not seen else min(widest, seen + (seen >> 2) + 64)
+            widths.append(max(guess, 0))
+        outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
+        return _Prepared(tuple(bufs), rec, outs, unit_of_row, n, int(rec[:, 2].sum()))
+
+    def _read_native(
+        self, plan: EpochPlan, split: Split, units: range
+    ) -> Generator[Chunk, None, None]:
+        tasks = self._tasks(plan, units)
+        runner = self.decoder.runner()
+        assert runner is not None  # native_tasks is only set when there is one
+        nice = _reader_nice()
+
+        def work() -> None:
+            if nice:
+                # Linux: a thread id names just that thread. Lowering one's own
+                # priority needs no privilege; it ends with the thread (per epoch).
+                try:
+                    tid = threading.get_native_id()
+                    mine = os.getpriority(os.PRIO_PROCESS, tid)
+                    os.setpriority(os.PRIO_PROCESS, tid, min(19, mine + nice))
+                except OSError as exc:
+                    log.debug("could not lower the reader threads' priority: %s", exc)
+            runner.work()
+
+        threads = [
+            threading.Thread(target=work, name=f"recordkit-reader-{i}", daemon=True)
+            for i in range(self.num_threads)
+        ]
+        for t in threads:
+            t.start()
+        pending: deque[tuple[range, _Prepared, int]] = deque()
+
+        def refill() -> None:
+            while len(pending) < self.prefetch:
+                task = next(tasks, None)
+                if task is None:
+                    return
+                prep = self._prepare(plan, split, task)
+                pending.append((task, prep, runner.submit(prep.bufs, prep.rec, prep.outs)))
+
+        try:
+            refill()
+            while pending:
+                task, prep, task_id = pending.popleft()
+                t0 = time.perf_counter()
+                ok, widths, seconds = runner.wait(task_id)
+                waited = time.perf_counter() - t0
+                refill()
+                if ok:
+                    columns = self.decoder.runner_columns(prep.outs, widths, prep.n)
+                    done = _Done(Chunk(prep.unit_of_row, columns, prep.n), prep.nbytes, [], seconds)
+                    for k, name in enumerate(self.decoder.bytes_features):
+                        self._widths[k] = max(self._widths[k], columns[name].shape[1])
+                else:  # a record the fast path does not take: the reference path, here
+                    self.native_fallbacks += 1
+                    done = self._decode_task(plan, split, task)
+                    for k, name in enumerate(self.decoder.bytes_features):
+                        col = done.chunk.columns.get(name)
+                        if col is not None and col.ndim == 2:
+                            self._widths[k] = max(self._widths[k], col.shape[1])
+                self._account(done, waited)
+                yield done.chunk
+        finally:
+            runner.close()
+            runner.drop()  # waits for a task in progress; the shards are then let go
+            for t in threads:
+                t.join()
+
+    def _read_python(
+        self, plan: EpochPlan, split: Split, units: range
+    ) -> Generator[Chunk, None, None]:
         tasks = self._tasks(plan, units)
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
@@ -235,6 +365,31 @@ class RecordReader:
                 warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=3)
             else:
                 log.debug("skipped corrupt record: %s", err)
+
+
+def _reader_nice() -> int:
+    """How much the runner's threads lower their scheduling priority (``nice``).
+
+    The training thread waits on the reader threads only when they are behind; when
+    they are ahead, every slice of CPU they take from it delays the step. So on
+    Linux they add 10 to their ``nice`` value by default: on a busy machine the training
+    thread's Python goes first, and the readers take the rest (all of it while the
+    training thread waits on data or the accelerator). ``RECORDKIT_READER_NICE``
+    sets another value; 0 keeps the process's priority. Other systems: unchanged
+    (there ``setpriority`` cannot name a thread).
+    """
+    if sys.platform != "linux":
+        return 0
+    value = os.environ.get("RECORDKIT_READER_NICE", "").strip()
+    if not value:
+        return _DEFAULT_NICE
+    try:
+        nice = int(value)
+    except ValueError:
+        raise ValueError(f"RECORDKIT_READER_NICE must be an integer 0..19, got {value!r}") from None
+    if not 0 <= nice <= 19:
+        raise ValueError(f"RECORDKIT_READER_NICE must be an integer 0..19, got {value!r}")
+    return nice
 
 
 def _concat(

@@ -189,6 +189,8 @@ class EpochPlan:
         lengths = np.minimum(starts + size, end) - starts
         if size == 1:
             return starts, lengths
+        if len(lengths) and lengths[-1] == size:  # all full (only a rank's last may be short)
+            return (starts[:, None] + np.arange(size, dtype=np.int64)).reshape(-1), lengths
         offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
         return np.arange(int(lengths.sum()), dtype=np.int64) + offsets, lengths
 
