@@ -224,7 +224,7 @@ class BatchDecoder:
     # ------------------------------------------------------------- whole tasks
 
     def runner(self) -> Any | None:
-        """A native :class:`Runner` that decodes whole tasks with no GIL, or ``None``.
+        """A native ``recordkit._native.Runner`` that decodes whole tasks with no GIL, or ``None``.
 
         ``None`` when the native extension is not in use, or when a feature needs
         Python per record (zstd tensors, variable shapes, lists, ``bytes_as="list"``):

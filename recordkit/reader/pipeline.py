@@ -137,7 +137,7 @@ class RecordReader:
         task_bytes: ...or this many bytes, whichever comes first.
         stats: counters to update.
         native_tasks: decode each task in one native call on threads that never
-            take the GIL (see :meth:`BatchDecoder.runner`); ``None`` (default) does
+            take the GIL (see ``BatchDecoder.runner``); ``None`` (default) does
             so whenever the schema allows (unless ``RECORDKIT_NATIVE_TASKS=0``),
             ``False`` never (tests compare both).
     """
