@@ -846,6 +846,48 @@ static int check_frame(const uint8_t *base, int64_t blen, int64_t off, int64_t s
     return ST_OK;
 }
 
+/* Do one record's first spans match `expect` ((kind, count, nbytes) triples, -1: any)? */
+static int spans_expected(const char *expect, Py_ssize_t nexpect, const int64_t *sp) {
+    for (Py_ssize_t k = 0; k < nexpect; k++) {
+        int64_t want[3]; /* memcpy: expect may be any buffer, unaligned */
+        memcpy(want, expect + 24 * k, 24);
+        const int64_t *got = sp + 4 * k;
+        if ((want[0] >= 0 && got[0] != want[0]) || (want[1] >= 0 && got[1] != want[1]) ||
+            (want[2] >= 0 && got[3] != want[2]))
+            return 0;
+    }
+    return 1;
+}
+
+/* Decode exactly `count` packed varints from [p, end) into dst: 0, or VARINTS_* why not. */
+enum { VARINTS_MALFORMED = 1, VARINTS_MORE = 2, VARINTS_FEWER = 3 };
+static int read_varints(const uint8_t *p, const uint8_t *end, int64_t count, uint64_t *dst) {
+    int64_t k = 0;
+    while (p < end) {
+        uint64_t v;
+        if (*p < 0x80) {
+            v = *p++;
+        } else if (!(p = rd_varint(p, end, &v))) {
+            return VARINTS_MALFORMED;
+        }
+        if (k == count) return VARINTS_MORE;
+        dst[k++] = v;
+    }
+    return k == count ? 0 : VARINTS_FEWER;
+}
+
+/* Copy the l-byte value at v (inside the payload [p, end), end = its CRC) to d, zero
+ * d up to row, and check the payload CRC in the same pass: 1 if it matches. */
+static int copy_verified(crc_copy_fn copy, const uint8_t *p, const uint8_t *end,
+                         const uint8_t *v, int64_t l, uint8_t *d, int64_t row) {
+    if (!l) v = p;
+    uint32_t crc = crc32c_impl(0, p, (size_t)(v - p));
+    crc = copy(crc, v, d, (size_t)l);
+    crc = crc32c_impl(crc, v + l, (size_t)(end - v - l));
+    memset(d + l, 0, (size_t)(row - l));
+    return masked(crc) == ld32le(end);
+}
+
 /* ------------------------------------------------------------- Python functions */
 
 PyDoc_STRVAR(crc32c_doc,
@@ -976,18 +1018,8 @@ static PyObject *py_parse_batch(PyObject *self, PyObject *args) {
                 s = ST_MALFORMED;
             if (s != ST_OK) {
                 memset(sp, 0, (size_t)nkeys * 32);
-            } else {
-                const char *wants = have_expect ? expect.buf : NULL;
-                for (Py_ssize_t k = 0; k < nexpect; k++) {
-                    int64_t want[3];
-                    memcpy(want, wants + 24 * k, 24);
-                    const int64_t *got = sp + 4 * k;
-                    if ((want[0] >= 0 && got[0] != want[0]) || (want[1] >= 0 && got[1] != want[1]) ||
-                        (want[2] >= 0 && got[3] != want[2])) {
-                        s = ST_UNEXPECTED;
-                        break;
-                    }
-                }
+            } else if (have_expect && !spans_expected(expect.buf, nexpect, sp)) {
+                s = ST_UNEXPECTED;
             }
             status[i] = s;
         }
@@ -1143,13 +1175,8 @@ static PyObject *py_gather_verified(PyObject *self, PyObject *args) {
                 int64_t o = i64_at(&offs, i), z = i64_at(&sizes, i);
                 int64_t s = i64_at(&starts, i), l = i64_at(&lens, i);
                 const uint8_t *p = base + o + HEADER_SIZE, *end = base + o + z - 4;
-                const uint8_t *v = l ? base + s : p;
-                uint8_t *d = dst + i * row;
-                uint32_t crc = crc32c_impl(0, p, (size_t)(v - p));
-                crc = crc32c_copy(crc, v, d, (size_t)l);
-                crc = crc32c_impl(crc, v + l, (size_t)(end - v - l));
-                memset(d + l, 0, (size_t)(row - l));
-                status[i] = masked(crc) == ld32le(end) ? ST_OK : ST_PAYLOAD_CRC;
+                int good = copy_verified(crc32c_copy, p, end, base + s, l, dst + i * row, row);
+                status[i] = good ? ST_OK : ST_PAYLOAD_CRC;
             }
         }
         RK_ACQUIRE_GIL();
@@ -1240,27 +1267,20 @@ static PyObject *py_varints(PyObject *self, PyObject *args) {
                 why = "the span is outside the buffer";
                 break;
             }
-            const uint8_t *p = base + s, *end = p + nb;
-            int64_t k = 0;
-            while (p < end) {
-                uint64_t v;
-                if (*p < 0x80) {
-                    v = *p++;
-                } else if (!(p = rd_varint(p, end, &v))) {
-                    bad = i;
-                    why = "a varint is truncated or longer than 10 bytes";
-                    break;
-                }
-                if (k == c) {
-                    bad = i;
-                    why = "the span holds more values than its count";
-                    break;
-                }
-                dst[k++] = v;
-            }
-            if (bad < 0 && k != c) {
-                bad = i;
+            switch (read_varints(base + s, base + s + nb, c, dst)) {
+            case VARINTS_MALFORMED:
+                why = "a varint is truncated or longer than 10 bytes";
+                break;
+            case VARINTS_MORE:
+                why = "the span holds more values than its count";
+                break;
+            case VARINTS_FEWER:
                 why = "the span holds fewer values than its count";
+                break;
+            }
+            if (why) {
+                bad = i;
+                break;
             }
             dst += c;
         }
@@ -1397,12 +1417,7 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
                         r->verify && !fuse, r->max_len, &payload, &plen) != ST_OK)
             goto done;
         if (parse_record(base, payload, payload + plen, &cx, sp) < 0) goto done;
-        for (Py_ssize_t k = 0; k < nkeys; k++) {
-            const int64_t *want = r->expect + 3 * k, *got = sp + 4 * k;
-            if ((want[0] >= 0 && got[0] != want[0]) || (want[1] >= 0 && got[1] != want[1]) ||
-                (want[2] >= 0 && got[3] != want[2]))
-                goto done;
-        }
+        if (!spans_expected((const char *)r->expect, nkeys, sp)) goto done;
         payloads[i] = payload;
     }
     /* Output sizes, and which column the CRC pass copies (the most bytes). */
@@ -1449,19 +1464,7 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
             for (Py_ssize_t i = 0; i < n; i++) {
                 const int64_t *sp = spans + (i * nkeys + col->key) * 4;
                 const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
-                const uint8_t *p = base + sp[2], *end = p + sp[3];
-                int64_t k = 0;
-                while (p < end) {
-                    uint64_t v;
-                    if (*p < 0x80) {
-                        v = *p++;
-                    } else if (!(p = rd_varint(p, end, &v))) {
-                        goto done;
-                    }
-                    if (k == col->count) goto done;
-                    vals[k++] = v;
-                }
-                if (k != col->count) goto done;
+                if (read_varints(base + sp[2], base + sp[2] + sp[3], col->count, vals)) goto done;
                 vals += col->count;
             }
             slot += 1;
@@ -1475,15 +1478,11 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
             uint8_t *d = dst + i * row;
             if (c == fused) {
                 const uint8_t *p = payloads[i], *end = p + (t->rec[3 * i + 2] - OVERHEAD);
-                if (!l) v = p;
-                uint32_t crc = crc32c_impl(0, p, (size_t)(v - p));
-                crc = crc32c_copy(crc, v, d, (size_t)l);
-                crc = crc32c_impl(crc, v + l, (size_t)(end - v - l));
-                if (masked(crc) != ld32le(end)) goto done;
+                if (!copy_verified(crc32c_copy, p, end, v, l, d, row)) goto done;
             } else {
                 memcpy(d, v, (size_t)l);
+                memset(d + l, 0, (size_t)(row - l));
             }
-            memset(d + l, 0, (size_t)(row - l));
         }
         if (col->mode == COL_BYTES) {
             int64_t *lengths = (int64_t *)t->outs[slot + 1].buf;

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import CorruptRecordError
+from ..format.framing import OVERHEAD
 from .buffers import BufferPool
 from .decode import BatchDecoder
 from .plan import EpochPlan, Split
@@ -188,8 +189,7 @@ class RecordReader:
         positions, lengths = plan.unit_positions(split, units)
         unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
         shard_ids, records = plan.resolve(positions)
-        edges = np.flatnonzero(np.diff(shard_ids)) + 1
-        bounds = list(zip(np.concatenate(([0], edges)), np.concatenate((edges, [len(records)]))))
+        bounds = _runs(shard_ids)
         kept = np.ones(len(records), dtype=bool)
         parts: list[tuple[Columns, int]] = []
         nbytes = 0
@@ -240,9 +240,8 @@ class RecordReader:
         n = len(records)
         rec = np.empty((n, 3), dtype=np.int64)
         bufs: list[Any] = []
-        edges = np.flatnonzero(np.diff(shard_ids)) + 1
         slot: dict[int, int] = {}
-        for lo, hi in zip(np.concatenate(([0], edges)), np.concatenate((edges, [n]))):
+        for lo, hi in _runs(shard_ids):
             sid = int(shard_ids[lo])
             if sid not in slot:
                 slot[sid] = len(bufs)
@@ -252,7 +251,7 @@ class RecordReader:
             rec[lo:hi, 0] = slot[sid]
             rec[lo:hi, 1] = shard.offsets[recs]
             rec[lo:hi, 2] = shard.sizes[recs]
-        widest = int(rec[:, 2].max()) - 16 if n else 0
+        widest = int(rec[:, 2].max()) - OVERHEAD if n else 0  # the longest payload
         widths = []
         for seen in self._widths:
             guess = widest if not seen else min(widest, seen + (seen >> 2) + 64)
@@ -307,15 +306,13 @@ class RecordReader:
                 if ok:
                     columns = self.decoder.runner_columns(prep.outs, widths, prep.n)
                     done = _Done(Chunk(prep.unit_of_row, columns, prep.n), prep.nbytes, [], seconds)
-                    for k, name in enumerate(self.decoder.bytes_features):
-                        self._widths[k] = max(self._widths[k], columns[name].shape[1])
                 else:  # a record the fast path does not take: the reference path, here
                     self.native_fallbacks += 1
                     done = self._decode_task(plan, split, task)
-                    for k, name in enumerate(self.decoder.bytes_features):
-                        col = done.chunk.columns.get(name)
-                        if col is not None and col.ndim == 2:
-                            self._widths[k] = max(self._widths[k], col.shape[1])
+                for k, name in enumerate(self.decoder.bytes_features):
+                    col = done.chunk.columns.get(name)  # absent when every record was skipped
+                    if col is not None:
+                        self._widths[k] = max(self._widths[k], col.shape[1])
                 self._account(done, waited)
                 yield done.chunk
         finally:
@@ -365,6 +362,12 @@ class RecordReader:
                 warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=3)
             else:
                 log.debug("skipped corrupt record: %s", err)
+
+
+def _runs(shard_ids: np.ndarray) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` runs of equal shard ids (a task's records, shard by shard)."""
+    edges = (np.flatnonzero(np.diff(shard_ids)) + 1).tolist()
+    return list(zip([0, *edges], [*edges, len(shard_ids)], strict=True))
 
 
 def _reader_nice() -> int:
