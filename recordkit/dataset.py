@@ -7,7 +7,6 @@ and decodes one record at a time on the calling thread.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 from collections.abc import Iterator
@@ -60,15 +59,12 @@ class Dataset:
         self.root = self._set.root
         self.manifest = self._set.manifest
         self.schema: Schema = self._set.schema
-        self._shards = self._set.shards
-        self._starts = [0]
-        for s in self._shards:
-            self._starts.append(self._starts[-1] + s.records)
+        self._starts = np.concatenate(([0], np.cumsum(self._set.counts)))
 
     @property
     def shards(self) -> list[ShardInfo]:
         """The shards in dataset order (record counts and sizes as found on disk)."""
-        return [ShardInfo(s.info.path, s.records, len(s.buf), s.info.crc32c) for s in self._shards]
+        return list(self._set.infos)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -76,7 +72,7 @@ class Dataset:
         return dict(self.manifest.metadata) if self.manifest else {}
 
     def __len__(self) -> int:
-        return self._starts[-1]
+        return int(self._starts[-1])
 
     def _decode(self, shard: MappedShard, i: int) -> dict[str, Any]:
         payload = shard.payload(i)
@@ -86,9 +82,12 @@ class Dataset:
             raise exc.located(shard.path, int(shard.offsets[i]), i) from exc
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for shard in self._shards:
-            for i in range(shard.records):
-                yield self._decode(shard, i)
+        # One shard mapped at a time (held while its records are read), so a
+        # dataset of any number of shards iterates within the map budget.
+        for s in range(len(self._set)):
+            with self._set.use(s) as shard:
+                for i in range(shard.records):
+                    yield self._decode(shard, i)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         n = len(self)
@@ -97,13 +96,12 @@ class Dataset:
         if not -n <= index < n:
             raise IndexError(f"record {index} out of range for a dataset of {n} records")
         index = int(index) % n
-        s = bisect.bisect_right(self._starts, index) - 1
-        shard = self._shards[s]
-        i = index - self._starts[s]
-        return self._decode(shard, i)
+        s = int(np.searchsorted(self._starts, index, side="right")) - 1
+        with self._set.use(s) as shard:
+            return self._decode(shard, index - int(self._starts[s]))
 
     def close(self) -> None:
-        """Unmap every shard."""
+        """Unmap every shard (maps are opened again on the next read)."""
         self._set.close()
 
     def __enter__(self) -> Dataset:
@@ -119,6 +117,6 @@ class Dataset:
 
     def __repr__(self) -> str:
         return (
-            f"Dataset({self.root!r}, shards={len(self._shards)}, records={len(self)}, "
+            f"Dataset({self.root!r}, shards={len(self._set)}, records={len(self)}, "
             f"schema={self.schema!r})"
         )

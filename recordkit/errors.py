@@ -9,6 +9,7 @@ that only know the standard library can still catch it sensibly::
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
     ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
     ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
+    ├── ShardChangedError (OSError)          a shard that changed (shrank) after it was opened
     ├── SchemaError (ValueError)             a bad schema, or a sample that does not fit it
     ├── ShardNotFoundError (FileNotFoundError)  a dataset, shard or index that is not there
     ├── DatasetExistsError (FileExistsError) writing over a dataset without overwrite=True
@@ -32,6 +33,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecordkitError",
     "SchemaError",
+    "ShardChangedError",
     "ShardNotFoundError",
     "TruncatedRecordError",
 ]
@@ -132,6 +134,14 @@ class InvalidIndexError(_LocatedError, ValueError):
 
 class ManifestError(_LocatedError, ValueError):
     """A manifest that cannot be read or disagrees with the files it lists."""
+
+
+class ShardChangedError(_LocatedError, OSError):
+    """A shard whose file changed after it was opened (truncated, rewritten in place).
+
+    An ``OSError``: the bytes were fine when indexed; another program changed the
+    file under the reader (an rsync ``--inplace``, a rewrite, a network file system).
+    """
 
 
 class SchemaError(RecordkitError, ValueError):

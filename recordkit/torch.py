@@ -49,7 +49,7 @@ from .reader.decode import BatchDecoder  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.process import ProcessReader  # noqa: E402
-from .reader.shards import MappedShard, ShardSet, _infer, open_shards  # noqa: E402
+from .reader.shards import ShardSet, open_shards  # noqa: E402
 
 if TYPE_CHECKING:
     from .cache import ShardCache, Snapshot
@@ -120,8 +120,9 @@ def _common_shards(paths: list[str]) -> set[str]:
 class _ProcessLocalShards:
     """Shard maps (and what hangs off them) live in one process each.
 
-    DataLoader workers, forked or spawned, get a copy of the dataset without its
-    maps and reopen them on first use.
+    DataLoader workers, forked or spawned, get a copy of the dataset with its
+    shard set (counts and sizes, no maps: ``ShardSet`` maps on demand in each
+    process) and make their own buffer pool on first use.
     """
 
     path: str
@@ -135,8 +136,8 @@ class _ProcessLocalShards:
             return shards
         with _OPEN_LOCK:  # several threads may iterate one dataset: open once
             if self._shards is None or self._pid != os.getpid():
-                shards = self._open_shards()
-                self._opened()  # before publishing: a thread that sees the maps sees the rest
+                shards = self._shards if self._shards is not None else self._open_shards()
+                self._opened()  # before publishing: a thread that sees the shards sees the rest
                 self._shards = shards
                 self._pid = os.getpid()
             assert self._shards is not None
@@ -150,7 +151,7 @@ class _ProcessLocalShards:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_shards"] = None  # mmaps stay in their process
+        state["_pid"] = -1  # the shard set pickles without its maps; the pool stays here
         state.pop("_pool", None)
         if "cache" in state:  # workers read the epoch's set; the training process pins it
             state["cache"] = state["_snap"] = None
@@ -347,19 +348,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             self._take_epoch(self.epoch)
         assert self._epoch_set is not None
         _, infos, manifest = self._epoch_set
-        root = self._cache_root
-        shards: list[MappedShard] = []
-        try:
-            for info in infos:
-                shards.append(MappedShard(root, info))
-            schema = getattr(self, "schema", None)
-            if schema is None:
-                schema = Schema.from_json(manifest.schema) if manifest else _infer(root, shards)
-        except BaseException:
-            for sh in shards:
-                sh.close()
-            raise
-        return ShardSet(root=root, manifest=manifest, shards=shards, schema=schema)
+        return ShardSet(self._cache_root, manifest, infos, getattr(self, "schema", None))
 
     def _take_epoch(self, epoch: int) -> None:
         """Cache mode, training process: fix this epoch's shards (all complete ones now)."""
@@ -397,7 +386,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         positions, lengths = plan.unit_positions(whole, range(n))
         shard_ids, _ = plan.resolve(positions)
         unit_of = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        last = np.full(len(shards.shards), -1, dtype=np.int64)
+        last = np.full(len(shards), -1, dtype=np.int64)
         np.maximum.at(last, shard_ids, unit_of)
         order = np.argsort(last, kind="stable")
         done = iter(order.tolist())
@@ -405,9 +394,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
 
         def release(unit: int) -> None:  # every shard whose last unit is <= unit
             while pending[0] is not None and last[pending[0]] <= unit:
-                shard = shards.shards[pending[0]]
-                shard.close()
-                snap.mark_consumed(shard.info, release=True)
+                shards.evict(pending[0])
+                snap.mark_consumed(shards.infos[pending[0]], release=True)
                 pending[0] = next(done, None)
 
         release(start - 1)  # shards this rank does not read, or read before a resume point
@@ -588,7 +576,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             "world_size": self._split().world_size,
             "shards": shards.fingerprint(),
             # with a cache the shard set changes per epoch: a resume takes these again
-            "shard_paths": [sh.info.path for sh in shards.shards] if self.cache else None,
+            "shard_paths": [info.path for info in shards.infos] if self.cache else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -724,10 +712,10 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         out: list[dict[str, Any]] = [{} for _ in range(len(idx))]
         for s in np.unique(which).tolist():
             rows = np.flatnonzero(which == s)
-            shard = shards.shards[s]
             recs = idx[rows] - self._starts[s]
-            offsets, sizes = shard.offsets[recs], shard.sizes[recs]
-            batch = self._dec.decode(shard.buf, offsets, sizes)
+            with shards.use(s) as shard:
+                offsets, sizes = shard.offsets[recs], shard.sizes[recs]
+                batch = self._dec.decode(shard.buf, offsets, sizes)
             if batch.bad:
                 pos, err = batch.bad[0]
                 raise err.located(shard.path, int(offsets[pos]), int(recs[pos]))

@@ -25,10 +25,9 @@ Reader protocol (what ``recordkit.torch`` and ``recordkit.tf`` call):
    ``snap.paths`` the absolute paths, ``snap.manifest`` the remote manifest
    (its schema). The epoch plan is a function of that list, so an epoch is
    deterministic given its shard set; ``snap.fingerprint()`` hashes it as
-   ``ShardSet.fingerprint`` does. To map them::
+   ``ShardSet.fingerprint`` does. To read them (mapped on demand)::
 
-       ShardSet(snap.root, snap.manifest,
-                [MappedShard(snap.root, info) for info in snap.shards], schema)
+       ShardSet(snap.root, snap.manifest, snap.shards, schema)
 
 2. ``snap.mark_consumed(shard)`` after a shard is read; ``release=True`` (or
    ``snap.release(shard)``) once it is no longer mapped; ``snap.close()`` at

@@ -28,7 +28,7 @@ from ..format.framing import OVERHEAD
 from .buffers import BufferPool
 from .decode import BatchDecoder
 from .plan import EpochPlan, Split
-from .shards import ShardSet
+from .shards import MappedShard, ShardSet
 
 __all__ = ["Chunk", "OnError", "ReaderStats", "RecordReader"]
 
@@ -104,10 +104,22 @@ class Chunk:
 
 
 @dataclass
+class _Task:
+    """Whole units of the plan, located: for each row its unit, shard and record."""
+
+    units: range
+    unit_of_row: np.ndarray
+    shard_ids: np.ndarray
+    records: np.ndarray
+    nshards: int  # distinct shards: what the task holds mapped while it runs
+
+
+@dataclass
 class _Prepared:
     """A runner task as submitted: its shards, records, outputs and row units."""
 
     bufs: tuple[Any, ...]
+    held: tuple[MappedShard, ...]
     rec: np.ndarray
     outs: tuple[np.ndarray, ...]
     unit_of_row: np.ndarray
@@ -184,22 +196,20 @@ class RecordReader:
 
     # -- one task, on a reader thread ------------------------------------------------
 
-    def _decode_task(self, plan: EpochPlan, split: Split, units: Sequence[int]) -> _Done:
+    def _decode_task(self, task: _Task) -> _Done:
         t0 = time.perf_counter()
-        positions, lengths = plan.unit_positions(split, units)
-        unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
-        shard_ids, records = plan.resolve(positions)
+        shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
         bounds = _runs(shard_ids)
         kept = np.ones(len(records), dtype=bool)
         parts: list[tuple[Columns, int]] = []
         nbytes = 0
         skipped: list[CorruptRecordError] = []
         for lo, hi in bounds:
-            shard = self.shards.shards[int(shard_ids[lo])]
             recs = records[lo:hi]
-            offsets, sizes = shard.offsets[recs], shard.sizes[recs]
-            alloc = self.pool.alloc if len(bounds) == 1 else None
-            batch = self.decoder.decode(shard.buf, offsets, sizes, alloc=alloc)
+            with self.shards.use(int(shard_ids[lo])) as shard:
+                offsets, sizes = shard.offsets[recs], shard.sizes[recs]
+                alloc = self.pool.alloc if len(bounds) == 1 else None
+                batch = self.decoder.decode(shard.buf, offsets, sizes, alloc=alloc)
             nbytes += batch.nbytes
             for pos, err in batch.bad:
                 located = err.located(shard.path, int(offsets[pos]), int(recs[pos]))
@@ -215,13 +225,34 @@ class RecordReader:
 
     # -- the consumer side -------------------------------------------------------------
 
-    def _tasks(self, plan: EpochPlan, units: range) -> Iterator[range]:
+    def _tasks(self, plan: EpochPlan, split: Split, units: range) -> Iterator[_Task]:
+        """The units in tasks of about ``task_records`` / ``task_bytes``, located.
+
+        A task also touches at most half the map budget's shards (but always whole
+        units, at least one), so two tasks in flight fit the budget of open maps.
+        """
         size = plan.options.batch_size or 1
         per_record = max(self._avg_bytes, 1.0)
         per_task = max(1, min(self.task_records // size, int(self.task_bytes / per_record) // size))
+        cap = max(1, self.shards.max_open // 2)
         step = units.step
-        for first in range(units.start, units.stop, per_task * step):
-            yield range(first, min(first + per_task * step, units.stop), step)
+        first = units.start
+        while first < units.stop:
+            task = self._locate(
+                plan, split, range(first, min(first + per_task * step, units.stop), step)
+            )
+            if task.nshards > cap and len(task.units) > 1:
+                task = self._locate(plan, split, task.units[: _units_within(task, cap)])
+            yield task
+            first = task.units.stop
+
+    @staticmethod
+    def _locate(plan: EpochPlan, split: Split, units: range) -> _Task:
+        positions, lengths = plan.unit_positions(split, units)
+        shard_ids, records = plan.resolve(positions)
+        unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
+        nshards = len(np.unique(shard_ids))
+        return _Task(units, unit_of_row, shard_ids, records, nshards)
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order (chunks with no rows included).
@@ -232,37 +263,44 @@ class RecordReader:
             return self._read_native(plan, split, units)
         return self._read_python(plan, split, units)
 
-    def _prepare(self, plan: EpochPlan, split: Split, units: Sequence[int]) -> _Prepared:
-        """Locate a task's records and allocate its outputs (on the consumer thread)."""
-        positions, lengths = plan.unit_positions(split, units)
-        unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
-        shard_ids, records = plan.resolve(positions)
+    def _prepare(self, task: _Task) -> _Prepared:
+        """Map a task's shards (held until it is done) and allocate its outputs."""
+        shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
         n = len(records)
         rec = np.empty((n, 3), dtype=np.int64)
-        bufs: list[Any] = []
+        held: list[MappedShard] = []  # released once the runner is done with the task
         slot: dict[int, int] = {}
-        for lo, hi in _runs(shard_ids):
-            sid = int(shard_ids[lo])
-            if sid not in slot:
-                slot[sid] = len(bufs)
-                bufs.append(self.shards.shards[sid].buf)
-            shard = self.shards.shards[sid]
-            recs = records[lo:hi]
-            rec[lo:hi, 0] = slot[sid]
-            rec[lo:hi, 1] = shard.offsets[recs]
-            rec[lo:hi, 2] = shard.sizes[recs]
+        try:
+            for lo, hi in _runs(shard_ids):
+                sid = int(shard_ids[lo])
+                if sid not in slot:
+                    slot[sid] = len(held)
+                    held.append(self.shards.acquire(sid))
+                shard = held[slot[sid]]
+                recs = records[lo:hi]
+                rec[lo:hi, 0] = slot[sid]
+                rec[lo:hi, 1] = shard.offsets[recs]
+                rec[lo:hi, 2] = shard.sizes[recs]
+        except BaseException:
+            self._release(held)
+            raise
         widest = int(rec[:, 2].max()) - OVERHEAD if n else 0  # the longest payload
         widths = []
         for seen in self._widths:
             guess = widest if not seen else min(widest, seen + (seen >> 2) + 64)
             widths.append(max(guess, 0))
         outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
-        return _Prepared(tuple(bufs), rec, outs, unit_of_row, n, int(rec[:, 2].sum()))
+        bufs = tuple(shard.buf for shard in held)
+        return _Prepared(bufs, tuple(held), rec, outs, unit_of_row, n, int(rec[:, 2].sum()))
+
+    def _release(self, held: Sequence[MappedShard]) -> None:
+        for shard in held:
+            self.shards.release(shard)
 
     def _read_native(
         self, plan: EpochPlan, split: Split, units: range
     ) -> Generator[Chunk, None, None]:
-        tasks = self._tasks(plan, units)
+        tasks = self._tasks(plan, split, units)
         runner = self.decoder.runner()
         assert runner is not None  # native_tasks is only set when there is one
         nice = _reader_nice()
@@ -285,22 +323,36 @@ class RecordReader:
         ]
         for t in threads:
             t.start()
-        pending: deque[tuple[range, _Prepared, int]] = deque()
+        pending: deque[tuple[_Task, _Prepared, int]] = deque()
+        upcoming: list[_Task | None] = [next(tasks, None)]
 
         def refill() -> None:
+            # Admission: tasks in flight hold their shards mapped; one more task is
+            # submitted only while that stays within the map budget (one always is).
+            held = sum(t.nshards for t, _, _ in pending)
             while len(pending) < self.prefetch:
-                task = next(tasks, None)
-                if task is None:
+                task = upcoming[0]
+                if task is None or (pending and held + task.nshards > self.shards.max_open):
                     return
-                prep = self._prepare(plan, split, task)
-                pending.append((task, prep, runner.submit(prep.bufs, prep.rec, prep.outs)))
+                upcoming[0] = next(tasks, None)
+                held += task.nshards
+                prep = self._prepare(task)
+                try:
+                    task_id = runner.submit(prep.bufs, prep.rec, prep.outs)
+                except BaseException:
+                    self._release(prep.held)
+                    raise
+                pending.append((task, prep, task_id))
 
         try:
             refill()
             while pending:
                 task, prep, task_id = pending.popleft()
                 t0 = time.perf_counter()
-                ok, widths, seconds = runner.wait(task_id)
+                try:
+                    ok, widths, seconds = runner.wait(task_id)
+                finally:
+                    self._release(prep.held)
                 waited = time.perf_counter() - t0
                 refill()
                 if ok:
@@ -308,7 +360,7 @@ class RecordReader:
                     done = _Done(Chunk(prep.unit_of_row, columns, prep.n), prep.nbytes, [], seconds)
                 else:  # a record the fast path does not take: the reference path, here
                     self.native_fallbacks += 1
-                    done = self._decode_task(plan, split, task)
+                    done = self._decode_task(task)
                 for k, name in enumerate(self.decoder.bytes_features):
                     col = done.chunk.columns.get(name)  # absent when every record was skipped
                     if col is not None:
@@ -320,11 +372,13 @@ class RecordReader:
             runner.drop()  # waits for a task in progress; the shards are then let go
             for t in threads:
                 t.join()
+            for _, prep, _ in pending:
+                self._release(prep.held)
 
     def _read_python(
         self, plan: EpochPlan, split: Split, units: range
     ) -> Generator[Chunk, None, None]:
-        tasks = self._tasks(plan, units)
+        tasks = self._tasks(plan, split, units)
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
 
@@ -333,7 +387,7 @@ class RecordReader:
                 task = next(tasks, None)
                 if task is None:
                     return
-                pending.append(executor.submit(self._decode_task, plan, split, task))
+                pending.append(executor.submit(self._decode_task, task))
 
         try:
             refill()
@@ -362,6 +416,14 @@ class RecordReader:
                 warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=3)
             else:
                 log.debug("skipped corrupt record: %s", err)
+
+
+def _units_within(task: _Task, cap: int) -> int:
+    """How many of a task's leading units touch at most ``cap`` distinct shards (>= 1)."""
+    _, first_rows = np.unique(task.shard_ids, return_index=True)
+    over = int(np.sort(first_rows)[cap])  # the first row of the (cap + 1)-th shard
+    units_before = int(task.unit_of_row[over]) - task.units.start
+    return max(1, units_before // task.units.step)
 
 
 def _runs(shard_ids: np.ndarray) -> list[tuple[int, int]]:

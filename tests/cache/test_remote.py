@@ -10,7 +10,7 @@ import pytest
 import recordkit as rk
 from recordkit.cache import DownloadError, RetryOptions, ShardCache
 from recordkit.cache._fill import index_bound
-from recordkit.reader.shards import MappedShard, ShardSet
+from recordkit.reader.shards import ShardSet
 
 from .conftest import (
     BudgetWatch,
@@ -29,21 +29,22 @@ RECORDS = 20
 def read_epoch(snap) -> tuple[int, set[int]]:
     """Read a snapshot the way a reader does: map all shards, read, release each."""
     schema = rk.Schema.from_json(snap.schema_json)
-    mapped = [MappedShard(snap.root, info) for info in snap.shards]
-    shards = ShardSet(snap.root, snap.manifest, mapped, schema)
+    shards = ShardSet(snap.root, snap.manifest, snap.shards, schema)
     seen: set[int] = set()
     try:
-        for shard in shards.shards:
-            first = int(shard.info.path.split("-")[1].split(".")[0]) * RECORDS
-            for r in range(shard.records):
-                i = check_sample(schema.decode(shard.payload(r), copy=True))
-                assert first <= i < first + RECORDS  # the record belongs to this shard
-                seen.add(i)
-            shard.close()
-            snap.mark_consumed(shard.info, release=True)  # unmapped: it may go now
+        for k, info in enumerate(shards.infos):
+            first = int(info.path.split("-")[1].split(".")[0]) * RECORDS
+            with shards.use(k) as shard:
+                for r in range(shard.records):
+                    i = check_sample(schema.decode(shard.payload(r), copy=True))
+                    assert first <= i < first + RECORDS  # the record belongs to this shard
+                    seen.add(i)
+            shards.evict(k)
+            assert shards.open_count == 0
+            snap.mark_consumed(info, release=True)  # unmapped: it may go now
     finally:
         shards.close()
-    return len(shards.shards), seen
+    return len(shards), seen
 
 
 @pytest.mark.slow
