@@ -48,6 +48,7 @@ from .codec.compression import zstd_decompress
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
+from .reader.epochs import CacheEpochs
 from .storage import is_temp_name, strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
@@ -211,51 +212,29 @@ def shard_files(
 # -- the shard cache --------------------------------------------------------------------------
 
 
-def _cache_for(
-    remote: str, cache: Any, cache_dir: str | os.PathLike[str] | None, limit: int | str | None
-) -> Any:
-    if cache is not None and cache_dir is not None:
-        raise ValueError("give cache or cache_dir, not both")
-    if cache is not None:
-        return cache
-    if limit is None:
-        raise ValueError("cache_dir needs cache_limit (the disk budget, e.g. '50GiB')")
-    import atexit
-
-    from .cache import ShardCache
-
-    made = ShardCache(remote, os.fspath(cache_dir), max_bytes=limit).start()  # type: ignore[arg-type]
-    atexit.register(made.stop)
-    return made
-
-
 def _cached_files(
-    cache: Any,
+    epochs: CacheEpochs,
     schema: Schema | None,
     seed: int,
     shuffle: bool,
     input_context: Any,
-    timeout: float | None,
 ) -> tuple[Callable[[], Any], list[str], Schema, Manifest | None]:
     """A generator of each epoch's shard paths (rescanning the cache), and the first set."""
-    first = cache.snapshot(0, timeout=timeout)
+    first = epochs.take(0)
     manifest = first.manifest
     if schema is None:
         schema = Schema.from_json(manifest.schema) if manifest else _infer(first.paths[0])
-    held: dict[str, Any] = {"first": first, "epoch": 0}
+    held: dict[str, Any] = {"epoch": 0, "first": first}
 
     def epoch_files() -> Any:
         epoch = held["epoch"]
         held["epoch"] = epoch + 1
-        snap = held.pop("first", None)
-        if snap is None:  # every later epoch: let the last set go, then rescan
-            last, read = held.pop("reading", (None, []))
-            if last is not None:
-                for path in read:
-                    last.mark_consumed(path)  # evicted first when the budget binds
-                last.close()
-            snap = cache.snapshot(epoch, timeout=timeout)
-        paths = list(snap.paths)
+        taken = held.pop("first", None)
+        if taken is None:  # every later epoch: the last set is done with, then rescan
+            for path in held.pop("read", []):
+                epochs.mark_consumed(path)  # evicted first when the budget binds
+            taken = epochs.take(epoch)
+        paths = taken.paths
         if shuffle:
             rng = np.random.default_rng([seed, epoch])
             paths = [paths[i] for i in rng.permutation(len(paths))]
@@ -263,10 +242,10 @@ def _cached_files(
             paths = paths[input_context.input_pipeline_id :: input_context.num_input_pipelines]
         # TensorFlow reads ahead of this generator: the set stays pinned until the
         # next epoch starts.
-        held["reading"] = (snap, paths)
+        held["read"] = paths
         yield from paths
 
-    return epoch_files, [str(p) for p in first.paths], schema, manifest
+    return epoch_files, first.paths, schema, manifest
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -413,10 +392,16 @@ def dataset(
     if shuffle_buffer < 1:
         raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
     epoch_files = None
-    if cache is not None or cache_dir is not None:
-        cache = _cache_for(os.fspath(path_or_url), cache, cache_dir, cache_limit)
+    epochs = CacheEpochs.open(
+        os.fspath(path_or_url),
+        cache=cache,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        timeout=cache_timeout,
+    )
+    if epochs is not None:
         epoch_files, files, schema, manifest = _cached_files(
-            cache, schema, seed, shuffle, input_context, cache_timeout
+            epochs, schema, seed, shuffle, input_context
         )
     else:
         files, schema, manifest = _locate(os.fspath(path_or_url), schema)

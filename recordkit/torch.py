@@ -24,11 +24,11 @@ or let recordkit batch, which is faster and keeps the order independent of worke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -46,13 +46,14 @@ from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
+from .reader.epochs import CacheEpochs  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.process import ProcessReader  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
 
 if TYPE_CHECKING:
-    from .cache import ShardCache, Snapshot
+    from .cache import ShardCache
 
 __all__ = ["DataLoader", "DevicePrefetcher", "RecordDataset", "RecordMapDataset"]
 
@@ -153,9 +154,8 @@ class _ProcessLocalShards:
         state = self.__dict__.copy()
         state["_pid"] = -1  # the shard set pickles without its maps; the pool stays here
         state.pop("_pool", None)
-        if "cache" in state:  # workers read the epoch's set; the training process pins it
-            state["cache"] = state["_snap"] = None
-            state["_owned_cache"] = False
+        if "_epochs" in state:  # workers read the epoch's set; the training process pins it
+            state["cache"] = state["_epochs"] = None
         return state
 
 
@@ -292,38 +292,26 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         timeout: float | None,
         reader_process: bool,
     ) -> None:
-        self.cache: ShardCache | None = None
-        self.cache_timeout = timeout
-        self._cache_root: str | None = None
-        self._epoch_set: tuple[Any, ...] | None = None  # (epoch, [ShardInfo], manifest)
-        self._snap: Snapshot | None = None
-        self._snap_fresh = False  # taken for an epoch not yet started
-        self._resume_shards: list[str] | None = None
-        self._owned_cache = False
-        if cache is None and cache_dir is None:
-            if cache_limit is not None:
-                raise ValueError("cache_limit needs cache_dir")
-            return
-        if cache is not None and cache_dir is not None:
-            raise ValueError("give cache or cache_dir, not both")
-        if reader_process:
+        if reader_process and (cache is not None or cache_dir is not None):
             raise ValueError("reader_process=True does not read through a cache yet")
-        from .cache import ShardCache
-
-        if cache is None:
-            if cache_limit is None:
-                raise ValueError("cache_dir needs cache_limit (the disk budget, e.g. '50GiB')")
-            cache = ShardCache(self.path, os.fspath(cache_dir), max_bytes=cache_limit).start()  # type: ignore[arg-type]
-            self._owned_cache = True
-            weakref.finalize(self, cache.stop)
-        self.cache = cache
-        self._cache_root = cache.root
+        self._epochs = CacheEpochs.open(
+            self.path,
+            cache=cache,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            timeout=timeout,
+            agree=_common_shards,
+        )
+        self.cache: ShardCache | None = self._epochs.cache if self._epochs else None
+        self._cached = self._epochs is not None  # also true in workers, which have no cache
+        self._fresh = False  # the epoch taken last is not yet started
+        self._resume_shards: list[str] | None = None
 
     def close(self) -> None:
         """Release the cache pins and maps (and stop a cache made from ``cache_dir``)."""
         self._let_go()
-        if self._owned_cache and self.cache is not None:
-            self.cache.stop()
+        if self._epochs is not None:
+            self._epochs.close()
 
     def _let_go(self) -> None:
         """Unmap this process's shards, then unpin them (in that order: never unmapped
@@ -332,74 +320,40 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             if self._shards is not None and self._pid == os.getpid():
                 self._shards.close()
             self._shards = None
-        if self._snap is not None:
-            self._snap.close()
-            self._snap = None
+        if self._epochs is not None:
+            self._epochs.let_go()
 
     def _open_shards(self) -> ShardSet:
-        if self._cache_root is None:
+        if not self._cached:
             return open_shards(self.path, getattr(self, "schema", None))
-        if self._epoch_set is None:
-            if get_worker_info() is not None:
-                raise RuntimeError(
-                    "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
-                    "(it fixes each epoch's shard set in the training process)"
-                )
-            self._take_epoch(self.epoch)
-        assert self._epoch_set is not None
-        _, infos, manifest = self._epoch_set
-        return ShardSet(self._cache_root, manifest, infos, getattr(self, "schema", None))
-
-    def _take_epoch(self, epoch: int) -> None:
-        """Cache mode, training process: fix this epoch's shards (all complete ones now)."""
-        assert self.cache is not None
+        if self._epochs is None:
+            raise RuntimeError(
+                "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
+                "(it fixes each epoch's shard set in the training process)"
+            )
+        epoch = self.epoch
         want = self._resume_shards if self._resume and self._resume[0] == epoch else None
-        snap = self.cache.snapshot(epoch, shards=want, timeout=self.cache_timeout)
-        agreed = _common_shards([i.path for i in snap.shards])
-        infos = [i for i in snap.shards if i.path in agreed]
-        for info in snap.shards:
-            if info.path not in agreed:
-                snap.release(info)
-        self._snap = snap
-        self._epoch_set = (epoch, infos, snap.manifest)
-        self._snap_fresh = True
-        log.info("epoch %d reads %d cached shard(s) from %s", epoch, len(infos), self._cache_root)
+        taken = self._epochs.take(epoch, want)
+        self._fresh = True
+        return ShardSet(taken.root, taken.manifest, taken.infos, getattr(self, "schema", None))
 
     def _start_epoch(self, epoch: int) -> None:
         """At the start of a pass in the training process: rescan the cache."""
-        if self.cache is None or get_worker_info() is not None:
+        if self._epochs is None or get_worker_info() is not None:
             return
-        if not (self._snap_fresh and self._epoch_set and self._epoch_set[0] == epoch):
-            # The last set goes first: with a full budget, the shards this epoch
-            # needs may have to displace it.
-            self._let_go()
-            self._take_epoch(epoch)
-        self._snap_fresh = False
+        current = self._epochs.current
+        if not (self._fresh and current is not None and current.epoch == epoch):
+            self._let_go()  # the last set goes first: this epoch's may have to displace it
+            self._open()
+        self._fresh = False
 
     def _releaser(self, plan: EpochPlan, split: Split, start: int) -> Callable[[int], None] | None:
-        """Cache mode: unpin (and unmap) each shard once this rank has read its last unit."""
-        snap, shards = self._snap, self._open()
-        if snap is None or get_worker_info() is not None:
-            return None
-        n = plan.unit_count(split.rank, split.world_size)
-        whole = Split(rank=split.rank, world_size=split.world_size, worker=0, num_workers=1)
-        positions, lengths = plan.unit_positions(whole, range(n))
-        shard_ids, _ = plan.resolve(positions)
-        unit_of = np.repeat(np.arange(n, dtype=np.int64), lengths)
-        last = np.full(len(shards), -1, dtype=np.int64)
-        np.maximum.at(last, shard_ids, unit_of)
-        order = np.argsort(last, kind="stable")
-        done = iter(order.tolist())
-        pending = [next(done, None)]
-
-        def release(unit: int) -> None:  # every shard whose last unit is <= unit
-            while pending[0] is not None and last[pending[0]] <= unit:
-                shards.evict(pending[0])
-                snap.mark_consumed(shards.infos[pending[0]], release=True)
-                pending[0] = next(done, None)
-
-        release(start - 1)  # shards this rank does not read, or read before a resume point
-        return release
+        """Cache mode: unmap and unpin each shard once this rank has read its last unit."""
+        if self._epochs is None or get_worker_info() is not None:
+            return None  # a DataLoader worker: the training process holds the pins
+        shards = self._open()
+        last = plan.last_units(split.rank, split.world_size, len(shards))
+        return self._epochs.releaser(last, start, shards.evict)
 
     # -- process-local state ---------------------------------------------------------
 
@@ -445,6 +399,29 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         )
 
     # -- public API --------------------------------------------------------------------
+
+    def resume_point(self) -> int:
+        """Units of the current epoch that the next pass skips (set by :meth:`load_state_dict`)."""
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return self._resume[1]
+        return 0
+
+    @contextlib.contextmanager
+    def worker_pass(self) -> Iterator[int]:
+        """Start a pass whose iterating is done by copies of this dataset in worker processes.
+
+        For loaders that run ``DataLoader`` workers (:class:`DataLoader` uses it):
+        start the workers inside the ``with`` block. It fixes the epoch's shard set
+        (cache mode) before they copy the dataset, yields the units already
+        consumed (the resume point the copies start from), and spends the resume
+        point when the block ends, so a later pass starts at the epoch's beginning.
+        """
+        start = self.resume_point()
+        self._start_epoch(self.epoch)
+        try:
+            yield start
+        finally:
+            self._resume = None
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``."""
@@ -499,7 +476,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         units = plan.units(split, start)
         self._next_unit = start
         batched = self.options.batch_size is not None
-        release = self._releaser(plan, split, start) if self.cache is not None else None
+        release = self._releaser(plan, split, start)
         chunks = reader.read(plan, split, units)
         try:
             for chunk in chunks:
@@ -576,7 +553,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             "world_size": self._split().world_size,
             "shards": shards.fingerprint(),
             # with a cache the shard set changes per epoch: a resume takes these again
-            "shard_paths": [info.path for info in shards.infos] if self.cache else None,
+            "shard_paths": [info.path for info in shards.infos] if self._cached else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -590,13 +567,13 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             raise ValueError(f"unsupported state version {state.get('version')!r}")
         mine = self.state_dict()
         keys = ["seed", "shuffle", "batch_size", "drop_last", "world_size"]
-        if self.cache is None:
+        if not self._cached:
             keys.append("shards")
         elif state.get("shard_paths") is None:
             raise ValueError("cannot resume a cached dataset from a state saved without a cache")
         else:
             self._resume_shards = list(state["shard_paths"])
-            self._snap_fresh = False  # the next pass takes exactly the saved shards
+            self._fresh = False  # the next pass takes exactly the saved shards
         for key in keys:
             if state[key] != mine[key]:
                 raise ValueError(
@@ -634,11 +611,12 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
         ds = self.dataset
         assert isinstance(ds, RecordDataset)
         epoch = ds.epoch
-        self._consumed = ds._resume[1] if ds._resume and ds._resume[0] == epoch else 0
-        ds._start_epoch(epoch)  # cache mode: fix the shard set before workers copy the dataset
-        it = super().__iter__()
         if self.num_workers > 0:
-            ds._resume = None  # the workers have their copies now (in-process, iter clears it)
+            with ds.worker_pass() as start:  # the workers copy the dataset in here
+                it = super().__iter__()
+        else:  # the dataset iterates in this process and resumes itself
+            start, it = ds.resume_point(), super().__iter__()
+        self._consumed = start
         for item in it:
             self._consumed += 1
             yield item

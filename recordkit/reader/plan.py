@@ -194,6 +194,20 @@ class EpochPlan:
         offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
         return np.arange(int(lengths.sum()), dtype=np.int64) + offsets, lengths
 
+    def last_units(self, rank: int, world_size: int, shards: int) -> np.ndarray:
+        """For each shard, the last unit of ``rank`` that reads it (-1 for none).
+
+        O(blocks): a block's records stay within the block's positions.
+        """
+        begin, end = self.rank_range(rank, world_size)
+        size = self.options.batch_size or 1
+        lo, hi = self.block_pos[:-1], self.block_pos[1:]
+        inside = (hi > begin) & (lo < end)
+        unit = (np.minimum(hi, end)[inside] - 1 - begin) // size
+        last = np.full(shards, -1, dtype=np.int64)
+        np.maximum.at(last, self.block_shard[inside], unit)
+        return last
+
     def resolve(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Map global positions to ``(shard ids, record numbers)``, vectorised.
 

@@ -40,8 +40,9 @@ counts_st = st.lists(st.integers(0, 40), min_size=1, max_size=6)
 )
 def test_every_record_exactly_once(counts, shuffle, batch, world, workers, block, seed):
     total = sum(counts)
-    opts = PlanOptions(shuffle=shuffle, seed=seed, block_records=block, window_shards=2,
-                       batch_size=batch)
+    opts = PlanOptions(
+        shuffle=shuffle, seed=seed, block_records=block, window_shards=2, batch_size=batch
+    )
     plan = EpochPlan(np.array(counts), opts, epoch=3)
     seen = []
     for rank in range(world):
@@ -54,8 +55,12 @@ def test_every_record_exactly_once(counts, shuffle, batch, world, workers, block
 
 
 @settings(max_examples=40, deadline=None)
-@given(counts=counts_st, batch=st.sampled_from([1, 3, 8]), world=st.integers(1, 4),
-       shuffle=st.booleans())
+@given(
+    counts=counts_st,
+    batch=st.sampled_from([1, 3, 8]),
+    world=st.integers(1, 4),
+    shuffle=st.booleans(),
+)
 def test_drop_last_gives_equal_full_batches(counts, batch, world, shuffle):
     opts = PlanOptions(shuffle=shuffle, batch_size=batch, drop_last=True, block_records=4)
     plan = EpochPlan(np.array(counts), opts, epoch=0)
@@ -67,16 +72,21 @@ def test_drop_last_gives_equal_full_batches(counts, batch, world, shuffle):
 
 
 @settings(max_examples=40, deadline=None)
-@given(counts=counts_st, batch=st.sampled_from([None, 2, 5]), workers=st.integers(1, 4),
-       shuffle=st.booleans())
+@given(
+    counts=counts_st,
+    batch=st.sampled_from([None, 2, 5]),
+    workers=st.integers(1, 4),
+    shuffle=st.booleans(),
+)
 def test_stream_does_not_depend_on_workers(counts, batch, workers, shuffle):
     plan = EpochPlan(np.array(counts), PlanOptions(shuffle=shuffle, batch_size=batch, seed=5), 1)
     assert _rank_stream(plan, 0, 1, workers) == _rank_stream(plan, 0, 1, 1)
 
 
 @settings(max_examples=40, deadline=None)
-@given(counts=counts_st, batch=st.sampled_from([None, 2, 5]), workers=st.integers(1, 3),
-       data=st.data())
+@given(
+    counts=counts_st, batch=st.sampled_from([None, 2, 5]), workers=st.integers(1, 3), data=st.data()
+)
 def test_resume_continues_exactly(counts, batch, workers, data):
     plan = EpochPlan(np.array(counts), PlanOptions(shuffle=True, batch_size=batch, seed=9), 2)
     full = _rank_stream(plan, 0, 1, workers)
@@ -118,3 +128,27 @@ def test_options_are_validated():
         PlanOptions(batch_size=0)
     with pytest.raises(ValueError, match="rank 2"):
         Split(rank=2, world_size=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=counts_st,
+    shuffle=st.booleans(),
+    batch=st.sampled_from([None, 1, 3, 8]),
+    world=st.integers(1, 4),
+    drop_last=st.booleans(),
+    block=st.sampled_from([0, 1, 4, 16]),
+    seed=st.integers(0, 2**32),
+)
+def test_last_units_match_the_records_read(counts, shuffle, batch, world, drop_last, block, seed):
+    """A cache reader lets a shard go after ``last_units``: never before its last record."""
+    options = PlanOptions(
+        shuffle=shuffle, seed=seed, block_records=block, batch_size=batch, drop_last=drop_last
+    )
+    plan = EpochPlan(np.array(counts), options, epoch=1)
+    for rank in range(world):
+        want = np.full(len(counts), -1)
+        for unit, rows in _read(plan, Split(rank, world)):
+            for shard, _ in rows:
+                want[shard] = max(want[shard], unit)
+        assert plan.last_units(rank, world, len(counts)).tolist() == want.tolist()
