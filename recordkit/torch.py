@@ -59,7 +59,8 @@ __all__ = ["DataLoader", "DevicePrefetcher", "RecordDataset", "RecordMapDataset"
 
 log = logging.getLogger(__name__)
 
-_STATE_VERSION = 1
+# 2: the hierarchical block shuffle and global-batch split (version 1's order differs).
+_STATE_VERSION = 2
 # Guards (re)opening the shard maps of a dataset object; opening is rare (once per
 # process), so one lock for all datasets is enough.
 _OPEN_LOCK = threading.Lock()
@@ -166,8 +167,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
             file, on local disk (remote URLs: fill a local copy or cache first).
         batch_size: records per batch; ``None`` yields single samples.
-        shuffle: a seeded, mostly-sequential permutation per epoch (shards, then
-            blocks within a window of shards, then records within a block).
+        shuffle: a new seeded order every epoch that mixes sorted data like a
+            uniform permutation while reading in blocks (see ``docs/howto/shuffle.md``).
         seed: shuffle seed.
         num_threads: reader threads; default: the CPUs this process may use,
             divided among ``DataLoader`` workers.
@@ -184,8 +185,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
         verify: check payload CRCs (length CRCs are always checked).
         schema: overrides the manifest's (or the inferred) schema.
-        block_records: records per shuffle block (0: about 1 MiB worth).
-        window_shards: shards whose blocks are shuffled together.
+        block_records: records per shuffle block (0: about 64 KiB worth).
+        window_blocks: blocks whose records are mixed together (8192).
         prefetch: decode tasks in flight ahead of the consumer (default: 2 per thread).
         pin_memory: decode straight into page-locked (pinned) buffers, so a batch
             can be copied to the GPU asynchronously with no staging copy (see
@@ -238,7 +239,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         verify: bool = True,
         schema: Schema | None = None,
         block_records: int = 0,
-        window_shards: int = 8,
+        window_blocks: int = 8192,
         prefetch: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -259,7 +260,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             shuffle=shuffle,
             seed=seed,
             block_records=block_records,
-            window_shards=window_shards,
+            window_blocks=window_blocks,
             batch_size=batch_size,
             drop_last=drop_last,
         )
@@ -548,9 +549,13 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             "consumed": self._next_unit if consumed is None else consumed,
             "seed": self.options.seed,
             "shuffle": self.options.shuffle,
+            "block_records": self.options.block_records,
+            "window_blocks": self.options.window_blocks,
             "batch_size": self.options.batch_size,
             "drop_last": self.options.drop_last,
             "world_size": self._split().world_size,
+            # the order depends on the global batch, not on how many ranks share it
+            "global_batch": (self.options.batch_size or 1) * self._split().world_size,
             "shards": shards.fingerprint(),
             # with a cache the shard set changes per epoch: a resume takes these again
             "shard_paths": [info.path for info in shards.infos] if self._cached else None,
@@ -559,14 +564,22 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration starts at the first unit not consumed.
 
+        Elastic: a state saved at one world size resumes at another with the same
+        global batch (``batch_size * world_size``), e.g. 8 ranks of 32 as 4 of 64:
+        the epoch's order is the same, and the ranks start after the global
+        batches consumed.
+
         Raises:
-            ValueError: the state was saved with another shard set, seed, batch
-                size or world size, where "the next unseen record" is undefined.
+            ValueError: the state was saved with another shard set, seed, shuffle
+                options or global batch, where "the next unseen record" is undefined.
         """
         if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"unsupported state version {state.get('version')!r}")
+            raise ValueError(
+                f"unsupported state version {state.get('version')!r} (this recordkit saves "
+                f"{_STATE_VERSION}; an older version's epoch order differs)"
+            )
         mine = self.state_dict()
-        keys = ["seed", "shuffle", "batch_size", "drop_last", "world_size"]
+        keys = ["seed", "shuffle", "block_records", "window_blocks", "drop_last", "global_batch"]
         if not self._cached:
             keys.append("shards")
         elif state.get("shard_paths") is None:

@@ -155,8 +155,13 @@ def test_resume_in_a_new_process(ds_path, tmp_path, workers):
 
 def test_resume_refuses_other_settings(ds_path):
     state = RecordDataset(ds_path, batch_size=8).state_dict()
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="global_batch was 8 when saved, is 4 now"):
         RecordDataset(ds_path, batch_size=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        RecordDataset(ds_path, batch_size=8, seed=1).load_state_dict(state)
+    old = {**state, "version": 1}
+    with pytest.raises(ValueError, match="older version's epoch order differs"):
+        RecordDataset(ds_path, batch_size=8).load_state_dict(old)
 
 
 @pytest.fixture
