@@ -120,6 +120,14 @@ def _recordkit(wl: Workload, files: Files) -> Iterator[int]:
     return _count(_epochs(ds), lambda b: b["label"])
 
 
+def _recordkit_shuffle(wl: Workload, files: Files) -> Iterator[int]:
+    """``RecordDataset(shuffle=True)``: the default shuffle (see ``shuffle_bench.py``)."""
+    import recordkit.torch as rkt
+
+    ds = rkt.RecordDataset(files.tfrecord_dir, batch_size=BATCH, shuffle=True, seed=0)
+    return _count(_epochs(ds), lambda b: b["label"])
+
+
 def _recordkit_pool(wl: Workload, files: Files) -> Iterator[int]:
     """``RecordDataset`` with the earlier reader: a thread pool that takes the GIL
     between native calls (``RECORDKIT_NATIVE_TASKS=0``), for same-run comparisons."""
@@ -253,6 +261,7 @@ def _dataloader_map(wl: Workload, files: Files) -> Iterator[int]:
 
 READERS: dict[str, Reader] = {
     "recordkit": _recordkit,
+    "recordkit-shuffle": _recordkit_shuffle,
     "recordkit-proc": _recordkit_proc,
     "recordkit-pool": _recordkit_pool,
     "tf.data": _tfdata,
