@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 from recordkit import Bytes, Float32, Int64, Schema
 from recordkit.format import DEFAULT_MAX_RECORD_BYTES
 
-from .base import Item, Source, SourceError, SourceNotFoundError, check_member_name
+from .base import Item, Source, SourceError, SourceNotFoundError, check_member_name, source_errors
 
 __all__ = ["WebDatasetSource"]
 
@@ -69,6 +69,7 @@ class WebDatasetSource(Source):
         rel = item.ref[0]
         budget = _Budget(item, self.options)
         with (
+            source_errors(item.key),
             self.location.open(rel, block_size=8 << 20) as f,
             tarfile.open(fileobj=f, mode="r|*") as tar,
         ):
