@@ -201,7 +201,7 @@ def load_index(path: str | os.PathLike[str], *, max_bytes: int | None = None) ->
     Args:
         path: the ``.idx`` file; it must be a regular file (a FIFO or a
             directory is refused without blocking).
-        max_bytes: refuse a larger file unread (:func:`max_index_bytes` of the
+        max_bytes: refuse a larger file unread (``max_index_bytes`` of the
             shard's size, when it is known).
 
     Raises:

@@ -202,10 +202,10 @@ class Manifest:
         """Parse manifest JSON, checking its size, nesting, structure and version.
 
         Raises:
-            ManifestError: naming ``path``: over :data:`MAX_MANIFEST_BYTES` or nested
-                deeper than :data:`MAX_MANIFEST_DEPTH` (both checked before parsing),
+            ManifestError: naming ``path``: over ``MAX_MANIFEST_BYTES`` or nested
+                deeper than ``MAX_MANIFEST_DEPTH`` (both checked before parsing),
                 not JSON, an unknown version, a malformed or repeated shard entry
-                (paths compare after :func:`normalize_shard_path`), or a schema
+                (paths compare after ``normalize_shard_path``), or a schema
                 whose fixed shapes claim more than a record may hold.
         """
         raw = data.encode("utf-8") if isinstance(data, str) else builtins.bytes(data)
@@ -285,7 +285,7 @@ def read_manifest(root: str | os.PathLike[str]) -> Manifest:
     """Read ``root/recordkit.json``.
 
     The file must be a regular file (a FIFO or a directory there is refused
-    without blocking) of at most :data:`MAX_MANIFEST_BYTES`.
+    without blocking) of at most ``MAX_MANIFEST_BYTES``.
 
     Raises:
         ShardNotFoundError: there is no manifest (the dataset is incomplete or foreign).
