@@ -232,3 +232,15 @@ def test_a_malformed_shard_entry_is_named(entry, message):
     doc["shards"] = [{"path": "a", "records": 1, "bytes": 1}, entry]
     with pytest.raises(ManifestError, match=message):
         Manifest.loads(json.dumps(doc), path="m.json")
+
+
+@pytest.mark.torch
+def test_record_dataset_refuses_a_huge_claimed_shape_before_allocating(tmp_path):
+    # Was: MemoryError: Unable to allocate 40.0 TiB for the batch buffer.
+    torch_rk = pytest.importorskip("recordkit.torch")
+    root = _dataset(tmp_path)
+    huge = {"name": "t", "type": "tensor", "dtype": "float32", "shape": [1 << 40]}
+    path = _edit_manifest(root, lambda d: d["schema"]["features"].append(huge))
+    with pytest.raises(ManifestError, match=r"feature 't'.*record limit") as info:
+        next(iter(torch_rk.RecordDataset(root, batch_size=4)))
+    assert str(info.value).startswith(path)
