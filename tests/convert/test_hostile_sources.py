@@ -198,3 +198,13 @@ def test_walk_does_not_block_on_a_fifo_named_like_data(tmp_path):
     os.mkfifo(tmp_path / "src" / "rows.jsonl")
     with pytest.raises(SourceError, match="not a regular file"):
         rk.convert(tmp_path / "src", tmp_path / "out", format="jsonl", workers=0)
+
+
+def test_truncated_gzip_tfrecord_names_the_file(tmp_path):
+    from recordkit.format import frame
+
+    (tmp_path / "src").mkdir()
+    data = gzip.compress(b"".join(frame(b"x" * 100) for _ in range(100)))
+    (tmp_path / "src" / "a.tfrecord").write_bytes(data[: len(data) // 2])
+    with pytest.raises(SourceError, match=r"^a\.tfrecord: EOFError"):
+        rk.convert(tmp_path / "src", tmp_path / "out", format="tfrecord", workers=0)
