@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from recordkit import Bytes, Int64, Schema
 from recordkit.errors import MissingDependencyError
+from recordkit.format import DEFAULT_MAX_RECORD_BYTES
 
 from .base import Item, Source, SourceError, SourceNotFoundError
 
@@ -130,6 +131,11 @@ class ImageFolderSource(Source):
     def samples(self, item: Item, schema: Schema) -> Iterator[Mapping[str, Any]]:
         rel, label = item.ref
         self.check_inside(rel)
+        if item.size > DEFAULT_MAX_RECORD_BYTES:  # one image is one record
+            raise SourceError(
+                f"imagefolder: {rel}: {item.size} bytes, over the record limit of "
+                f"{DEFAULT_MAX_RECORD_BYTES}; refused before reading it"
+            )
         data = self.location.read_bytes(rel)
         try:
             self._check(rel, data)

@@ -208,3 +208,12 @@ def test_truncated_gzip_tfrecord_names_the_file(tmp_path):
     (tmp_path / "src" / "a.tfrecord").write_bytes(data[: len(data) // 2])
     with pytest.raises(SourceError, match=r"^a\.tfrecord: EOFError"):
         rk.convert(tmp_path / "src", tmp_path / "out", format="tfrecord", workers=0)
+
+
+def test_image_file_over_the_record_limit_is_refused_unread(tree, tmp_path):
+    with open(tree / "cat" / "huge.jpg", "wb") as f:
+        f.truncate(3 << 30)  # sparse: no disk, and reading it would take 3 GiB
+    with pytest.raises(PartitionsFailedError) as info:
+        _convert(tree, tmp_path / "out")
+    (err,) = info.value.exceptions
+    assert str(err).startswith("imagefolder: cat/huge.jpg: 3221225472 bytes, over the record limit")
