@@ -64,7 +64,9 @@ def make_image_folder(root: str, files: int, size: int) -> None:
         d = os.path.join(root, f"class{i % 4}")
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, f"{i:06d}.jpg"), "wb") as f:
-            f.write(rng(size))
+            f.write(
+                b"\xff\xd8\xff\xe0" + rng(size - 4)
+            )  # a JPEG signature: the converter checks it
 
 
 def measure(convert_kwargs: dict) -> dict:

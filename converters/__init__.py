@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
-from .base import Item, Source, SourceError, SourceNotFoundError
+from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -28,6 +28,7 @@ __all__ = [
     "available",
     "get",
     "register",
+    "source_errors",
 ]
 
 ENTRY_POINT_GROUP = "recordkit.converters"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -14,21 +15,22 @@ from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.errors import SchemaError
 from recordkit.storage import Location
 
-from .base import Item, SourceNotFoundError
+from .base import Item, Source, SourceNotFoundError
 
 __all__ = ["convert_value", "files_as_items", "infer_columns", "open_text"]
 
 
 def files_as_items(
-    location: Location, suffixes: Sequence[str], *, fmt: str, chunk_bytes: int | None = None
+    source: Source, suffixes: Sequence[str], *, fmt: str, chunk_bytes: int | None = None
 ) -> list[Item]:
-    """Items for the matching files under ``location`` (or the file itself), sorted.
+    """Items for the matching files under ``source`` (or the file itself), sorted.
 
     With ``chunk_bytes``, uncompressed files larger than that are cut into byte
     ranges (``ref = (rel, start, stop)``) read as whole lines; others are one
     item each (``ref = (rel, 0, None)``).
     """
-    entries = location.walk()
+    location = source.location
+    entries = source.walk()  # symlinks out of the source refused here
     single = entries == [("", entries[0][1])] if entries else False
     files = entries if single else [(r, s) for r, s in entries if r.lower().endswith(suffixes)]
     if not files:
@@ -54,12 +56,19 @@ def _is_gzip(location: Location, rel: str) -> bool:
     return (rel or location.url).endswith(".gz")
 
 
-def open_text(location: Location, rel: str) -> io.TextIOWrapper:
-    """Open a text file (gunzipped when its name ends in ``.gz``), UTF-8, newlines kept."""
-    raw: BinaryIO = location.open(rel, block_size=4 << 20)
-    if _is_gzip(location, rel):
-        raw = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
-    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
+@contextlib.contextmanager
+def open_text(location: Location, rel: str) -> Iterator[io.TextIOWrapper]:
+    """Open a text file (gunzipped when its name ends in ``.gz``), UTF-8, newlines kept.
+
+    A context manager: the file underneath is closed too (``GzipFile`` leaves a
+    file object it was given open, also when reading it fails).
+    """
+    with location.open(rel, block_size=4 << 20) as raw:
+        stream: BinaryIO = raw
+        if _is_gzip(location, rel):
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+        with io.TextIOWrapper(stream, encoding="utf-8", newline="") as text:
+            yield text
 
 
 def byte_range_lines(location: Location, rel: str, start: int, stop: int) -> Iterator[bytes]:

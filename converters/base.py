@@ -18,15 +18,40 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import csv
+import json
+import logging
+import os
+import stat
+import sys
+import tarfile
+import zipfile
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from recordkit import Schema
 from recordkit.errors import RecordkitError, SchemaError
-from recordkit.storage import Location
+from recordkit.storage import Location, is_temp_name, strip_file_scheme
 
-__all__ = ["Item", "Source", "SourceError", "SourceNotFoundError", "check_member_name"]
+__all__ = [
+    "COMMON_OPTIONS",
+    "Item",
+    "Source",
+    "SourceError",
+    "SourceNotFoundError",
+    "check_member_name",
+    "source_errors",
+]
+
+log = logging.getLogger(__name__)
+
+#: Options every converter takes, with their defaults. ``follow_symlinks``: read
+#: files and directories that symlinks inside a local source resolve to outside
+#: it (by default such a link is refused by name: a source tree that links to
+#: ``/etc/passwd`` must not put that file into a dataset).
+COMMON_OPTIONS: Mapping[str, Any] = {"follow_symlinks": False}
 
 
 class SourceError(RecordkitError, ValueError):
@@ -82,14 +107,13 @@ class Source(abc.ABC):
         schema: Schema | None = None,
         **options: Any,
     ) -> None:
-        unknown = sorted(set(options) - set(self.defaults))
+        known = {**COMMON_OPTIONS, **self.defaults}
+        unknown = sorted(set(options) - set(known))
         if unknown:
-            raise ValueError(
-                f"{self.name}: unknown option(s) {unknown}; it takes {sorted(self.defaults)}"
-            )
+            raise ValueError(f"{self.name}: unknown option(s) {unknown}; it takes {sorted(known)}")
         self.location = Location(url, storage_options)
         self.schema = schema
-        self.options = {**self.defaults, **options}
+        self.options = {**known, **options}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location.url!r})"
@@ -108,13 +132,49 @@ class Source(abc.ABC):
             SourceNotFoundError: the source does not exist, or holds no such file.
         """
         self.check_exists()
-        entries = self.location.walk()
+        entries = self.walk()
         if entries and entries[0][0] == "":
             return entries[:1]
         files = [(r, s) for r, s in entries if match(r)]
         if not files:
             raise SourceNotFoundError(f"{self.name}: no {what} files under {self.location.url}")
         return files
+
+    def walk(self) -> list[tuple[str, int]]:
+        """Every file under the source as ``(relative posix path, size)``, sorted.
+
+        Like :meth:`Location.walk <recordkit.storage.Location.walk>`, and for a
+        local source also: directory symlinks are followed; a symlink (to a file
+        or a directory) that resolves outside the source's root is refused by
+        name unless the ``follow_symlinks`` option is set; a symlink loop, a
+        dangling link and a FIFO or device are refused by name too (reading a
+        FIFO would block for ever). Converters list their files through this.
+
+        Raises:
+            SourceError: one of the above, naming the path below the source.
+        """
+        if self.location.remote:
+            return self.location.walk()
+        return _walk_local(self.name, strip_file_scheme(self.location.url), self._follow)
+
+    @property
+    def _follow(self) -> bool:
+        return bool(self.options.get("follow_symlinks", False))
+
+    def check_inside(self, rel: str) -> None:
+        """Check again, just before reading it, that ``rel`` resolves inside a local source.
+
+        :meth:`walk` checked at planning time; a link swapped since then is caught here.
+
+        Raises:
+            SourceError: ``rel`` now resolves outside the source (without ``follow_symlinks``).
+        """
+        if self.location.remote or self._follow or not rel:
+            return
+        root = os.path.realpath(strip_file_scheme(self.location.url))
+        target = os.path.realpath(os.path.join(root, *rel.split("/")))
+        if not _inside(root, target):
+            raise SourceError(_escape_message(self.name, rel, target, root))
 
     def item_key(self, rel: str) -> str:
         """An item's name: its relative path, or the file name for a one-file source."""
@@ -163,3 +223,104 @@ def check_member_name(container: str, name: str) -> str:
         if ":" in parts[0] and len(parts[0]) == 2:  # a Windows drive, "C:"
             raise SourceError(f"{container}: member name {name!r} is absolute; refused")
     return name
+
+
+def _inside(root: str, target: str) -> bool:
+    return target == root or target.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _escape_message(name: str, rel: str, target: str, root: str) -> str:
+    return (
+        f"{name}: {rel!r} is a symlink to {target!r}, outside the source {root!r}; refused "
+        "(set the option follow_symlinks=True, or --follow-symlinks, to read it)"
+    )
+
+
+def _walk_local(name: str, top: str, follow: bool) -> list[tuple[str, int]]:
+    """:meth:`Source.walk` for a local path (see there)."""
+    if os.path.isfile(top):
+        return [("", os.path.getsize(top))]  # the user named this file
+    if not os.path.isdir(top):
+        return []
+    root = os.path.realpath(top)
+    found: list[tuple[str, int]] = []
+    real_dirs = {top: root}  # each directory walked -> where it really is
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        dirnames.sort()
+        for sub in dirnames:
+            full = os.path.join(dirpath, sub)
+            rel = os.path.relpath(full, top).replace(os.sep, "/")
+            target = os.path.realpath(full)
+            if not follow and not _inside(root, target):
+                raise SourceError(_escape_message(name, rel, target, root))
+            up = dirpath
+            while True:  # a link to a directory that holds it would be walked for ever
+                if real_dirs[up] == target:
+                    raise SourceError(f"{name}: {rel!r} links back to {target!r}: a symlink loop")
+                if up == top:
+                    break
+                up = os.path.dirname(up)
+            real_dirs[full] = target
+        for file in filenames:
+            full = os.path.join(dirpath, file)
+            rel = os.path.relpath(full, top).replace(os.sep, "/")
+            if os.path.islink(full):
+                target = os.path.realpath(full)
+                if not follow and not _inside(root, target):
+                    raise SourceError(_escape_message(name, rel, target, root))
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                raise SourceError(f"{name}: {rel!r} is a dangling symlink") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise SourceError(f"{name}: {rel!r} is not a regular file (a FIFO or device)")
+            found.append((rel, st.st_size))
+    return sorted((rel, size) for rel, size in found if not is_temp_name(rel))
+
+
+def _data_errors() -> tuple[type[BaseException], ...]:
+    """Errors by which third-party readers say "bad bytes" (not "network trouble")."""
+    errors: list[type[BaseException]] = [
+        csv.Error,
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        tarfile.TarError,
+        zipfile.BadZipFile,
+        zlib.error,
+        EOFError,
+    ]
+    import gzip
+    import lzma
+
+    errors += [gzip.BadGzipFile, lzma.LZMAError]
+    # Only libraries that are already imported: a converter that uses one imports it.
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is not None:
+        errors.append(pyarrow.lib.ArrowException)
+    pil = sys.modules.get("PIL.Image")
+    if pil is not None:
+        errors += [pil.UnidentifiedImageError, pil.DecompressionBombError]
+    return tuple(errors)
+
+
+@contextlib.contextmanager
+def source_errors(where: str) -> Iterator[None]:
+    """Turn a third-party library's complaint about the data into a :class:`SourceError`.
+
+    Wrap the code that parses one source item (pyarrow, tarfile, zipfile, gzip,
+    csv, json, PIL); the error then names ``where`` (the item, and the row where
+    known) on one line, with the original chained as its cause. recordkit's own
+    errors, and OS and network errors (which may be transient), pass through.
+    """
+    try:
+        yield
+    except RecordkitError:
+        raise
+    except Exception as exc:
+        if not isinstance(exc, _data_errors()):
+            raise
+        kind = type(exc)
+        library = (kind.__module__ or "").split(".")[0]
+        label = kind.__name__ if library in ("builtins", "") else f"{library} {kind.__name__}"
+        text = " ".join(str(exc).split()) or "(no message)"
+        raise SourceError(f"{where}: {label}: {text}") from exc

@@ -22,7 +22,7 @@ from recordkit import Schema
 from recordkit.errors import SchemaError
 
 from ._tabular import convert_value, files_as_items, infer_columns, open_text
-from .base import Item, Source, SourceError
+from .base import Item, Source, SourceError, source_errors
 
 __all__ = ["CsvSource"]
 
@@ -36,11 +36,11 @@ class CsvSource(Source):
 
     def list_items(self) -> list[Item]:
         self.check_exists()
-        return files_as_items(self.location, self.suffixes, fmt=self.name)
+        return files_as_items(self, self.suffixes, fmt=self.name)
 
     def _rows(self, item: Item) -> Iterator[tuple[int, dict[str, str]]]:
         rel = item.ref[0]
-        with open_text(self.location, rel) as f:
+        with source_errors(item.key), open_text(self.location, rel) as f:
             reader = csv.DictReader(f, delimiter=str(self.options["delimiter"]), strict=True)
             try:
                 for row in reader:

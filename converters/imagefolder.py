@@ -5,23 +5,72 @@
 at read time), classes are the sorted names of the top-level directories, and
 the manifest's metadata holds ``{"classes": [...]}`` so ``label`` can be named.
 
+Each file is checked before it is stored, so a file that is not an image (a
+0-byte ``.jpg``, a text file named ``.jpg``) is caught here, naming its path,
+and not in a training job's transform much later.
+
 Options:
     extensions: the image file suffixes taken (case-insensitive); default the
         common ones (``.jpg .jpeg .png .bmp .gif .webp .tif .tiff .ppm .pgm``).
+    check: ``"header"`` (default): the file must start with the signature of
+        JPEG, PNG, GIF, BMP, WEBP, TIFF or PPM/PGM; ``"decode"``: Pillow must
+        also decode it whole (``pip install pillow``; slower, catches truncated
+        and corrupt images); ``"none"``: store any bytes.
+    on_error: ``"raise"`` (default): a file that fails the check is a
+        ``SourceError`` naming it; ``"skip"``: it is left out with a warning
+        naming it (the summary then shows fewer records than items).
+    follow_symlinks: see :data:`converters.base.COMMON_OPTIONS`.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from recordkit import Bytes, Int64, Schema
+from recordkit.errors import MissingDependencyError
+from recordkit.format import DEFAULT_MAX_RECORD_BYTES
 
 from .base import Item, Source, SourceError, SourceNotFoundError
 
 __all__ = ["ImageFolderSource"]
 
+log = logging.getLogger(__name__)
+
 _SCHEMA = Schema(image=Bytes(), label=Int64(), path=Bytes())
+_CHECKS = ("header", "decode", "none")
+_ON_ERROR = ("raise", "skip")
+# Leading bytes of each format Pillow reads that the default extensions name.
+_SIGNATURES = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    *((b"P%d" % n, "PNM") for n in range(1, 8)),
+)
+
+
+def image_kind(data: bytes) -> str | None:
+    """The image format ``data`` starts with (``"JPEG"``, ``"PNG"``, ...), or ``None``."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    return next((kind for magic, kind in _SIGNATURES if data.startswith(magic)), None)
+
+
+def _decode(data: bytes) -> None:
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "imagefolder check='decode' needs Pillow, which is not installed: pip install pillow"
+        ) from exc
+    with Image.open(io.BytesIO(data)) as img:
+        img.load()
 
 
 class ImageFolderSource(Source):
@@ -33,18 +82,29 @@ class ImageFolderSource(Source):
             *(".jpg", ".jpeg", ".png", ".bmp", ".gif"),
             *(".webp", ".tif", ".tiff", ".ppm", ".pgm"),
         ),
+        "check": "header",
+        "on_error": "raise",
     }
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self.classes: list[str] = []
+        if self.options["check"] not in _CHECKS:
+            raise ValueError(
+                f"imagefolder: check must be one of {_CHECKS}, got {self.options['check']!r}"
+            )
+        if self.options["on_error"] not in _ON_ERROR:
+            raise ValueError(
+                f"imagefolder: on_error must be one of {_ON_ERROR}, "
+                f"got {self.options['on_error']!r}"
+            )
 
     def list_items(self) -> list[Item]:
         self.check_exists()
         if not self.location.isdir():
             raise SourceError(f"imagefolder: {self.location.url} is a file, not a directory")
         suffixes = tuple(s.lower() for s in self.options["extensions"])
-        images = [(r, s) for r, s in self.location.walk() if r.lower().endswith(suffixes)]
+        images = [(r, s) for r, s in self.walk() if r.lower().endswith(suffixes)]
         stray = [r for r, _ in images if "/" not in r]
         if stray:
             raise SourceError(
@@ -70,4 +130,36 @@ class ImageFolderSource(Source):
 
     def samples(self, item: Item, schema: Schema) -> Iterator[Mapping[str, Any]]:
         rel, label = item.ref
-        yield {"image": self.location.read_bytes(rel), "label": label, "path": rel}
+        self.check_inside(rel)
+        if item.size > DEFAULT_MAX_RECORD_BYTES:  # one image is one record
+            raise SourceError(
+                f"imagefolder: {rel}: {item.size} bytes, over the record limit of "
+                f"{DEFAULT_MAX_RECORD_BYTES}; refused before reading it"
+            )
+        data = self.location.read_bytes(rel)
+        try:
+            self._check(rel, data)
+        except SourceError as exc:
+            if self.options["on_error"] == "raise":
+                raise
+            log.warning("skipped: %s", exc)
+            return
+        yield {"image": data, "label": label, "path": rel}
+
+    def _check(self, rel: str, data: bytes) -> None:
+        check = self.options["check"]
+        if check == "none":
+            return
+        if image_kind(data) is None:
+            what = "an empty file" if not data else f"{len(data)} bytes starting {data[:8]!r}"
+            raise SourceError(f"imagefolder: {rel}: not an image ({what})")
+        if check == "decode":
+            try:
+                _decode(data)
+            except MissingDependencyError:
+                raise
+            except Exception as exc:  # bytes in memory: whatever Pillow raises is about them
+                text = " ".join(str(exc).split())
+                raise SourceError(
+                    f"imagefolder: {rel}: not a readable image ({type(exc).__name__}: {text})"
+                ) from exc

@@ -24,7 +24,7 @@ from recordkit import Schema
 from recordkit.errors import SchemaError
 
 from ._tabular import byte_range_lines, convert_value, files_as_items, infer_columns, open_text
-from .base import Item, Source, SourceError
+from .base import Item, Source, SourceError, source_errors
 
 __all__ = ["JsonlSource"]
 
@@ -39,12 +39,12 @@ class JsonlSource(Source):
     def list_items(self) -> list[Item]:
         self.check_exists()
         chunk = int(self.options["chunk_bytes"])
-        return files_as_items(self.location, self.suffixes, fmt=self.name, chunk_bytes=chunk)
+        return files_as_items(self, self.suffixes, fmt=self.name, chunk_bytes=chunk)
 
     def _lines(self, item: Item) -> Iterator[tuple[str, bytes | str]]:
         rel, start, stop = item.ref
         if stop is None:
-            with open_text(self.location, rel) as f:
+            with source_errors(item.key), open_text(self.location, rel) as f:
                 for number, line in enumerate(f, 1):
                     yield f"line {number}", line
         else:

@@ -30,8 +30,9 @@ from typing import Any, BinaryIO, ClassVar
 import numpy as np
 
 from recordkit import Float32, Int64, Schema, Tensor
+from recordkit.format import DEFAULT_MAX_RECORD_BYTES
 
-from .base import Item, Source, SourceError, SourceNotFoundError
+from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
 
 __all__ = ["NumpySource"]
 
@@ -63,7 +64,13 @@ def _read_header(f: BinaryIO, where: str) -> _Header:
         raise SourceError(f"{where}: Fortran-ordered array; save it C-ordered to convert by rows")
     if not shape:
         raise SourceError(f"{where}: a 0-d array has no rows to split")
-    return _Header(tuple(shape), dtype, f.tell())
+    header = _Header(tuple(shape), dtype, f.tell())
+    if header.row_bytes > DEFAULT_MAX_RECORD_BYTES:  # one row is one record
+        raise SourceError(
+            f"{where}: rows of shape {shape[1:]} are {header.row_bytes} bytes, over the record "
+            f"limit of {DEFAULT_MAX_RECORD_BYTES}; refused before reading one"
+        )
+    return header
 
 
 def _read_rows(f: BinaryIO, header: _Header, start: int, stop: int) -> np.ndarray:
@@ -90,7 +97,7 @@ class NumpySource(Source):
         self._npy_files: dict[str, str] = {}
 
     def _npz_headers(self, rel: str) -> dict[str, _Header]:
-        with self.location.open(rel) as f, zipfile.ZipFile(f) as zf:
+        with source_errors(rel), self.location.open(rel) as f, zipfile.ZipFile(f) as zf:
             out = {}
             for member in zf.namelist():
                 if not member.endswith(".npy"):
@@ -101,7 +108,7 @@ class NumpySource(Source):
 
     def list_items(self) -> list[Item]:
         self.check_exists()
-        entries = self.location.walk()
+        entries = self.walk()
         npy = [r for r, _ in entries if r.endswith(".npy")]
         npz = [r for r, _ in entries if r.endswith(".npz")]
         if entries and entries[0][0] == "":  # a single file
@@ -169,7 +176,11 @@ class NumpySource(Source):
                 with self.location.open(self._npy_files[name], block_size=4 << 20) as f:
                     out[name] = _read_rows(f, h, start, stop)
             return out
-        with self.location.open(rel, block_size=4 << 20) as f, zipfile.ZipFile(f) as zf:
+        with (
+            source_errors(rel),
+            self.location.open(rel, block_size=4 << 20) as f,
+            zipfile.ZipFile(f) as zf,
+        ):
             for name, h in headers.items():
                 with zf.open(name + ".npy") as m:
                     out[name] = _read_rows(m, h, start, stop)

@@ -18,7 +18,7 @@ import numpy as np
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.errors import MissingDependencyError, SchemaError
 
-from .base import Item, Source, SourceError
+from .base import Item, Source, SourceError, source_errors
 
 __all__ = ["ParquetSource"]
 
@@ -63,9 +63,11 @@ class ParquetSource(Source):
     suffixes = (".parquet", ".pq")
 
     @contextlib.contextmanager
-    def _file(self, rel: str) -> Iterator[Any]:
+    def _file(self, rel: str, where: str) -> Iterator[Any]:
         pq = _pyarrow().parquet
-        with self.location.open(rel, block_size=8 << 20) as f:
+        # pyarrow's complaints (a cut-off footer, a bad page) become one-line
+        # SourceErrors naming the file or row group, raised from the body too.
+        with source_errors(where), self.location.open(rel, block_size=8 << 20) as f:
             yield pq.ParquetFile(f)
 
     def list_items(self) -> list[Item]:
@@ -74,7 +76,7 @@ class ParquetSource(Source):
         items = []
         for rel, _ in files:
             key = self.item_key(rel)
-            with self._file(rel) as pf:
+            with self._file(rel, key) as pf:
                 meta = pf.metadata
             for rg in range(meta.num_row_groups):
                 size = meta.row_group(rg).total_byte_size
@@ -84,13 +86,13 @@ class ParquetSource(Source):
     def infer_schema(self, items: Sequence[Item]) -> Schema:
         if not items:
             raise SchemaError(f"parquet: {self.location.url} has no row groups; give a schema")
-        with self._file(items[0].ref[0]) as pf:
+        with self._file(items[0].ref[0], items[0].key) as pf:
             arrow = pf.schema_arrow
         return Schema({f.name: _feature(f.name, f.type) for f in arrow})
 
     def samples(self, item: Item, schema: Schema) -> Iterator[Mapping[str, Any]]:
         rel, rg = item.ref
-        with self._file(rel) as pf:
+        with self._file(rel, item.key) as pf:
             table = pf.read_row_group(rg)
         names = list(schema.features)
         missing = sorted(set(names) - set(table.column_names))

@@ -28,7 +28,7 @@ from recordkit.codec import decode_example
 from recordkit.errors import CorruptRecordError
 from recordkit.format import OVERHEAD, read_stream
 
-from .base import Item, Source
+from .base import Item, Source, source_errors
 
 __all__ = ["TFRecordSource", "read_records"]
 
@@ -68,7 +68,7 @@ class TFRecordSource(Source):
     def _payloads(self, item: Item) -> Iterator[bytes]:
         rel = item.ref[0]
         path = self.location.join(rel)
-        with self.location.open(rel, block_size=8 << 20) as raw:
+        with source_errors(item.key), self.location.open(rel, block_size=8 << 20) as raw:
             magic = raw.read(2)
             raw.seek(0)
             f = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw

@@ -11,20 +11,35 @@ Features: ``__key__`` (``Bytes``) and one per extension. Inferred types:
 integer, ``Bytes`` (the member's bytes) for everything else. With a schema,
 ``Int64``/``Float32`` fields are parsed from the member's text.
 
+Archive limits (checked on each member's header, before its data is read):
+a member that declares more than ``max_member_bytes`` is refused by name, and
+so is an archive whose members together declare more than ``max_expansion``
+times the archive file's size (a ``.tar.gz`` bomb, or a sparse tar whose
+members claim gigabytes of holes). A plain tar never trips the ratio: its
+members' data is stored in it.
+
 Options:
     infer_samples: how many leading samples inference looks at (default 64).
+    max_member_bytes: the largest member accepted, in bytes (default 2 GiB,
+        the record limit: a bigger member could not become a record anyway).
+    max_expansion: the largest ratio of the bytes all members declare to the
+        archive file's size (default 100; gzip cannot exceed about 1032, and
+        real shards of images or text stay far below 100). Ignored when the
+        listing gives no size.
 """
 
 from __future__ import annotations
 
 import itertools
 import tarfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from recordkit import Bytes, Float32, Int64, Schema
+from recordkit.format import DEFAULT_MAX_RECORD_BYTES
 
-from .base import Item, Source, SourceError, SourceNotFoundError, check_member_name
+from .base import Item, Source, SourceError, SourceNotFoundError, check_member_name, source_errors
 
 __all__ = ["WebDatasetSource"]
 
@@ -35,8 +50,16 @@ class WebDatasetSource(Source):
     """WebDataset tars (``*.tar``, ``*.tar.gz``, ``*.tgz``) -> one record per sample."""
 
     name: ClassVar[str] = "webdataset"
-    defaults: ClassVar[Mapping[str, Any]] = {"infer_samples": 64}
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "infer_samples": 64,
+        "max_member_bytes": DEFAULT_MAX_RECORD_BYTES,
+        "max_expansion": 100,
+    }
     suffixes = (".tar", ".tar.gz", ".tgz")
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        _limits(self.options)
 
     def list_items(self) -> list[Item]:
         tars = self.matching_files(lambda r: r.lower().endswith(self.suffixes), ".tar")
@@ -44,7 +67,9 @@ class WebDatasetSource(Source):
 
     def _raw_samples(self, item: Item) -> Iterator[dict[str, bytes]]:
         rel = item.ref[0]
+        budget = _Budget(item, self.options)
         with (
+            source_errors(item.key),
             self.location.open(rel, block_size=8 << 20) as f,
             tarfile.open(fileobj=f, mode="r|*") as tar,
         ):
@@ -53,6 +78,7 @@ class WebDatasetSource(Source):
             try:
                 for member in tar:
                     name = check_member_name(item.key, member.name)
+                    budget.check(name, member.size)
                     if member.isdir():
                         continue
                     if not member.isfile():
@@ -71,7 +97,7 @@ class WebDatasetSource(Source):
                     data = tar.extractfile(member)
                     assert data is not None  # a regular file always has data
                     sample[ext] = data.read()
-            except tarfile.TarError as exc:
+            except (tarfile.TarError, EOFError, zlib.error) as exc:
                 raise SourceError(f"{item.key}: bad tar: {exc}") from exc
             if sample:
                 yield sample
@@ -117,6 +143,40 @@ class WebDatasetSource(Source):
                     key = sample["__key__"].decode()
                     raise SourceError(f"{item.key}: sample {key!r} field {name!r}: {exc}") from exc
             yield out
+
+
+def _limits(options: Mapping[str, Any]) -> tuple[int, float]:
+    max_member, ratio = int(options["max_member_bytes"]), float(options["max_expansion"])
+    if max_member < 0 or not ratio > 0:
+        raise ValueError(
+            f"webdataset: max_member_bytes must be >= 0 and max_expansion > 0, "
+            f"got {max_member} and {ratio}"
+        )
+    return max_member, ratio
+
+
+class _Budget:
+    """The archive limits, checked against each member's declared size before it is read."""
+
+    def __init__(self, item: Item, options: Mapping[str, Any]) -> None:
+        self.key = item.key
+        self.archive_bytes = item.size
+        self.max_member, self.ratio = _limits(options)
+        self.declared = 0
+
+    def check(self, name: str, size: int) -> None:
+        if size > self.max_member:
+            raise SourceError(
+                f"{self.key}: member {name!r} declares {size} bytes, over the limit of "
+                f"{self.max_member} (option max_member_bytes); refused before reading it"
+            )
+        self.declared += size
+        if self.archive_bytes > 0 and self.declared > self.ratio * self.archive_bytes:
+            raise SourceError(
+                f"{self.key}: members up to {name!r} declare {self.declared} bytes, over "
+                f"{self.ratio:g} times the archive's {self.archive_bytes} bytes (option "
+                "max_expansion): a decompression bomb or a sparse tar; refused before reading it"
+            )
 
 
 def _is_int(value: bytes) -> bool:

@@ -20,7 +20,15 @@ from .errors import (
 )
 from .format.crc import crc32c
 from .format.framing import read_record
-from .format.index import index_path, load_index, open_map, scan_index, validate_index, write_index
+from .format.index import (
+    index_path,
+    load_index,
+    max_index_bytes,
+    open_map,
+    scan_index,
+    validate_index,
+    write_index,
+)
 from .format.manifest import MANIFEST_NAME, ShardInfo, read_manifest
 from .reader.shards import find_shards
 from .storage import strip_file_scheme
@@ -147,6 +155,9 @@ def _verify_shard(
     except ShardNotFoundError:
         yield Problem(path, None, None, "shard listed in the manifest is missing")
         return
+    except CorruptRecordError as exc:  # a directory, FIFO or device where the shard should be
+        yield Problem(path, None, None, exc.reason)
+        return
     try:
         report.shards += 1
         report.bytes += len(buf)
@@ -184,7 +195,7 @@ def _check_index(path: str, buf: bytes | mmap.mmap) -> tuple[np.ndarray | None, 
     """Load the index; return entries usable for resync (or None) and problems found."""
     idx = index_path(path)
     try:
-        entries = load_index(idx)
+        entries = load_index(idx, max_bytes=max_index_bytes(len(buf)))
     except ShardNotFoundError:
         return None, [Problem(idx, None, None, "index missing (recordkit index can rebuild it)")]
     except InvalidIndexError as exc:

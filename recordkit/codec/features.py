@@ -97,6 +97,16 @@ class _Feature:
         """This feature's entry in :meth:`Schema.to_json`."""
         return {"name": name, "type": self.type_name, "shape": list(self.shape)}
 
+    def min_record_bytes(self) -> int:
+        """The fewest bytes a record holding a non-empty value of this feature needs.
+
+        Every element takes at least one byte (a tensor element its dtype's
+        size); ``None`` dims count as 1. A schema is refused when this exceeds
+        the record limit, before any reader sizes a buffer from it.
+        """
+        itemsize = np.dtype(self.dtype).itemsize if isinstance(self, Tensor) else 1
+        return math.prod(d for d in self.shape if d is not None) * itemsize
+
     def _check_given(self, name: str, given: tuple[int, ...]) -> None:
         if len(given) != len(self.shape) or any(
             want is not None and want != got for want, got in zip(self.shape, given)

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import SchemaError
+from ..format.framing import DEFAULT_MAX_RECORD_BYTES
 from .example import decode_example, encode_example
 from .features import (
     _INFERRED,
@@ -57,6 +58,11 @@ class Schema:
             if not isinstance(ftype, _Feature):
                 raise SchemaError(
                     f"feature {name!r}: expected Bytes, Int64, Float32 or Tensor, got {ftype!r}"
+                )
+            if ftype.min_record_bytes() > DEFAULT_MAX_RECORD_BYTES:
+                raise SchemaError(
+                    f"feature {name!r}: {ftype!r} claims {ftype.min_record_bytes()} bytes per "
+                    f"record, more than the record limit of {DEFAULT_MAX_RECORD_BYTES}"
                 )
         keys = set(merged)
         for name, ftype in merged.items():

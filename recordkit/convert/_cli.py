@@ -138,7 +138,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             storage_options=storage_options,
             dst_storage_options=dst_options,
-            source_options=_options(args.option),
+            source_options=_options(args.option)
+            | ({"follow_symlinks": True} if args.follow_symlinks else {}),
             options=options,
             progress=progress,
         )
@@ -204,6 +205,11 @@ def add_parser(sub: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a converter option (value parsed as JSON when it is JSON)",
+    )
+    p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="read symlinks in a local SRC that lead outside it (refused by default)",
     )
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (SRC and DST)")
     p.add_argument("--dst-storage-options", default=None, help="fsspec options for DST as JSON")

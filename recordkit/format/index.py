@@ -21,8 +21,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..errors import InvalidIndexError, ShardNotFoundError
+from ..errors import CorruptRecordError, InvalidIndexError, ShardNotFoundError
 from ._atomic import atomic_write_bytes
+from ._files import open_regular, read_regular
 from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD, read_header, read_record
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "format_index",
     "index_path",
     "load_index",
+    "max_index_bytes",
     "parse_index",
     "scan_index",
     "validate_index",
@@ -40,6 +42,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".idx"
+# The longest index line: two 19-digit numbers, a space and a newline. An index
+# of a shard of n bytes has at most n // 16 lines, so it is never longer than this
+# many bytes per 16 shard bytes (plus one line); a longer one is refused unread.
+_MAX_LINE = 40
 _DIGIT0, _DIGIT9, _SPACE, _NEWLINE = 48, 57, 32, 10
 
 
@@ -48,15 +54,33 @@ def index_path(shard_path: str | os.PathLike[str]) -> str:
     return os.fspath(shard_path) + INDEX_SUFFIX
 
 
+def _shard_error(reason: str, path: str) -> CorruptRecordError:
+    return CorruptRecordError(f"shard {reason}", path=path, offset=0)
+
+
+def _index_error(reason: str, path: str) -> InvalidIndexError:
+    return InvalidIndexError(f"index {reason}", path=path)
+
+
 def open_map(path: str | os.PathLike[str]) -> mmap.mmap | bytes:
-    """Memory-map ``path`` read-only (``b""`` for an empty file, which mmap rejects)."""
+    """Memory-map ``path`` read-only (``b""`` for an empty file, which mmap rejects).
+
+    Raises:
+        ShardNotFoundError: there is no such file.
+        CorruptRecordError: it is a directory, FIFO or device, not a regular file
+            (checked without blocking: a FIFO is never opened for reading).
+    """
+    path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return b""
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        fd = open_regular(path, _shard_error)
     except FileNotFoundError as exc:
-        raise ShardNotFoundError(f"shard not found: {os.fspath(path)}") from exc
+        raise ShardNotFoundError(f"shard not found: {path}") from exc
+    try:
+        if os.fstat(fd).st_size == 0:
+            return b""
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
 
 
 def scan_index(
@@ -166,12 +190,28 @@ def _bad_line(path: str | None, data: bytes, pos: int, why: str) -> InvalidIndex
     return InvalidIndexError(f"malformed index line {line + 1}: {why}", path=path, record=line)
 
 
-def load_index(path: str | os.PathLike[str]) -> np.ndarray:
-    """Read and parse an index file (see :func:`parse_index`)."""
+def max_index_bytes(shard_bytes: int) -> int:
+    """The largest index a shard of ``shard_bytes`` bytes can have (one line per 16 bytes)."""
+    return (shard_bytes // OVERHEAD + 1) * _MAX_LINE
+
+
+def load_index(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> np.ndarray:
+    """Read and parse an index file (see :func:`parse_index`).
+
+    Args:
+        path: the ``.idx`` file; it must be a regular file (a FIFO or a
+            directory is refused without blocking).
+        max_bytes: refuse a larger file unread (``max_index_bytes`` of the
+            shard's size, when it is known).
+
+    Raises:
+        ShardNotFoundError: there is no such file.
+        InvalidIndexError: not a regular file, too large, or malformed.
+    """
     path = os.fspath(path)
+    limit = (1 << 62) if max_bytes is None else max_bytes
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_regular(path, _index_error, max_bytes=limit, what="index")
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"index not found: {path}") from exc
     return parse_index(data, path=path)
@@ -260,15 +300,20 @@ def ensure_index(
         buf = open_map(path)
     try:
         idx = index_path(path)
-        if os.path.exists(idx):
+        regular = True
+        if os.path.lexists(idx):
             try:
-                entries = load_index(idx)
+                entries = load_index(idx, max_bytes=max_index_bytes(len(buf)))
                 validate_index(entries, buf, path=path, index_file=idx)
                 return entries
-            except InvalidIndexError as exc:
+            except (InvalidIndexError, ShardNotFoundError) as exc:
                 log.warning("rebuilding index: %s", exc)
+                # Never replace a FIFO or a device someone put there; use the index in memory.
+                regular = not os.path.exists(idx) or os.path.isfile(idx)
         entries = _scan(buf, path, verify, DEFAULT_MAX_RECORD_BYTES)
-        if write:
+        if write and not regular:
+            log.info("not writing index %s over something that is not a file", idx)
+        elif write:
             try:
                 write_index(idx, entries)
             except OSError as exc:

@@ -516,3 +516,13 @@ def test_zstd_is_safe_across_threads():
     for t in threads:
         t.join(timeout=60)
     assert not errors
+
+
+@pytest.mark.parametrize(
+    "ftype",
+    [Tensor("float32", (1 << 40,)), Tensor("uint8", (None, 1 << 32)), Int64((1 << 20, 1 << 20))],
+)
+def test_schema_refuses_fixed_shapes_larger_than_any_record(ftype):
+    # Readers size batch buffers from the schema before reading a record.
+    with pytest.raises(SchemaError, match=r"'big'.*more than the record limit"):
+        Schema(big=ftype)
