@@ -24,6 +24,7 @@ import logging
 import mmap
 import os
 import resource
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -421,8 +422,11 @@ def _check_listed(root: str, infos: Sequence[ShardInfo]) -> None:
     for info in infos:
         path = os.path.join(root, info.path)
         try:
-            size = os.stat(path).st_size
+            st = os.stat(path)
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard not found: {path}") from None
+        if not stat.S_ISREG(st.st_mode):
+            open_map(path)  # refuses it with the error that says what it is
+        size = st.st_size
         if size != info.bytes:
             raise ManifestError(f"shard is {size} bytes, the manifest says {info.bytes}", path=path)
