@@ -57,6 +57,16 @@ def device_module(torch: Any, kind: str) -> Any | None:
     return module if all(hasattr(module, name) for name in _STREAM_API) else None
 
 
+def is_available(torch: Any, kind: str) -> bool:
+    """False only when the device type's torch module says so (``meta`` is always there)."""
+    try:
+        module = torch.get_device_module(kind)
+    except (RuntimeError, ValueError, AttributeError):
+        return True
+    available = getattr(module, "is_available", None)
+    return available is None or bool(available())
+
+
 def to_device(t: Any, device: Any, non_blocking: bool) -> Any:
     """One tensor copy (a function of its own so a CPU test can stand in for a device)."""
     return t.to(device, non_blocking=non_blocking)

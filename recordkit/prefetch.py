@@ -306,7 +306,8 @@ class DevicePrefetcher:
             raise ValueError(f"depth must be >= 1, got {depth}")
         dev = torch.device(device)
         module = _devcopy.device_module(torch, dev.type)
-        if module is not None and not module.is_available():
+        ok = module.is_available() if module is not None else _devcopy.is_available(torch, dev.type)
+        if dev.type != "cpu" and not ok:
             raise RuntimeError(
                 f"device {device!r}: {dev.type.upper()} is not available; use device='cpu'"
             )

@@ -371,6 +371,9 @@ def test_devices_without_streams_copy_synchronously():
     assert [b["x"].device.type for b in got] == ["meta"] * 4
     assert _devcopy.device_module(torch, "meta") is None
     assert _devcopy.device_module(torch, "mps") is None  # events, but no streams
+    if not torch.backends.mps.is_available():
+        with pytest.raises(RuntimeError, match="MPS is not available"):
+            DevicePrefetcher([], "mps")
 
 
 def test_pinned_allocation_falls_back_once(monkeypatch, caplog):
