@@ -15,9 +15,17 @@ batch; the step holds the GIL, as a Python-heavy training step does):
 - ``process``: ``RecordDataset(batch_size=64, reader_process=True)``, a loader process
   handing chunks over through shared memory.
 
+``cuda`` (needs a GPU): raw batches of the ``big`` data set (64 records of 128 kB, 8 MiB
+a batch) through ``DevicePrefetcher`` to the GPU, for the reader threads and the loader
+process, with and without ``pin_memory``: load alone (host), a compute step calibrated
+to the load time (``torch.cuda._sleep``, ``--compute`` times it), and the step with the
+prefetcher against max(load, compute) (target <= 1.15x) and without it (the sum); the
+H2D rate is raw batch bytes per step (target >= 300 MB/s).
+
 Usage::
 
     python benchmarks/prefetch_bench.py overlap
+    python benchmarks/prefetch_bench.py cuda [--compute 1.0] [--steps 40]
     python benchmarks/prefetch_bench.py modes [--data bench-data/prefetch] [--batches 400]
 """
 
@@ -116,6 +124,87 @@ def _stack(samples: list[dict[str, Any]]) -> dict[str, Any]:
     data = np.stack([np.frombuffer(s["data"], np.uint8) for s in samples])
     labels = torch.tensor([int(s["label"]) for s in samples])
     return {"data": torch.from_numpy(data), "label": labels}
+
+
+# -- cuda --------------------------------------------------------------------------------------
+
+
+def _cuda_loader(root: str, reader: str, pin: bool) -> Any:
+    import recordkit.torch as rkt
+
+    process = reader == "process"
+    return rkt.RecordDataset(root, batch_size=BATCH, pin_memory=pin, reader_process=process)
+
+
+def _cycles_per_ms() -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(50_000_000)
+    end.record()
+    end.synchronize()
+    return 50_000_000 / start.elapsed_time(end)
+
+
+def _cuda_steps(batches: Any, cycles: int | None, steps: int) -> tuple[float, int]:
+    """Seconds per step (the step ends when its kernels are done) and bytes per batch.
+
+    ``cycles=None``: the host loop alone, no copy and no kernel (the load time).
+    """
+    import torch
+
+    it = iter(batches)
+    first = next(it)  # start-up left out
+    nbytes = sum(t.numel() * t.element_size() for t in first.values() if torch.is_tensor(t))
+    n, t0 = 0, time.perf_counter()
+    for b in it:
+        if cycles is None:
+            n += 1
+            if n == steps:
+                break
+            continue
+        x = b["data"].to("cuda", non_blocking=True)  # a no-op when the prefetcher moved it
+        torch.cuda._sleep(cycles)
+        int(x[-1, -1])  # the step ends when the GPU is done with it
+        n += 1
+        if n == steps:
+            break
+    del it
+    return (time.perf_counter() - t0) / n, nbytes
+
+
+def cuda(args: argparse.Namespace) -> None:
+    import torch
+
+    import recordkit.torch as rkt
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure (the CPU overlap is `overlap`)")
+        return
+    root = _dataset(args.data, "big")
+    per_ms = _cycles_per_ms()
+    print(f"{torch.cuda.get_device_name()}; batches of {BATCH} x 128 kB; {args.steps} steps\n")
+    print(
+        "| reader | pin_memory | load ms | compute ms | step ms, plain | step ms, prefetched "
+        "| prefetched / max | H2D MB/s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for reader in ("threads", "process"):
+        for pin in (True, False):
+            load, _ = _cuda_steps(_cuda_loader(root, reader, pin), None, args.steps)
+            compute_ms = load * 1e3 * args.compute
+            cycles = int(per_ms * compute_ms)
+            plain, _ = _cuda_steps(_cuda_loader(root, reader, pin), cycles, args.steps)
+            pf = rkt.DevicePrefetcher(_cuda_loader(root, reader, pin), "cuda")
+            step, nbytes = _cuda_steps(pf, cycles, args.steps)
+            pf.close()
+            hi = max(load, compute_ms / 1e3)
+            print(
+                f"| {reader} | {pin} | {load * 1e3:.2f} | {compute_ms:.2f} | {plain * 1e3:.2f} "
+                f"| {step * 1e3:.2f} | {step / hi:.2f} | {nbytes / step / 1e6:.0f} |"
+            )
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -245,7 +334,7 @@ def modes(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("overlap", "modes", "child"))
+    ap.add_argument("what", choices=("overlap", "cuda", "modes", "child"))
     ap.add_argument("--data", default="bench-data/prefetch")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batches", type=int, default=400)
@@ -254,11 +343,14 @@ def main() -> None:
     ap.add_argument("--mode", choices=MODES)
     ap.add_argument("--root")
     ap.add_argument("--step-ms", type=float, default=0.0)
+    ap.add_argument("--compute", type=float, default=1.0, help="cuda: compute / load time")
     args = ap.parse_args()
     if args.what == "child":
         print(json.dumps(child(args.mode, args.root, args.batches, args.step_ms)))
     elif args.what == "overlap":
         overlap(args)
+    elif args.what == "cuda":
+        cuda(args)
     else:
         modes(args)
 

@@ -2,24 +2,29 @@
 
 A training step should cost max(load, compute), not their sum. The prefetcher
 runs the wrapped loader in a background thread, ``depth`` batches ahead of the
-consumer. On CUDA it also moves each batch to the device there:
+consumer. On an accelerator whose torch module has streams and events (CUDA,
+XPU) it also moves each batch to the device there (:mod:`recordkit._devcopy`):
 
 1. every tensor that is not already in page-locked (pinned) memory is copied
    into a reusable pinned staging arena (one per slot, grown on demand; the
    copy runs in torch with the GIL released);
-2. the host-to-device copies are issued on a dedicated CUDA stream with
+2. the host-to-device copies are issued on a side stream with
    ``non_blocking=True``, and an event is recorded after them;
-3. the consumer's stream waits on that event (the host does not), and every
-   device tensor is tied to the consumer's stream with ``record_stream``, so
-   the caching allocator does not hand its memory out again before the
-   consumer's kernels that use it have run;
-4. a slot (its staging arena and the host batch it was copied from) is reused
-   only after its event has completed, so pinned memory that a reader recycles
-   (``RecordDataset(pin_memory=True)``) is never overwritten mid-copy.
+3. the consumer's current stream at ``next()`` waits on that event (the host
+   does not), and every device tensor is tied to that stream with
+   ``record_stream``, so the caching allocator does not hand its memory out
+   again before the consumer's kernels that use it have run;
+4. the host memory a copy reads (a reader's pinned batch, a staging arena) is
+   kept until that copy's event has completed, and no longer, so a reader that
+   recycles buffers (``RecordDataset(pin_memory=True)``, the loader process's
+   shared-memory slots) is neither overwritten mid-copy nor starved.
 
-On the CPU (``device="cpu"``) batches are passed through unchanged, still loaded
-ahead in the background thread. torch is imported when a prefetcher is made;
-this module is reached as ``recordkit.torch.DevicePrefetcher``.
+Other devices (``mps``, ``meta``) get blocking copies in the background thread;
+on the CPU (``device="cpu"``) batches are passed through unchanged, still loaded
+ahead. The device is resolved at the first iteration (``"cuda"`` is then
+``torch.cuda.current_device()``), and the background thread makes it current
+before any device call. torch is imported when a prefetcher is made; this
+module is reached as ``recordkit.torch.DevicePrefetcher``.
 """
 
 from __future__ import annotations
@@ -29,16 +34,17 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from . import _devcopy
 from ._deps import require
+from ._devcopy import Ready, StreamCopier, SyncCopier
 
 __all__ = ["DevicePrefetcher"]
 
 log = logging.getLogger(__name__)
 
-_ALIGN = 256  # staging offsets: enough for any dtype, and what DMA engines like
 _JOIN_SECONDS = 60.0  # close() waits this long for the loader's current batch
 
 
@@ -100,121 +106,6 @@ class _Channel:
             self._cv.notify_all()
 
 
-def _map(fn: Callable[[Any], Any], batch: Any, torch: Any) -> Any:
-    """Apply ``fn`` to every tensor of a nested dict / list / tuple; other values pass."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, Mapping):
-        items = {k: _map(fn, v, torch) for k, v in batch.items()}
-        try:
-            return type(batch)(items)  # type: ignore[call-arg]
-        except TypeError:  # a mapping type that cannot be built from a dict
-            return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(_map(fn, v, torch) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_map(fn, v, torch) for v in batch)
-    return batch
-
-
-class _Slot:
-    """Pinned staging memory for one batch in flight, and what must outlive its copy."""
-
-    __slots__ = ("arena", "event", "keep")
-
-    def __init__(self) -> None:
-        self.arena: Any = None  # a pinned uint8 tensor
-        self.event: Any = None  # recorded after the batch's copies
-        self.keep: Any = None  # the host batch and staged tensors, until the event
-
-
-class _Ready:
-    """A batch on the device, valid on the consumer's stream once it waits on ``event``."""
-
-    __slots__ = ("batch", "event", "tensors")
-
-    def __init__(self, batch: Any, event: Any, tensors: list[Any]) -> None:
-        self.batch, self.event, self.tensors = batch, event, tensors
-
-
-class _CudaCopier:
-    """Runs in the producer thread: stage into pinned memory, copy on a side stream."""
-
-    def __init__(self, torch: Any, device: Any, slots: int, pin: bool, non_blocking: bool) -> None:
-        self.torch = torch
-        self.device = device
-        self.pin = pin
-        self.non_blocking = non_blocking
-        self.stream = torch.cuda.Stream(device)
-        self.slots = [_Slot() for _ in range(slots)]
-        self.turn = 0
-
-    def _needs_staging(self, t: Any) -> bool:
-        if t.device.type != "cpu" or t.numel() == 0:
-            return False
-        return not (t.is_contiguous() and t.is_pinned())
-
-    def _stage(self, slot: _Slot, leaves: list[Any]) -> dict[int, Any]:
-        """Copy the leaves that need it into the slot's pinned arena; id(leaf) -> staged."""
-        torch = self.torch
-        layout, total = [], 0
-        for t in leaves:
-            if self._needs_staging(t):
-                layout.append((t, total))
-                total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
-        if not layout:
-            return {}
-        if slot.arena is None or slot.arena.numel() < total:
-            slot.arena = None  # let the old arena go back to torch's pinned cache first
-            # 25% headroom: batches of padded bytes vary in width from batch to batch.
-            slot.arena = torch.empty(total + total // 4, dtype=torch.uint8, pin_memory=True)
-        staged = {}
-        for t, offset in layout:
-            nbytes = t.numel() * t.element_size()
-            view = slot.arena[offset : offset + nbytes].view(t.dtype).view(t.shape)
-            view.copy_(t)  # GIL released; makes non-contiguous tensors contiguous too
-            staged[id(t)] = view
-        return staged
-
-    def __call__(self, batch: Any) -> _Ready:
-        torch = self.torch
-        slot = self.slots[self.turn]
-        self.turn = (self.turn + 1) % len(self.slots)
-        if slot.event is not None:
-            slot.event.synchronize()  # its previous copy is done: arena and host batch free
-        slot.keep = None
-        leaves: list[Any] = []
-        _map(leaves.append, batch, torch)
-        staged = self._stage(slot, leaves) if self.pin else {}
-        moved: list[Any] = []
-
-        def copy(t: Any) -> Any:
-            out = staged.get(id(t), t).to(self.device, non_blocking=self.non_blocking)
-            if out.device.type == "cuda":
-                moved.append(out)
-            return out
-
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            on_device = _map(copy, batch, torch)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        slot.event = event
-        # The host memory the copies read from must live (and not be recycled by a
-        # buffer pool) until the event: keep the batch and the staged views.
-        slot.keep = (batch, staged)
-        return _Ready(on_device, event, moved)
-
-
-class _MoveTo:
-    """Other devices (no streams here): ``tensor.to(device)`` in the producer thread."""
-
-    def __init__(self, torch: Any, device: Any, non_blocking: bool) -> None:
-        self.torch, self.device, self.non_blocking = torch, device, non_blocking
-
-    def __call__(self, batch: Any) -> Any:
-        return _map(lambda t: t.to(self.device, non_blocking=self.non_blocking), batch, self.torch)
-
-
 class _FirstState:
     """The loader's state after the first batch of a pass, shared with the producer."""
 
@@ -228,7 +119,7 @@ class _FirstState:
 def _produce(
     loader: Iterable[Any],
     channel: _Channel,
-    copier: Callable[[Any], Any] | None,
+    copier: StreamCopier | SyncCopier | None,
     first: _FirstState,
 ) -> None:
     """The producer thread; it holds no reference to the iterator, so GC can stop it.
@@ -236,31 +127,54 @@ def _produce(
     Each item is ``(batch, state)``: a loader whose state counts ``consumed``
     batches (recordkit's) is asked for it once, after the first batch, and the
     consumer adds what it took since; any other loader with a ``state_dict`` is
-    asked after every batch.
+    asked after every batch. The copies read the loader's buffers, so they are
+    finished before the loader's iteration is closed (a loader process unmaps
+    its shared memory then).
     """
+    outcome: Any = _End()
+    it: Any = None
     try:
+        if copier is not None:
+            copier.start()
         state_dict = getattr(loader, "state_dict", None)
         it = iter(loader)
-        try:
-            for n, batch in enumerate(it):
-                state = None
-                if state_dict is not None and (n == 0 or not first.counted):
-                    state = state_dict()
-                    if n == 0:
-                        first.counted = isinstance(state, dict) and isinstance(
-                            state.get("consumed"), int
-                        )
-                        first.state = state
-                item = copier(batch) if copier is not None else batch
-                if not channel.put((item, state)):
-                    return  # closed
-            channel.put_last(_End())
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()  # a generator's finally (reader threads, workers) runs here
+        n = 0
+        while True:
+            if copier is not None:
+                copier.release(1)  # the loader may need the buffers of finished copies
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            state = None
+            if state_dict is not None and (n == 0 or not first.counted):
+                state = state_dict()
+                if n == 0:
+                    first.counted = isinstance(state, dict) and isinstance(
+                        state.get("consumed"), int
+                    )
+                    first.state = state
+            item = copier(batch) if copier is not None else batch
+            del batch  # the copier keeps what its copies still read, and only that
+            if not channel.put((item, state)):
+                outcome = None  # closed: nobody listens
+                break
+            del item
+            n += 1
     except BaseException as exc:
-        channel.put_last(_Failure(exc))
+        outcome = _Failure(exc)
+    steps = [] if copier is None else [copier.finish]
+    close = getattr(it, "close", None)
+    if close is not None:
+        steps.append(close)  # a generator's finally (reader threads, workers) runs here
+    for step in steps:
+        try:
+            step()
+        except BaseException as exc:
+            if outcome is not None and not isinstance(outcome, _Failure):
+                outcome = _Failure(exc)
+    if outcome is not None:
+        channel.put_last(outcome)
 
 
 def _stop(channel: _Channel, thread: threading.Thread) -> None:
@@ -317,12 +231,13 @@ class _PrefetchIterator:
         if state is not None:
             self.state = state
         self.consumed += 1
-        if isinstance(batch, _Ready):
-            torch = owner._torch
-            stream = torch.cuda.current_stream(owner.device)
+        if isinstance(batch, Ready):
+            module: Any = owner._module  # not None: only a device with streams makes a Ready
+            stream = module.current_stream(owner.device)  # the user's, at this next()
             stream.wait_event(batch.event)  # the consumer's stream waits, the host does not
             for t in batch.tensors:
-                t.record_stream(stream)  # the allocator reuses it only after this stream's work
+                # the allocator reuses it only after this stream's work
+                _devcopy.record_stream(t, stream)
             return batch.batch
         return batch
 
@@ -344,22 +259,29 @@ class DevicePrefetcher:
 
     Wraps any iterable of tensors, or of dicts / lists / tuples of tensors (a
     :class:`RecordDataset`, a ``DataLoader``); other values in a batch (``bytes``,
-    ints) pass through. Iterate it once per epoch, as the loader. With CUDA, a
-    batch arrives on the device with its copies ordered before the current
-    stream's next kernels; the host never waits for a copy.
+    ints) pass through. Iterate it once per epoch, as the loader. On CUDA (or
+    XPU), a batch arrives on the device with its copies ordered before the
+    next kernels of the stream that is current at ``next()``; the host never
+    waits for a copy. A yielded host tensor must not be written in place (the
+    reader may reuse its buffer once the copy is done).
 
     Args:
         loader: the iterable to wrap.
-        device: where batches go (``"cuda"``, ``"cuda:1"``, a ``torch.device``,
-            ``"cpu"``). ``"cpu"`` is a pass-through that still loads ahead.
+        device: where batches go (``"cuda"``, ``"cuda:1"``, ``"xpu"``, a
+            ``torch.device``, ``"cpu"``). ``"cpu"`` is a pass-through that still
+            loads ahead. A device without an index is resolved when the first
+            pass starts (``torch.cuda.current_device()`` then), so a prefetcher
+            made before ``torch.cuda.set_device(local_rank)`` still feeds that rank.
         depth: batches loaded (and copied) ahead of the consumer. 2 hides one
             batch's load and copy behind one step while the next is queued; more
             only helps when load times vary a lot, and costs device memory.
         pin_memory: stage tensors that are not in pinned memory through reusable
-            pinned buffers, so copies are asynchronous (CUDA only).
-        non_blocking: issue the copies asynchronously (CUDA only).
+            pinned buffers, so copies are asynchronous (devices with streams).
+        non_blocking: issue the copies asynchronously (devices with streams;
+            elsewhere copies block the background thread, never the consumer).
 
     Attributes:
+        device: the device batches go to (with its index once a pass has started).
         wait_seconds: time the consumer spent waiting for a batch (all passes):
             near zero when loading is hidden behind compute.
 
@@ -367,7 +289,7 @@ class DevicePrefetcher:
     counts the batches this prefetcher has *yielded*, not those loaded ahead, so
     resuming from it replays nothing and skips nothing. Starting a new pass
     closes the previous one; :meth:`close`, leaving a ``with`` block, or dropping
-    the iterator stops the background thread.
+    the iterator stops the background thread and lets go of its host buffers.
     """
 
     def __init__(
@@ -383,31 +305,39 @@ class DevicePrefetcher:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         dev = torch.device(device)
-        if dev.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"device {device!r}: CUDA is not available; use device='cpu'")
-            if dev.index is None:
-                dev = torch.device("cuda", torch.cuda.current_device())
+        module = _devcopy.device_module(torch, dev.type)
+        ok = module.is_available() if module is not None else _devcopy.is_available(torch, dev.type)
+        if dev.type != "cpu" and not ok:
+            raise RuntimeError(
+                f"device {device!r}: {dev.type.upper()} is not available; use device='cpu'"
+            )
         self._torch = torch
+        self._module = module
         self.loader = loader
         self.device = dev
         self.depth = depth
         self.pin_memory = pin_memory
         self.non_blocking = non_blocking
         self.wait_seconds = 0.0
-        self._cuda_copier: _CudaCopier | None = None
         self._active: weakref.ref[_PrefetchIterator] | None = None
 
-    def _copier(self) -> Callable[[Any], Any] | None:
+    def _copier(self) -> StreamCopier | SyncCopier | None:
+        """A fresh copier per pass: a stuck earlier pass can never share its slots."""
         if self.device.type == "cpu":
             return None
-        if self.device.type != "cuda":
-            return _MoveTo(self._torch, self.device, self.non_blocking)
-        if self._cuda_copier is None:  # slots (pinned arenas) are kept from pass to pass
-            self._cuda_copier = _CudaCopier(
-                self._torch, self.device, self.depth + 2, self.pin_memory, self.non_blocking
-            )
-        return self._cuda_copier
+        if self._module is None:
+            return SyncCopier(self._torch, self.device)
+        if self.device.index is None:  # resolved once, at the first pass
+            index = self._module.current_device()
+            self.device = self._torch.device(self.device.type, index)
+        return StreamCopier(
+            self._torch,
+            self._module,
+            self.device,
+            self.depth + 2,
+            self.pin_memory,
+            self.non_blocking,
+        )
 
     def __iter__(self) -> Iterator[Any]:
         self.close()

@@ -42,6 +42,8 @@ from torch.utils.data import DataLoader as _TorchDataLoader  # noqa: E402
 from torch.utils.data import Dataset as _TorchDataset  # noqa: E402
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
+from ._devcopy import can_pin as _can_pin  # noqa: E402
+from ._devcopy import pinned_slab as _pinned_slab  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
@@ -64,19 +66,6 @@ _STATE_VERSION = 2
 # Guards (re)opening the shard maps of a dataset object; opening is rare (once per
 # process), so one lock for all datasets is enough.
 _OPEN_LOCK = threading.Lock()
-
-
-def _can_pin() -> bool:
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None:
-        return bool(accelerator.is_available())
-    return bool(torch.cuda.is_available())
-
-
-def _pinned_slab(nbytes: int) -> np.ndarray:
-    """A page-locked slab; the array keeps the tensor (and so the memory) alive."""
-    slab: np.ndarray = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
-    return slab
 
 
 def _cpus() -> int:

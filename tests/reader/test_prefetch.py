@@ -377,43 +377,145 @@ def test_cuda_step_time_is_max_not_sum():
     assert pf.wait_seconds < steps * load_s / 2
 
 
+def _pinned(nbytes):
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def _want(n, i):
+    return int((np.arange(n, dtype=np.int64) ^ i).sum())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-def test_cuda_no_use_after_free():
-    """Device memory of a dropped batch is not reused while the consumer's kernels still read it,
-    and pooled pinned host buffers are not overwritten while a copy reads them."""
-    cycles = int(_cycles_per_ms() * 5)
-    n = 1 << 20
+@pytest.mark.parametrize("case", ["wait", "keep", "user_stream", "record"])
+def test_cuda_races(monkeypatch, case):
+    """Deterministic races, one per line that prevents it; checksums of every batch.
 
-    class Reusing:
-        """Yields pinned tensors from a two-buffer pool, rewritten as soon as allowed."""
+    - ``wait``: the side stream's copies run 30 ms late and the consumer reads
+      at once: only the consumer stream's ``wait_event`` orders the read after them.
+    - ``keep``: copies run late, the consumer synchronizes before reading, and
+      the loader drops each pinned buffer before allocating the next, so the
+      pool hands it out again at once: only the copier's keep stops the
+      rewrite before the late copy has read it.
+    - ``user_stream``: as ``wait``, on a stream the user made current around
+      the loop: the wait must be on the stream current at ``next()``.
+    - ``record``: copies on time; the consumer's stream is busy 30 ms, then
+      reads, and the batch is dropped while that read is queued; the producer
+      then allocates device memory of the same size: only ``record_stream``
+      keeps the allocator from handing the dropped block to the next copy.
+    """
+    from recordkit import _devcopy
 
-        def __init__(self):
-            self.pool = BufferPool(allocate=_pinned, min_bytes=0)
+    ms, n = _cycles_per_ms(), 1 << 22
+    if case != "record":
+        call = _devcopy.StreamCopier.__call__
 
-        def __iter__(self):
-            for i in range(40):
-                a = self.pool.alloc((n,), np.float32)
-                a[:] = i
-                yield {"x": torch.from_numpy(a), "i": i}
+        def late(self, batch):
+            with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+                torch.cuda._sleep(int(30 * ms))  # every batch's copies queue behind this
+            return call(self, batch)
 
-    def _pinned(nbytes):
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+        monkeypatch.setattr(_devcopy.StreamCopier, "__call__", late)
+    pool = BufferPool(allocate=_pinned, min_bytes=0, max_free_bytes=8 * n)
+
+    def batches():  # a slab is rewritten as soon as its lease dies
+        for i in range(24):
+            a = pool.alloc((n,), np.int32)
+            a[:] = np.arange(n, dtype=np.int32) ^ i
+            batch = {"x": torch.from_numpy(a), "i": i}
+            del a
+            yield batch
+            del batch  # the loader keeps nothing: only the prefetcher may
+
+    stream = torch.cuda.Stream() if case == "user_stream" else torch.cuda.current_stream()
+    got = []
+    with torch.cuda.stream(stream):
+        for b in DevicePrefetcher(batches(), "cuda"):
+            if case == "keep":
+                torch.cuda.synchronize()  # no read can overtake a copy: only the keep counts
+            if case == "record":
+                torch.cuda._sleep(int(30 * ms))  # the consumer is busy, then reads, then drops
+            got.append((b["i"], b["x"].to(torch.int64).sum()))
+            del b
+            if case == "record":
+                time.sleep(0.02)  # the producer allocates (the freed block?) and copies
+    torch.cuda.synchronize()
+    assert len(got) == 24
+    bad = [i for i, v in got if int(v) != _want(n, i)]
+    assert bad == [], f"batches with wrong contents: {bad}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_close_frees_device_and_host_memory():
+    import weakref
+
+    n, refs = 1 << 20, []
+    pool = BufferPool(allocate=_pinned, min_bytes=0)
+
+    def batches():
+        for i in range(20):
+            a = pool.alloc((n,), np.float32)
+            a[:] = i
+            batch = {"x": torch.from_numpy(a), "y": torch.full((1000,), i)}  # y is staged
+            refs.extend(weakref.ref(t) for t in batch.values() if isinstance(t, torch.Tensor))
+            yield batch
 
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
-    results = []
-    pf = DevicePrefetcher(Reusing(), "cuda", depth=2)
-    for batch in pf:
-        torch.cuda._sleep(cycles)  # the consumer stream is busy...
-        results.append((batch["i"], batch["x"] * 1))  # ...then reads the batch
-        del batch  # dropped at once: its memory must wait for the multiply
-    torch.cuda.synchronize()
-    for i, x in results:
-        assert torch.all(x == i), i
-    del results, x
+    pf = DevicePrefetcher(batches(), "cuda", depth=3)
+    it = iter(pf)
+    for i in range(5):
+        b = next(it)
+        assert torch.all(b["x"] == i) and torch.all(b["y"] == i)
+    del b
     pf.close()
     torch.cuda.synchronize()
+    gc.collect()
     assert torch.cuda.memory_allocated() == base
+    assert [r for r in refs if r() is not None] == []  # no host batch held past close()
     stats = torch.cuda.memory_stats()
     assert stats.get("num_alloc_retries", 0) == 0 and stats.get("num_ooms", 0) == 0
+
+
+_SECOND_GPU = r"""
+import sys
+import numpy as np
+import torch
+import recordkit as rk
+from recordkit.torch import DevicePrefetcher, RecordDataset
+
+root = sys.argv[1]
+with rk.Writer(root, rk.Schema(x=rk.Tensor("float32", (256,)))) as w:
+    for i in range(64):
+        w.write({"x": np.full(256, i, np.float32)})
+ds = RecordDataset(root, batch_size=8, pin_memory=True)  # pinned in reader threads
+staged = [{"y": torch.full((1000,), i)} for i in range(8)]  # pageable: staged
+pf = DevicePrefetcher(ds, "cuda")  # made before set_device, resolved at the first pass
+torch.cuda.set_device(1)
+seen = sorted(int(v) for b in pf for v in b["x"][:, 0].tolist())
+assert seen == list(range(64)), seen
+assert pf.device == torch.device("cuda", 1), pf.device
+for i, b in enumerate(DevicePrefetcher(staged, "cuda")):
+    assert b["y"].device == torch.device("cuda", 1) and int(b["y"][0]) == i
+torch.cuda.synchronize()
+assert not torch._C._cuda_hasPrimaryContext(0), "a context was opened on GPU 0"
+print("ok")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_second_gpu_opens_no_context_on_the_first(tmp_path):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _SECOND_GPU, str(tmp_path / "ds")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
