@@ -17,6 +17,10 @@ setup(
     ext_modules=[
         Extension(
             "recordkit._native", ["recordkit/_native.c"], optional=True, extra_compile_args=args
-        )
+        ),
+        # The shuffle's keyed permutation (recordkit/reader/order.py has the NumPy twin).
+        Extension(
+            "recordkit._order", ["recordkit/_order.c"], optional=True, extra_compile_args=args
+        ),
     ]
 )

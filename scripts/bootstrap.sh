@@ -11,7 +11,7 @@ VENV=${RECORDKIT_VENV:-.venv}
 TORCH_SPEC=${RECORDKIT_TORCH_SPEC:-torch==2.13.0}
 
 stamp="$VENV/.recordkit-bootstrap"
-want=$(cat pyproject.toml setup.py recordkit/_native.c scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.py recordkit/*.c scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi

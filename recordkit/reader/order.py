@@ -18,7 +18,18 @@ Six rounds: four leave visible structure on sorted data (the research notes in
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import numpy as np
+
+# The C twin of the network below (recordkit/_order.c): same results, ~20x faster.
+_c: Any = None
+if os.environ.get("RECORDKIT_NO_NATIVE", "") in ("", "0"):
+    try:
+        from .. import _order as _c
+    except ImportError:  # built without a C compiler: NumPy computes the same
+        _c = None
 
 __all__ = ["Permutation", "mix64", "mixing"]
 
@@ -54,7 +65,7 @@ class Permutation:
         key: any integer; equal keys give equal permutations.
     """
 
-    __slots__ = ("_keys", "_left", "_right", "n")
+    __slots__ = ("_ckeys", "_keys", "_left", "_right", "n")
 
     def __init__(self, n: int, key: int) -> None:
         if n < 0:
@@ -62,15 +73,25 @@ class Permutation:
         self.n = n
         bits = max(2, (n - 1).bit_length())
         self._left, self._right = bits // 2, bits - bits // 2
-        self._keys = [np.uint64(mix64(key, r)) for r in range(_ROUNDS)]
+        ckeys = tuple(mix64(key, r) for r in range(_ROUNDS))
+        self._ckeys = ckeys
+        self._keys = [np.uint64(k) for k in ckeys]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """The images of positions ``x`` (int64 array in ``[0, n)``)."""
-        return self._walk(x, self._encrypt)
+        return self._apply(x, inverse=False)
 
     def inverse(self, y: np.ndarray) -> np.ndarray:
         """The positions whose images are ``y``."""
-        return self._walk(y, self._decrypt)
+        return self._apply(y, inverse=True)
+
+    def _apply(self, x: np.ndarray, *, inverse: bool, native: bool | None = None) -> np.ndarray:
+        if (_c is not None if native is None else native) and self.n > 1:
+            src = np.ascontiguousarray(x, dtype=np.int64)
+            out = np.empty_like(src)
+            _c.permute(src, out, self.n, self._left, self._right, self._ckeys, inverse)
+            return out
+        return self._walk(x, self._decrypt if inverse else self._encrypt)
 
     def _walk(self, x: np.ndarray, step: object) -> np.ndarray:
         x = np.asarray(x, dtype=np.int64)

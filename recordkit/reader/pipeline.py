@@ -199,28 +199,36 @@ class RecordReader:
     def _decode_task(self, task: _Task) -> _Done:
         t0 = time.perf_counter()
         shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
-        bounds = _runs(shard_ids)
+        groups = _groups(shard_ids)  # a shuffled task reads each shard's records in one call
         kept = np.ones(len(records), dtype=bool)
         parts: list[tuple[Columns, int]] = []
+        rows_of_parts: list[np.ndarray] = []
         nbytes = 0
         skipped: list[CorruptRecordError] = []
-        for lo, hi in bounds:
-            recs = records[lo:hi]
-            with self.shards.use(int(shard_ids[lo])) as shard:
+        for sid, rows in groups:
+            recs = records[rows]
+            with self.shards.use(sid) as shard:
                 offsets, sizes = shard.offsets[recs], shard.sizes[recs]
-                alloc = self.pool.alloc if len(bounds) == 1 else None
+                alloc = self.pool.alloc if len(groups) == 1 else None
                 batch = self.decoder.decode(shard.buf, offsets, sizes, alloc=alloc)
             nbytes += batch.nbytes
+            ok = np.ones(len(rows), dtype=bool)
             for pos, err in batch.bad:
                 located = err.located(shard.path, int(offsets[pos]), int(recs[pos]))
                 if self.on_error == "raise":
                     raise located
                 skipped.append(located)
-                kept[lo + pos] = False
+                ok[pos] = False
+            kept[rows[~ok]] = False
             if batch.n:
                 parts.append((batch.columns, batch.n))
-        columns, rows = _concat(parts, self.pool.alloc) if parts else ({}, 0)
-        chunk = Chunk(units=unit_of_row[kept], columns=columns, rows=rows)
+                rows_of_parts.append(rows[ok])
+        columns, n = _concat(parts, self.pool.alloc) if parts else ({}, 0)
+        if len(parts) > 1:  # back from shard order to the task's order
+            where = np.concatenate(rows_of_parts)
+            if (np.diff(where) < 0).any():
+                columns = _take(columns, np.argsort(where, kind="stable"))
+        chunk = Chunk(units=unit_of_row[kept], columns=columns, rows=n)
         return _Done(chunk, nbytes, skipped, time.perf_counter() - t0)
 
     # -- the consumer side -------------------------------------------------------------
@@ -269,18 +277,14 @@ class RecordReader:
         n = len(records)
         rec = np.empty((n, 3), dtype=np.int64)
         held: list[MappedShard] = []  # released once the runner is done with the task
-        slot: dict[int, int] = {}
         try:
-            for lo, hi in _runs(shard_ids):
-                sid = int(shard_ids[lo])
-                if sid not in slot:
-                    slot[sid] = len(held)
-                    held.append(self.shards.acquire(sid))
-                shard = held[slot[sid]]
-                recs = records[lo:hi]
-                rec[lo:hi, 0] = slot[sid]
-                rec[lo:hi, 1] = shard.offsets[recs]
-                rec[lo:hi, 2] = shard.sizes[recs]
+            for slot, (sid, rows) in enumerate(_groups(shard_ids)):
+                shard = self.shards.acquire(sid)
+                held.append(shard)
+                recs = records[rows]
+                rec[rows, 0] = slot
+                rec[rows, 1] = shard.offsets[recs]
+                rec[rows, 2] = shard.sizes[recs]
         except BaseException:
             self._release(held)
             raise
@@ -426,10 +430,31 @@ def _units_within(task: _Task, cap: int) -> int:
     return max(1, units_before // task.units.step)
 
 
-def _runs(shard_ids: np.ndarray) -> list[tuple[int, int]]:
-    """The ``[lo, hi)`` runs of equal shard ids (a task's records, shard by shard)."""
-    edges = (np.flatnonzero(np.diff(shard_ids)) + 1).tolist()
-    return list(zip([0, *edges], [*edges, len(shard_ids)], strict=True))
+def _groups(shard_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """A task's rows grouped by shard: ``(shard id, rows in task order)``, by shard id."""
+    if not len(shard_ids):
+        return []
+    if (np.diff(shard_ids) >= 0).all():  # unshuffled: runs already in order
+        order = np.arange(len(shard_ids))
+        ids = shard_ids
+    else:
+        order = np.argsort(shard_ids, kind="stable")
+        ids = shard_ids[order]
+    edges = (np.flatnonzero(np.diff(ids)) + 1).tolist()
+    return [
+        (int(ids[lo]), order[lo:hi]) for lo, hi in zip([0, *edges], [*edges, len(ids)], strict=True)
+    ]
+
+
+def _take(columns: Columns, index: np.ndarray) -> Columns:
+    """Columns with their rows reordered by ``index``."""
+    out: Columns = {}
+    for key, value in columns.items():
+        if isinstance(value, np.ndarray):
+            out[key] = value[index]
+        else:
+            out[key] = [value[i] for i in index.tolist()]
+    return out
 
 
 def _reader_nice() -> int:
