@@ -17,6 +17,7 @@ import recordkit.reader.order as order
 from recordkit.reader.order import Permutation, mixing
 from recordkit.reader.plan import EpochPlan, PlanOptions, Split
 
+
 def _need_native() -> None:
     if order._c is None:
         if os.environ.get("RECORDKIT_REQUIRE_NATIVE"):  # CI: the extension must build
