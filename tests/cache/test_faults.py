@@ -17,7 +17,7 @@ from recordkit.cache import CacheFullError, ShardCache, _fill
 from recordkit.format.index import scan_index
 from recordkit.format.manifest import read_manifest
 
-from .conftest import disk_bytes, visible_shards, write_dataset
+from .conftest import disk_bytes, overhead, visible_shards, write_dataset
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,7 +81,7 @@ def child():
 
 def test_reader_sigkilled_while_pinning_releases_its_pins(remote, tmp_path, child):
     root = tmp_path / "c"
-    budget = 3 * max(s.bytes for s in read_manifest(remote).shards) + 2000
+    budget = 3 * max(s.bytes for s in read_manifest(remote).shards) + 2000 + overhead(remote)
     cache = ShardCache(remote, root, max_bytes=budget, fill_workers=0)
     assert cache.fill() == 3
     reader = child(
@@ -141,7 +141,7 @@ def test_filler_sigkilled_mid_download_leaves_nothing_visible(remote, tmp_path, 
 
 def test_two_processes_fill_one_directory(remote, tmp_path, child):
     root = tmp_path / "c"
-    budget = 5 * max(s.bytes for s in read_manifest(remote).shards) + 3000
+    budget = 5 * max(s.bytes for s in read_manifest(remote).shards) + 3000 + overhead(remote)
     code = f"""
         from recordkit.cache import ShardCache
         n = ShardCache({str(remote)!r}, {str(root)!r}, max_bytes={budget}, fill_workers=2,
