@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 
 # Checkpoint and truncate the WAL once it passes this: small enough to bound the
 # bookkeeping's share of a budget, large enough that checkpoints (which write and
-# fsync the database) come once per dozens of events.
-WAL_LIMIT = 64 * 1024
+# fsync the database) come once per ten or so events (1 KiB pages).
+WAL_LIMIT = 32 * 1024
 _LAYOUT = 1  # PRAGMA user_version of the layout below
 
 _SCHEMA = """
@@ -79,7 +79,35 @@ CREATE TRIGGER shards_upd AFTER UPDATE OF present, bytes, index_bytes ON shards 
     UPDATE totals SET bytes = bytes - OLD.present * (OLD.bytes + OLD.index_bytes)
                                     + NEW.present * (NEW.bytes + NEW.index_bytes);
 END;
+CREATE INDEX shards_lru ON shards(used, published, path) WHERE present = 1;
+CREATE INDEX shards_consumed ON shards(consumed, used, published, path) WHERE present = 1;
+-- Every change to the published set, in order: a process keeps its copy of the set
+-- current by reading what was appended since it last looked (see Store.present).
+CREATE TABLE changes(
+    seq INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    present INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    index_bytes INTEGER NOT NULL
+);
+CREATE TRIGGER changes_ins AFTER INSERT ON shards WHEN NEW.present = 1 BEGIN
+    INSERT INTO changes(path, present, bytes, index_bytes)
+    VALUES (NEW.path, 1, NEW.bytes, NEW.index_bytes);
+END;
+CREATE TRIGGER changes_upd AFTER UPDATE OF present, bytes, index_bytes ON shards
+WHEN OLD.present != NEW.present OR (NEW.present = 1
+    AND (OLD.bytes != NEW.bytes OR OLD.index_bytes != NEW.index_bytes)) BEGIN
+    INSERT INTO changes(path, present, bytes, index_bytes)
+    VALUES (NEW.path, NEW.present, NEW.bytes, NEW.index_bytes);
+END;
+CREATE TRIGGER changes_del AFTER DELETE ON shards WHEN OLD.present = 1 BEGIN
+    INSERT INTO changes(path, present, bytes, index_bytes) VALUES (OLD.path, 0, 0, 0);
+END;
 """
+# The change log keeps this many entries (trimmed at each commit); a process further
+# behind reloads the whole set. Small: the log's pages count against the budget.
+_CHANGES_KEPT = 256
+_PAGE = 64  # eviction candidates read at a time
 _COLUMNS = ("seen", "published", "used", "uses", "reads", "consumed")
 
 
@@ -95,7 +123,7 @@ class Store:
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
         self._present: dict[str, tuple[int, int]] | None = None
-        self._version = -1
+        self._seq = 0  # the last change applied to _present
 
     @property
     def files(self) -> tuple[str, str, str]:
@@ -117,6 +145,9 @@ class Store:
             self.path, timeout=60.0, isolation_level=None, check_same_thread=False
         )
         try:
+            # Small pages: the database's and the WAL's bytes count against the budget,
+            # and an event changes a row or two. (Takes effect only on a new database.)
+            conn.execute("PRAGMA page_size=1024")
             conn.execute("PRAGMA journal_mode=WAL").fetchone()
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA wal_autocheckpoint=0")  # we checkpoint (see _commit)
@@ -163,6 +194,10 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                conn.execute(
+                    "DELETE FROM changes WHERE seq <= (SELECT max(seq) FROM changes) - ?",
+                    (_CHANGES_KEPT,),
+                )
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -181,19 +216,45 @@ class Store:
         except FileNotFoundError:
             wal = 0
         if wal > WAL_LIMIT:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.OperationalError as exc:  # a full disk: the next commit tries again
+                log.warning("cache state %s: checkpoint failed (%s)", self.path, exc)
 
     # -- reading -------------------------------------------------------------------------------
 
     def present(self) -> dict[str, tuple[int, int]]:
-        """Published shards: path -> (shard bytes, index bytes). Kept in memory and
-        reloaded only when another process has committed since (``data_version``)."""
+        """Published shards: path -> (shard bytes, index bytes).
+
+        Kept in memory and brought up to date from the change log (what any process
+        changed since this one last looked), so a call costs the changes, not the
+        shards; a process too far behind the log's kept entries reloads the set."""
         conn = self._db()
-        version = conn.execute("PRAGMA data_version").fetchone()[0]
-        if self._present is None or version != self._version:
-            rows = conn.execute("SELECT path, bytes, index_bytes FROM shards WHERE present = 1")
-            self._present = {p: (int(b), int(i)) for p, b, i in rows}
-            self._version = version
+        if self._present is not None:
+            rows = conn.execute(
+                "SELECT seq, path, present, bytes, index_bytes FROM changes WHERE seq > ? "
+                "ORDER BY seq",
+                (self._seq,),
+            ).fetchall()
+            if not rows or rows[0][0] == self._seq + 1:
+                for seq, path, present, nbytes, index_bytes in rows:
+                    if present:
+                        self._present[path] = (int(nbytes), int(index_bytes))
+                    else:
+                        self._present.pop(path, None)
+                    self._seq = seq
+                return self._present
+        own = not conn.in_transaction
+        if own:
+            conn.execute("BEGIN")  # one snapshot: the set and the log position agree
+        try:
+            seq = conn.execute("SELECT coalesce(max(seq), 0) FROM changes").fetchone()[0]
+            found = conn.execute("SELECT path, bytes, index_bytes FROM shards WHERE present = 1")
+            self._present = {p: (int(b), int(i)) for p, b, i in found}
+        finally:
+            if own:
+                conn.execute("COMMIT")
+        self._seq = int(seq)
         return self._present
 
     def logical_bytes(self) -> int:
@@ -251,19 +312,41 @@ class Store:
 
     def victims(self, policy: str, *, displace: bool) -> Iterator[tuple[str, int]]:
         """Published shards in eviction order with their bytes (pins not applied):
-        consumed this epoch first (``consumed-lru``), then least recently used."""
-        where = "present = 1"
-        if displace:
-            where += " AND reads > 0" if policy == "consumed-lru" else " AND uses > 0"
-        first = "(consumed IS NOT NULL AND consumed = ?)" if policy == "consumed-lru" else "?"
-        epoch = self.epoch if policy == "consumed-lru" else 0
-        rows = self._db().execute(
-            f"SELECT path, bytes + index_bytes FROM shards WHERE {where} "
-            f"ORDER BY {first} DESC, used, published, path",
-            (epoch,),
-        )
-        for path, size in rows.fetchall():
-            yield str(path), int(size)
+        consumed this epoch first (``consumed-lru``), then least recently used.
+        With ``displace``, only shards read (``consumed-lru``) or used (``lru``) since
+        they arrived. Read lazily, a batch at a time, along an index."""
+        used = "reads" if policy == "consumed-lru" else "uses"
+        extra = f" AND {used} > 0" if displace else ""
+        if policy == "consumed-lru":
+            epoch = self.epoch
+            yield from self._by_lru(f"consumed = ?{extra}", (epoch,))
+            yield from self._by_lru(f"(consumed IS NULL OR consumed != ?){extra}", (epoch,))
+        else:
+            yield from self._by_lru(f"1{extra}", ())
+
+    def _by_lru(self, where: str, args: tuple[Any, ...]) -> Iterator[tuple[str, int]]:
+        # Keyset pages: shards evicted between two pages leave the set without
+        # shifting the rest (the caller holds the directory lock: nothing else moves).
+        after: tuple[Any, ...] = ()
+        while True:
+            cond = f"present = 1 AND {where}"
+            if after:
+                cond += " AND (used, published, path) > (?, ?, ?)"
+            rows = (
+                self._db()
+                .execute(
+                    f"SELECT path, bytes + index_bytes, used, published FROM shards "
+                    f"WHERE {cond} ORDER BY used, published, path LIMIT {_PAGE}",
+                    (*args, *after),
+                )
+                .fetchall()
+            )
+            for path, size, _, _ in rows:
+                yield str(path), int(size)
+            if len(rows) < _PAGE:
+                return
+            last = rows[-1]
+            after = (last[2], last[3], last[0])
 
     def max_ratio(self, plan: str) -> float | None:
         """The largest (shard + index bytes) / source bytes of shards produced by ``plan``."""
@@ -299,8 +382,6 @@ class Store:
                 "consumed = NULL, extra = excluded.extra",
                 (rel, nbytes, index_bytes, now, now, json.dumps(merged, sort_keys=True)),
             )
-        if self._present is not None:
-            self._present[rel] = (nbytes, index_bytes)
 
     def adopt(self, found: dict[str, tuple[int, int]], foreign: int) -> None:
         """Make the published set what a directory walk ``found`` (path -> sizes), and
@@ -318,7 +399,6 @@ class Store:
                         (rel, nbytes, index_bytes, time.time(), time.time()),
                     )
             db.execute("UPDATE settings SET value = ? WHERE key = 'foreign'", (foreign,))
-        self._present = None
 
     def found(self, rel: str, nbytes: int, index_bytes: int) -> None:
         """Record a published shard found on disk (its history, if any, stays)."""
@@ -330,15 +410,11 @@ class Store:
                 "bytes = excluded.bytes, index_bytes = excluded.index_bytes",
                 (rel, nbytes, index_bytes, now, now),
             )
-        if self._present is not None:
-            self._present[rel] = (nbytes, index_bytes)
 
     def evicted(self, rel: str) -> None:
         """Record that a shard's files were removed (its history stays)."""
         with self._write() as db:
             db.execute("UPDATE shards SET present = 0 WHERE path = ?", (rel,))
-        if self._present is not None:
-            self._present.pop(rel, None)
 
     def touch(self, rels: Iterable[str], *, epoch: int | None, consumed: bool) -> None:
         """Record a use (for LRU) and, with ``consumed``, a read in ``epoch``."""

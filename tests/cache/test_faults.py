@@ -227,7 +227,8 @@ def test_sigkill_at_any_moment_loses_nothing_and_leaves_nothing(tmp_path, child)
     remote = tmp_path / "remote"
     manifest = write_dataset(remote, shards=40, records=2, size=200)
     root = tmp_path / "c"
-    budget = 6 * max(s.bytes for s in manifest.shards) + 2000 + overhead(remote)
+    # (the store's history and change log grow a little as shards come and go)
+    budget = 6 * max(s.bytes for s in manifest.shards) + 16 * 1024 + overhead(remote)
     code = f"""
         from recordkit.cache import ShardCache
         cache = ShardCache({str(remote)!r}, {str(root)!r}, max_bytes={budget}, fill_workers=2)
