@@ -2,10 +2,13 @@
 
 The cache itself owns what both modes share: the budget, reservations,
 eviction, pins, the fill order, the worker threads and snapshots. What differs
-between shard mode and producer mode is a *filler* (:class:`Filler`): what the
-catalog's entries are, how much room filling one needs up front, and how it is
-staged and published (``_fill.Fetcher`` downloads, ``_produce.Producer`` runs
-a conversion in a writer subprocess).
+between shard mode and producer mode is a *filler* (``_reservation.Filler``):
+what the catalog's entries are, how much room filling one needs up front, and
+how it is staged and published (``_fill.Fetcher`` downloads,
+``_produce.Producer`` runs a conversion in a writer subprocess). A filler gets
+the pieces it uses, never the cache: a :class:`~._types.FillContext` of
+settings, the :class:`~._dir.CacheDir` for its catalog, and per entry a
+:class:`~._reservation.Reservation` (stage with disk room, grow, publish).
 """
 
 from __future__ import annotations
@@ -57,8 +60,10 @@ class ShardCache:
     cache has seen least (seeded order among equals) into ``local_dir``: each
     through a temp file, checked for size, CRC32C and index, then published
     atomically (index first). The disk budget ``max_bytes`` is never exceeded —
-    space is reserved before a download begins, so temp files count — and when
-    it is full the policy evicts (unlinks) shards that no reader pins.
+    space is reserved before a download begins, so temp files count, and the
+    cache's own bookkeeping (its sqlite state, catalog, lock and claim files)
+    counts too — and when it is full the policy evicts (unlinks) shards that no
+    reader pins.
 
     Readers call :meth:`snapshot` at each epoch start and read the shards it
     lists; see :mod:`recordkit.cache` for the protocol. Several processes may
