@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -182,6 +182,9 @@ class ShardCache:
         self._remote: Remote | None = None
         self._infos: list[ShardInfo] | None = None
         self._tiebreak: dict[str, int] = {}
+        self._by_path: dict[str, ShardInfo] = {}
+        self._order: list[ShardInfo] = []  # the catalog by seeded hash
+        self._cursor = 0  # every entry before it has been fetched at least once
         self._filler: Filler
         context = FillContext(
             remote_url=self.remote_url,
@@ -245,24 +248,47 @@ class ShardCache:
         mode one entry per partition (``bytes`` is then the partition's source size).
         A cache whose remote is unreachable uses the copy saved in the directory."""
         if self._infos is None:
-            self._infos = self._filler.catalog()
-            self._tiebreak = {
-                i.path: zlib.crc32(f"{self.seed}:{i.path}".encode()) for i in self._infos
-            }
+            infos = self._filler.catalog()
+            self._tiebreak = {i.path: zlib.crc32(f"{self.seed}:{i.path}".encode()) for i in infos}
+            self._by_path = {i.path: i for i in infos}
+            self._order = sorted(infos, key=lambda i: (self._tiebreak[i.path], i.path))
+            self._cursor = 0
+            self._infos = infos
         return self._infos
 
     def _known(self) -> dict[str, ShardInfo]:
-        return {i.path: i for i in self.catalog()}
+        self.catalog()
+        return self._by_path
 
-    def _order_key(self) -> Callable[[ShardInfo], tuple[int, int]]:
-        """The fill order: shards fetched least often first, then a seeded hash."""
-        seen = self.dir.store.seen(absent=True)
-        tiebreak = self._tiebreak
+    def _next(self, present: Mapping[str, Any], leased: set[str]) -> ShardInfo | None:
+        """The next shard to fetch: fetched least often first, then by seeded hash.
 
-        def key(info: ShardInfo) -> tuple[int, int]:
-            return (seen.get(info.path, 0), tiebreak[info.path])
+        While some shard was never fetched, the answer comes from a cursor over the
+        hash order that only moves forward past shards already fetched, so the
+        first pass over a catalog costs O(1) per decision, not O(shards); after it,
+        one pass over the catalog picks among the shards fetched before.
+        """
+        now = time.monotonic()
+        cooldown = self._cooldown
+        seen = self.dir.store.seen(absent=True)  # evicted shards: how often fetched
+        order = self._order
 
-        return key
+        def fetched(info: ShardInfo) -> bool:
+            return info.path in present or info.path in seen
+
+        def free(info: ShardInfo) -> bool:
+            return info.path not in leased and cooldown.get(info.path, 0) <= now
+
+        while self._cursor < len(order) and fetched(order[self._cursor]):
+            self._cursor += 1
+        for k in range(self._cursor, len(order)):
+            info = order[k]
+            if not fetched(info) and free(info):
+                return info
+        again = [i for i in order if i.path not in present and free(i)]
+        if not again:
+            return None
+        return min(again, key=lambda i: (seen.get(i.path, 0), self._tiebreak[i.path]))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -412,22 +438,18 @@ class ShardCache:
             CacheFullError: the shard exceeds the budget, or the disk is full
                 even after eviction.
         """
-        infos = self.catalog()
+        known = self._known()
         with self.dir.lock():
             scan = self.dir.scan()
             leased, present = scan.leased, scan.complete
-            now = time.monotonic()
-            cooldown = self._cooldown
-            todo = [
-                i
-                for i in infos
-                if i.path not in present
-                and i.path not in leased
-                and (only == i.path if only is not None else cooldown.get(i.path, 0) <= now)
-            ]
-            if not todo:
+            if only is not None:
+                wanted = known.get(only)
+                ok = wanted is not None and only not in present and only not in leased
+                info = wanted if ok else None
+            else:
+                info = self._next(present, leased)
+            if info is None:
                 return "idle"
-            info = min(todo, key=self._order_key())
             capacity = max(0, self.max_bytes - self.dir.fixed_bytes(scan))
             lease = self.dir.reserve(
                 info.path,
