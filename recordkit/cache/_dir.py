@@ -218,7 +218,12 @@ class CacheDir:
 
     def scan(self) -> Scan:
         """The published shards, live claims and bytes used, from the store and the
-        claim files (removing dead processes' claims); the shards are not walked."""
+        claim files (removing dead processes' claims); the shards are not walked
+        (except once, by the process that found the store new or unreadable)."""
+        self.store.present()  # opens the store, which may find it must start afresh
+        if self.store.fresh:
+            self.store.fresh = False
+            self.adopt()
         out = Scan()
         self._claims(out)
         out.complete = self.store.present()
@@ -279,6 +284,20 @@ class CacheDir:
         ]
         return out
 
+    def adopt(self) -> Scan:
+        """Walk the directory and make the store list the complete shards found there,
+        counting files that are not the cache's (nothing is removed)."""
+        with self.lock():
+            self._import_state_json()
+            scan = self.rescan()
+            kept = [self.path(r) for r in scan.incomplete]
+            foreign = scan.foreign + sum(os.path.getsize(p) for p in kept if os.path.exists(p))
+            foreign += sum(
+                os.path.getsize(self.path(r)) for r in scan.orphans if os.path.exists(self.path(r))
+            )
+            self.store.adopt(scan.complete, foreign)
+            return scan
+
     def _import_state_json(self) -> None:
         """Take over a ``state.json`` of a recordkit before the sqlite store, once."""
         path = os.path.join(self.meta, "state.json")
@@ -319,13 +338,8 @@ class CacheDir:
                         self.evict(rel)
                         removed.append(rel)
                         del scan.complete[rel]
-            kept_incomplete = [r for r in scan.incomplete if scan.is_pinned(r)]
-            foreign = scan.foreign + sum(
-                os.path.getsize(self.path(r))
-                for r in kept_incomplete
-                if os.path.exists(self.path(r))
-            )
-            self.store.adopt(scan.complete, foreign)
+            self.store.fresh = False
+            self.adopt()
         if removed:
             log.info("cache gc in %s removed %d file(s)", self.root, len(removed))
         return removed

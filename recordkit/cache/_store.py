@@ -124,6 +124,9 @@ class Store:
         self._pid = -1
         self._present: dict[str, tuple[int, int]] | None = None
         self._seq = 0  # the last change applied to _present
+        # True once this process created (or rebuilt) the database: its content is
+        # not known yet, and the directory must be adopted (CacheDir.scan does).
+        self.fresh = False
 
     @property
     def files(self) -> tuple[str, str, str]:
@@ -157,6 +160,7 @@ class Store:
                 if tables:
                     raise sqlite3.DatabaseError("tables of an unknown layout")
                 conn.executescript(f"BEGIN; {_SCHEMA} PRAGMA user_version={_LAYOUT}; COMMIT;")
+                self.fresh = True
             elif version != _LAYOUT:
                 raise sqlite3.DatabaseError(f"layout {version}, expected {_LAYOUT}")
             ok = conn.execute("PRAGMA quick_check").fetchone()[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -300,3 +301,25 @@ def test_a_writer_process_loads_only_what_it_needs():
         "recordkit.cache._staged",
         "recordkit.cache._writer",
     ]
+
+
+def test_a_directory_of_the_json_state_is_taken_over_by_a_reader(remote, tmp_path):
+    """A cache filled by a recordkit that kept its state in ``state.json``: the first
+    process to open it, a reader here, adopts the shards and the history."""
+    root = tmp_path / "c"
+    ShardCache(remote, root, max_bytes="10MiB", fill_workers=0).fill()
+    meta = root / ".recordkit-cache"
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        if (meta / name).exists():
+            (meta / name).unlink()
+    first = sorted(visible_shards(root))[0]
+    history = {"seen": 2, "published": 1.0, "used": 5.0, "uses": 3, "reads": 1, "consumed": 3}
+    (meta / "state.json").write_text(
+        json.dumps({"epoch": 3, "shards": {first: {**history, "records": 20}}})
+    )
+    reader = ShardCache(None, root, max_bytes="10MiB")
+    with reader.snapshot(4) as snap:
+        assert len(snap) == 10
+    assert not (meta / "state.json").exists()
+    kept = reader.dir.store.meta(first)
+    assert kept["seen"] == 2 and kept["reads"] == 1 and kept["records"] == 20
