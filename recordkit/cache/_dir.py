@@ -30,6 +30,7 @@ Every method that reads or changes this state runs under the directory lock.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -109,7 +110,8 @@ class CacheDir:
             os.makedirs(d, exist_ok=True)
         self.lock = DirLock(os.path.join(self.meta, "lock"))
         self.store = Store(os.path.join(self.meta, "state.db"))
-        self._reaped: list[str] = []  # temp files of dead reservations, for gc's report
+        # temp files of dead reservations removed since the last gc, for its report
+        self._reaped: collections.deque[str] = collections.deque(maxlen=1024)
 
     def path(self, rel: str) -> str:
         """The local path of a shard given its path relative to the root."""
@@ -324,7 +326,8 @@ class CacheDir:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(self.meta, name))
             scan = self.rescan()
-            removed, self._reaped = self._reaped, []
+            removed = list(self._reaped)
+            self._reaped.clear()
             for rel in scan.orphans:
                 self._unlink(rel)
                 removed.append(rel)
