@@ -16,11 +16,20 @@ process: its CPU use competes with the cache's, as a slow remote would not).
 Usage::
 
     python benchmarks/cache_bench.py [--shards 16] [--shard-mib 16] [--repeat 3] [--quick]
+
+Bookkeeping at scale (``--bookkeeping``): a local folder of ``--tiny-shards``
+one-record shards (a path source, no server) is copied into an empty cache by
+``ShardCache.fill()``, and the seconds each thousand shards took are printed,
+with the ratio of the last thousand's rate to the first's (target: >= 0.6; a
+cache whose per-shard bookkeeping grows with the number of shards falls behind)::
+
+    python benchmarks/cache_bench.py --bookkeeping [--tiny-shards 4000]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -60,15 +69,71 @@ def first_batch(path: str, schema) -> None:
     next(iter(RecordDataset(path, batch_size=64, schema=schema)))
 
 
+def bookkeeping(tiny_shards: int, workers: int) -> dict:
+    """Fill a cache from a folder of ``tiny_shards`` tiny shards; seconds per thousand."""
+    import recordkit as rk
+    from recordkit.cache import ShardCache
+
+    class Clock:
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def downloaded(self, nbytes: int) -> None:
+            pass
+
+        def published(self, shard, used: int) -> None:
+            self.times.append(time.perf_counter())
+
+        def evicted(self, path: str) -> None:
+            pass
+
+    work = tempfile.mkdtemp(prefix="rk-cache-bookkeeping-")
+    try:
+        src = os.path.join(work, "src")
+        schema = rk.Schema(data=rk.Bytes(), label=rk.Int64())
+        with rk.Writer(src, schema, max_records=1, fsync=False) as w:
+            for i in range(tiny_shards):
+                w.write({"data": b"x" * 64, "label": i})
+        clock = Clock()
+        cache = ShardCache(
+            src, os.path.join(work, "cache"), max_bytes="1GiB", fill_workers=workers, events=clock
+        )
+        t0 = time.perf_counter()
+        n = cache.fill()
+        total = time.perf_counter() - t0
+        meta = os.path.join(work, "cache", ".recordkit-cache")
+        on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(meta) for f in fs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    marks = [t0, *clock.times[999::1000]]
+    per_k = [round(b - a, 2) for a, b in itertools.pairwise(marks)]
+    return {
+        "shards": n,
+        "fill_workers": workers,
+        "total_s": round(total, 2),
+        "s_per_thousand": per_k,
+        "last_vs_first_rate": round(per_k[0] / per_k[-1], 3) if per_k else None,
+        "bookkeeping_bytes_on_disk": on_disk,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--shard-mib", type=int, default=16)
     ap.add_argument("--record-kib", type=int, default=64)
-    ap.add_argument("--workers", type=int, default=4, help="cache fill workers")
+    ap.add_argument(
+        "--workers", type=int, default=None, help="cache fill workers (4; --bookkeeping: 2)"
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="4 shards of 4 MiB, 1 repeat")
+    ap.add_argument("--bookkeeping", action="store_true", help="fill from many tiny shards")
+    ap.add_argument("--tiny-shards", type=int, default=4000)
     args = ap.parse_args()
+    if args.bookkeeping:  # ShardCache's default fill workers
+        print(json.dumps(bookkeeping(args.tiny_shards, args.workers or 2)))
+        return
+    args.workers = args.workers or 4
     if args.quick:
         args.shards, args.shard_mib, args.repeat = 4, 4, 1
 

@@ -49,11 +49,30 @@ machine's processes share one directory safely; a directory left by a killed
 process is rescanned by ``start()`` and its temp files removed.
 """
 
-from ._cache import ShardCache
-from ._errors import CacheFullError, DownloadError, ProduceError
-from ._remote import RetryOptions
-from ._snapshot import Snapshot
-from ._types import CacheEvents, CacheStatus
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
+    from ._cache import ShardCache
+    from ._errors import CacheFullError, DownloadError, ProduceError
+    from ._remote import RetryOptions
+    from ._snapshot import Snapshot
+    from ._types import CacheEvents, CacheStatus
+
+# Loaded on first use, so that a writer process, which imports only
+# ``recordkit.cache._writer``, does not load the cache (sqlite3, the fill machinery).
+_WHERE = {
+    "CacheEvents": "._types",
+    "CacheFullError": "._errors",
+    "CacheStatus": "._types",
+    "DownloadError": "._errors",
+    "ProduceError": "._errors",
+    "RetryOptions": "._remote",
+    "ShardCache": "._cache",
+    "Snapshot": "._snapshot",
+}
 
 __all__ = [
     "CacheEvents",
@@ -65,3 +84,15 @@ __all__ = [
     "ShardCache",
     "Snapshot",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

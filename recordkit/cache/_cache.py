@@ -2,10 +2,13 @@
 
 The cache itself owns what both modes share: the budget, reservations,
 eviction, pins, the fill order, the worker threads and snapshots. What differs
-between shard mode and producer mode is a *filler* (:class:`Filler`): what the
-catalog's entries are, how much room filling one needs up front, and how it is
-staged and published (``_fill.Fetcher`` downloads, ``_produce.Producer`` runs
-a conversion in a writer subprocess).
+between shard mode and producer mode is a *filler* (``_reservation.Filler``):
+what the catalog's entries are, how much room filling one needs up front, and
+how it is staged and published (``_fill.Fetcher`` downloads,
+``_produce.Producer`` runs a conversion in a writer subprocess). A filler gets
+the pieces it uses, never the cache: a :class:`~._types.FillContext` of
+settings, the :class:`~._dir.CacheDir` for its catalog, and per entry a
+:class:`~._reservation.Reservation` (stage with disk room, grow, publish).
 """
 
 from __future__ import annotations
@@ -15,21 +18,22 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from .._units import parse_size
-from ..errors import RecordkitError, ShardNotFoundError
+from ..errors import ShardNotFoundError
 from ..format.manifest import ShardInfo
 from ..storage import is_remote
-from . import _fill
 from ._dir import POLICIES, CacheDir, Scan
 from ._errors import CacheFullError
+from ._fill import Fetcher
 from ._locks import HeldFile
 from ._remote import Remote, RetryOptions
+from ._reservation import Filler, Reservation
 from ._snapshot import Snapshot
-from ._types import CacheEvents, CacheStatus, Filler, NoEvents
+from ._types import CacheEvents, CacheStatus, FillContext, NoEvents
 
 if TYPE_CHECKING:
     from ..codec.schema import Schema
@@ -47,7 +51,6 @@ _POLL_S = 0.5
 # with each failure, before the next try.
 _COOLDOWN_S = 5.0
 _MAX_COOLDOWN_S = 300.0
-_T = TypeVar("_T")
 
 
 class ShardCache:
@@ -57,8 +60,10 @@ class ShardCache:
     cache has seen least (seeded order among equals) into ``local_dir``: each
     through a temp file, checked for size, CRC32C and index, then published
     atomically (index first). The disk budget ``max_bytes`` is never exceeded —
-    space is reserved before a download begins, so temp files count — and when
-    it is full the policy evicts (unlinks) shards that no reader pins.
+    space is reserved before a download begins, so temp files count, and the
+    cache's own bookkeeping (its sqlite state, catalog, lock and claim files)
+    counts too — and when it is full the policy evicts (unlinks) shards that no
+    reader pins.
 
     Readers call :meth:`snapshot` at each epoch start and read the shards it
     lists; see :mod:`recordkit.cache` for the protocol. Several processes may
@@ -176,12 +181,24 @@ class ShardCache:
             self.remote_url = url if is_remote(url) else os.path.abspath(url)
         self._remote: Remote | None = None
         self._infos: list[ShardInfo] | None = None
+        self._tiebreak: dict[str, int] = {}
+        self._by_path: dict[str, ShardInfo] = {}
+        self._order: list[ShardInfo] = []  # the catalog by seeded hash
+        self._cursor = 0  # every entry before it has been fetched at least once
         self._filler: Filler
+        context = FillContext(
+            remote_url=self.remote_url,
+            storage_options=storage_options,
+            max_bytes=self.max_bytes,
+            fill_workers=fill_workers,
+            chunk_bytes=self.chunk_bytes,
+        )
         if format is not None or (saved is not None and saved.get("mode") == "producer"):
             from ._produce import Producer  # the conversion machinery, only when needed
 
             self._filler = Producer(
-                self,
+                context,
+                self.dir,
                 format=format,
                 schema=schema,
                 source_options=source_options,
@@ -198,7 +215,7 @@ class ShardCache:
             given += ["convert_options"] if convert_options is not None else []
             if given:
                 raise ValueError(f"{', '.join(given)}: producer mode only; give format= too")
-            self._filler = _fill.Fetcher(self)
+            self._filler = Fetcher(context, self.dir, lambda: self.remote)
         self._threads: list[threading.Thread] = []
         self._fill_idents: set[int] = set()  # threads whose work stop() abandons
         self._stop = threading.Event()
@@ -231,20 +248,47 @@ class ShardCache:
         mode one entry per partition (``bytes`` is then the partition's source size).
         A cache whose remote is unreachable uses the copy saved in the directory."""
         if self._infos is None:
-            self._infos = self._filler.catalog()
+            infos = self._filler.catalog()
+            self._tiebreak = {i.path: zlib.crc32(f"{self.seed}:{i.path}".encode()) for i in infos}
+            self._by_path = {i.path: i for i in infos}
+            self._order = sorted(infos, key=lambda i: (self._tiebreak[i.path], i.path))
+            self._cursor = 0
+            self._infos = infos
         return self._infos
 
     def _known(self) -> dict[str, ShardInfo]:
-        return {i.path: i for i in self.catalog()}
+        self.catalog()
+        return self._by_path
 
-    def _order_key(self, state: dict[str, Any]) -> Callable[[ShardInfo], tuple[int, int]]:
-        meta = state["shards"]
+    def _next(self, present: Mapping[str, Any], leased: set[str]) -> ShardInfo | None:
+        """The next shard to fetch: fetched least often first, then by seeded hash.
 
-        def key(info: ShardInfo) -> tuple[int, int]:
-            seen = int(meta.get(info.path, {}).get("seen", 0))
-            return (seen, zlib.crc32(f"{self.seed}:{info.path}".encode()))
+        While some shard was never fetched, the answer comes from a cursor over the
+        hash order that only moves forward past shards already fetched, so the
+        first pass over a catalog costs O(1) per decision, not O(shards); after it,
+        one pass over the catalog picks among the shards fetched before.
+        """
+        now = time.monotonic()
+        cooldown = self._cooldown
+        seen = self.dir.store.seen(absent=True)  # evicted shards: how often fetched
+        order = self._order
 
-        return key
+        def fetched(info: ShardInfo) -> bool:
+            return info.path in present or info.path in seen
+
+        def free(info: ShardInfo) -> bool:
+            return info.path not in leased and cooldown.get(info.path, 0) <= now
+
+        while self._cursor < len(order) and fetched(order[self._cursor]):
+            self._cursor += 1
+        for k in range(self._cursor, len(order)):
+            info = order[k]
+            if not fetched(info) and free(info):
+                return info
+        again = [i for i in order if i.path not in present and free(i)]
+        if not again:
+            return None
+        return min(again, key=lambda i: (seen.get(i.path, 0), self._tiebreak[i.path]))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -293,7 +337,7 @@ class ShardCache:
         """Remove orphans left by dead processes and shards the remote no longer has
         (in producer mode: shards of another conversion plan)."""
         known = self._known()
-        meta = self.dir.load_state()["shards"]
+        meta = self.dir.store.metas()
 
         def keep(rel: str, size: int) -> bool:
             return self._filler.keep(known.get(rel), size, meta.get(rel, {}))
@@ -307,11 +351,10 @@ class ShardCache:
         evicted: list[str] = []
         with self.dir.lock():
             scan = self.dir.scan()
-            state = self.dir.load_state()
-            for rel in self.dir.victims(scan, state, self.policy, displace=False):
+            for rel, size in self.dir.victims(scan, self.policy, displace=False):
                 if scan.used <= limit:
                     break
-                scan.used -= sum(scan.complete[rel])
+                scan.used -= size
                 self.dir.evict(rel)
                 evicted.append(rel)
         return evicted
@@ -395,40 +438,42 @@ class ShardCache:
             CacheFullError: the shard exceeds the budget, or the disk is full
                 even after eviction.
         """
-        infos = self.catalog()
+        known = self._known()
         with self.dir.lock():
             scan = self.dir.scan()
-            state = self.dir.load_state()
-            busy = scan.leased | set(scan.complete)
-            now = time.monotonic()
-            todo = [
-                i
-                for i in infos
-                if i.path not in busy
-                and (only == i.path if only is not None else self._cooldown.get(i.path, 0) <= now)
-            ]
-            if not todo:
+            leased, present = scan.leased, scan.complete
+            if only is not None:
+                wanted = known.get(only)
+                ok = wanted is not None and only not in present and only not in leased
+                info = wanted if ok else None
+            else:
+                info = self._next(present, leased)
+            if info is None:
                 return "idle"
-            info = min(todo, key=self._order_key(state))
-            need = self._filler.need(info, state)
-            evicting = [r for r in self.dir.victims(scan, state, self.policy, displace=True)]
+            capacity = max(0, self.max_bytes - self.dir.fixed_bytes(scan))
             lease = self.dir.reserve(
                 info.path,
-                need,
+                self._filler.need(info, self.dir.store, capacity),
                 max_bytes=self.max_bytes,
                 policy=self.policy,
                 # a shard a reader asks for (a resume) may displace any unpinned one
                 displace=only is None,
-                scan=scan,
-                state=state,
+                on_evict=self.events.evicted,
             )
             if lease is None:
                 return "blocked"
-            for rel in evicting:
-                if rel not in scan.complete:
-                    self.events.evicted(rel)
+        room = Reservation(
+            self.dir,
+            lease,
+            info.path,
+            max_bytes=self.max_bytes,
+            capacity=capacity,
+            policy=self.policy,
+            events=self.events,
+            abandoning=self._abandoning,
+        )
         try:
-            self._filler.fill(info, lease)
+            self._filler.fill(info, room)
         except self._filler.retriable as exc:
             # Retried later, less and less often: the remote may recover, a corrupt
             # object may be rewritten. Meanwhile the other shards go ahead.
@@ -439,63 +484,8 @@ class ShardCache:
             verb = "fetch" if self._filler.mode == "shards" else "produce"
             log.error("could not %s %s (retrying in %.0f s): %s", verb, info.path, wait, exc)
         finally:
-            self.dir.release(lease)
+            room.release()
         return "worked"
-
-    def _with_disk_room(self, lease: HeldFile, rel: str, stage: Callable[[], _T]) -> _T:
-        """``stage()``; on a full disk (``ENOSPC``) evict unpinned, used shards and try
-        once more, then give up with :class:`CacheFullError`."""
-        for attempt in (1, 2):
-            try:
-                return stage()
-            except OSError as exc:
-                if not _fill.is_disk_full(exc) or isinstance(exc, RecordkitError):
-                    raise
-                if attempt == 2 or not self._free_disk(int(lease.content["bytes"])):
-                    raise CacheFullError(
-                        f"the disk under {self.root} is full ({exc.strerror}) and evicting "
-                        "unpinned shards did not free enough space",
-                        path=rel,
-                        needed=int(lease.content["bytes"]),
-                    ) from exc
-        raise AssertionError("unreachable")
-
-    def _publish(
-        self,
-        lease: HeldFile,
-        rel: str,
-        staged: _fill.Staged,
-        extra: dict[str, Any],
-        *,
-        crc32c: int | None,
-    ) -> None:
-        """Publish a staged shard (index first) in place of its reservation.
-
-        ``extra`` goes into the shard's state next to its records and CRC32C;
-        ``crc32c`` is what the published event reports (``None``: not known in advance).
-        """
-        total = staged.bytes + staged.index_bytes
-        if not self.dir.grow(lease, total, max_bytes=self.max_bytes, policy=self.policy):
-            _fill.discard((staged.shard, staged.index))
-            raise CacheFullError(
-                f"its index made it {total} bytes and no room could be made", path=rel
-            )
-        extra = {"records": staged.records, "crc32c": staged.crc32c, **extra}
-        scan = self.dir.publish(lease, rel, staged.shard, staged.index, extra)
-        self.events.published(ShardInfo(rel, staged.records, staged.bytes, crc32c), scan.used)
-
-    def _free_disk(self, nbytes: int) -> bool:
-        with self.dir.lock():
-            scan = self.dir.scan()
-            victims = self.dir.victims(scan, self.dir.load_state(), self.policy, displace=True)
-            freed = 0
-            for rel in victims:
-                if freed >= nbytes:
-                    break
-                freed += sum(scan.complete[rel])
-                self.dir.evict(rel)
-                self.events.evicted(rel)
-            return freed >= nbytes
 
     def fill(self) -> int:
         """Fill in this thread (with ``fill_workers`` threads) until nothing is left to do.
@@ -535,14 +525,16 @@ class ShardCache:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _complete_infos(self, scan: Scan, state: dict[str, Any]) -> list[ShardInfo]:
+    def _complete_infos(self, scan: Scan) -> list[ShardInfo]:
         out = []
+        records: dict[str, int] | None = None
         for info in self.catalog():
             if info.path in scan.complete:
                 if info.crc32c is None:  # foreign: what the download found
-                    meta = state["shards"].get(info.path, {})
+                    if records is None:
+                        records = self.dir.store.records()
                     size = scan.complete[info.path][0]
-                    info = ShardInfo(info.path, int(meta.get("records", 0)), size, None)
+                    info = ShardInfo(info.path, records.get(info.path, 0), size, None)
                 out.append(info)
         return out
 
@@ -585,9 +577,7 @@ class ShardCache:
         try:
             while True:
                 with self.dir.lock():
-                    scan = self.dir.scan()
-                    state = self.dir.load_state()
-                    present = self._complete_infos(scan, state)
+                    present = self._complete_infos(self.dir.scan())
                     if want is not None:
                         have = {i.path for i in present}
                         missing = [p for p in want if p not in have]
@@ -619,14 +609,18 @@ class ShardCache:
                 self.dir.release(hold)
 
     def _pin(self, chosen: list[ShardInfo], epoch: int | None) -> Snapshot:
-        claim = self.dir.pin([i.path for i in chosen], epoch=epoch)
-        return Snapshot(self, chosen, claim, epoch, self._filler.snapshot_manifest(chosen))
+        claim = self.dir.pin(
+            [i.path for i in chosen], epoch=epoch, max_bytes=self.max_bytes, policy=self.policy
+        )
+        return Snapshot(
+            self.dir, chosen, claim, epoch, self._filler.snapshot_manifest(chosen), self._notify
+        )
 
     def status(self) -> CacheStatus:
         """What the cache directory holds now."""
         catalog = self.dir.load_catalog() or {}
         with self.dir.lock():
-            scan = self.dir.scan()
+            scan = self.dir.rescan()
         return CacheStatus(
             root=self.root,
             remote=catalog.get("remote"),
@@ -639,6 +633,7 @@ class ShardCache:
             orphans=len(scan.orphans),
             mode=str(catalog.get("mode") or "shards"),
             format=catalog.get("format"),
+            bookkeeping=scan.bookkeeping,
         )
 
     def __repr__(self) -> str:

@@ -87,8 +87,7 @@ def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --format (producer mode)")
         return {}
-    from ..convert import ConvertOptions
-    from ..convert._cli import _options, parse_schema
+    from ..convert import ConvertOptions, parse_options, parse_schema
 
     options = ConvertOptions(
         shard_size=args.shard_size or "256MiB",
@@ -99,7 +98,7 @@ def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "format": args.format,
         "schema": parse_schema(args.schema) if args.schema else None,
-        "source_options": _options(args.option),
+        "source_options": parse_options(args.option),
         "convert_options": options,
     }
 
@@ -167,6 +166,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:
         print(f"  mode         {status.mode} (copies of the remote's shards)")
     print(f"  used         {status.used} bytes ({format_size(status.used)})")
+    print(f"  bookkeeping  {status.bookkeeping} bytes of it (the cache's own files)")
     if status.max_bytes:
         print(f"  budget       {status.max_bytes} bytes ({format_size(status.max_bytes)})")
     print(f"  shards       {status.complete} of {status.remote_shards}")

@@ -8,41 +8,56 @@ Layout of a cache directory::
     LOCAL/.recordkit-cache/lock          the directory mutex (flock)
     LOCAL/.recordkit-cache/leases/<id>.json   a reservation of disk budget (held, flock'ed)
     LOCAL/.recordkit-cache/pins/<id>.json     shards a reader has pinned (held, flock'ed)
-    LOCAL/.recordkit-cache/state.json    per-shard history: times seen, last use, consumption
+    LOCAL/.recordkit-cache/state.db      per-shard state in sqlite (WAL mode, see ``_store``):
+                                         published or not, sizes, times seen, last use, reads
     LOCAL/.recordkit-cache/catalog.json  the remote's manifest or listing, for offline restarts
 
-The budget counts every byte in ``LOCAL`` outside ``.recordkit-cache/`` —
-published shards and indexes, orphan temp files — plus every live reservation
-(in place of the temp files it covers, which never outgrow it). The few KiB of
-bookkeeping under ``.recordkit-cache/`` are not counted.
+The budget counts every byte under ``LOCAL``: published shards and indexes,
+files that are not the cache's, every live reservation (in place of the temp
+files it covers, which never outgrow it), and the bookkeeping under
+``.recordkit-cache/`` — measured at each decision, plus
+:data:`BOOKKEEPING_SLACK` kept free for the store's growth until the next one.
+
+Per event the cost does not grow with the number of shards: the published set
+and its byte total live in the store (a running total kept by triggers), the
+bookkeeping is a listing of ``.recordkit-cache/`` (a few files plus one per live
+claim). The directory itself is walked only by :meth:`CacheDir.rescan` (at
+``start()``/``gc()`` and ``status()``), which reconciles the store with what is
+on disk after a crash.
 
 Every method that reads or changes this state runs under the directory lock.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
 import os
 import re
-import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..format._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir
+from ..format import TMP_MARKER, atomic_write_bytes, fsync_dir
 from ..format.index import INDEX_SUFFIX
 from ._errors import CacheFullError
 from ._locks import DirLock, HeldFile, live_claims
 from ._remote import is_shard_name
+from ._staged import discard, staged_names
+from ._store import WAL_LIMIT, Store
 
 log = logging.getLogger(__name__)
 
 META = ".recordkit-cache"
 _OUR_TEMP = re.compile(re.escape(TMP_MARKER) + "[0-9a-f]{12}$")
 POLICIES = ("consumed-lru", "lru")
+# Kept free beyond the bookkeeping counted at a decision, for what may be written
+# before the next one measures again: the database grows by the rows of the shards
+# published meanwhile (a page or two), a reader's pin file by ~30 bytes a shard.
+BOOKKEEPING_SLACK = 64 * 1024
 
 
 @dataclass
@@ -51,19 +66,25 @@ class Scan:
 
     Attributes:
         complete: published shards (shard and index present): path -> (shard bytes, index bytes).
-        used: bytes counted against the budget.
+        used: bytes counted against the budget (bookkeeping included, slack not).
         leases: live reservations by claim name.
         pinned: shards that some live reader pins (``None`` in it: pin everything).
-        orphans: temp files and half-evicted indexes that no live process owns.
-        incomplete: shard files without an index (never left by recordkit itself).
+        bookkeeping: bytes under ``.recordkit-cache/``.
+        orphans: temp files and half-evicted indexes that no live process owns
+            (found by :meth:`CacheDir.rescan` only).
+        incomplete: shard files without an index (never left by recordkit itself;
+            :meth:`CacheDir.rescan` only).
+        foreign: bytes of files that are not the cache's (``rescan`` only).
     """
 
     complete: dict[str, tuple[int, int]] = field(default_factory=dict)
     used: int = 0
     leases: dict[str, dict[str, Any]] = field(default_factory=dict)
     pinned: set[str | None] = field(default_factory=set)
+    bookkeeping: int = 0
     orphans: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
+    foreign: int = 0
 
     @property
     def leased(self) -> set[str]:
@@ -88,6 +109,9 @@ class CacheDir:
         for d in (self.root, self.meta, self.leases_dir, self.pins_dir):
             os.makedirs(d, exist_ok=True)
         self.lock = DirLock(os.path.join(self.meta, "lock"))
+        self.store = Store(os.path.join(self.meta, "state.db"))
+        # temp files of dead reservations removed since the last gc, for its report
+        self._reaped: collections.deque[str] = collections.deque(maxlen=1024)
 
     def path(self, rel: str) -> str:
         """The local path of a shard given its path relative to the root."""
@@ -104,29 +128,117 @@ class CacheDir:
         except ValueError:
             log.warning("ignoring unreadable %s in %s", name, self.meta)
             return None
-        return doc if isinstance(doc, dict) else None
-
-    def _write_json(self, name: str, doc: dict[str, Any]) -> None:
-        data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-        atomic_write_bytes(os.path.join(self.meta, name), data)
-
-    def load_state(self) -> dict[str, Any]:
-        """``{"epoch": int, "shards": {path: {...}}}`` (empty on first use)."""
-        state = self._read_json("state.json") or {}
-        state.setdefault("epoch", 0)
-        state.setdefault("shards", {})
-        return state
-
-    def save_state(self, state: dict[str, Any]) -> None:
-        self._write_json("state.json", state)
+        if not isinstance(doc, dict):
+            log.warning("ignoring %s in %s: a JSON %s, not an object", name, self.meta, type(doc))
+            return None
+        return doc
 
     def load_catalog(self) -> dict[str, Any] | None:
-        return self._read_json("catalog.json")
+        """The saved catalog, or ``None`` if there is none or it has the wrong shape."""
+        doc = self._read_json("catalog.json")
+        if doc is None:
+            return None
+        shards = doc.get("shards")
+        if (
+            not isinstance(doc.get("remote"), str)
+            or not isinstance(shards, list)
+            or not all(isinstance(s, dict) and isinstance(s.get("path"), str) for s in shards)
+        ):
+            log.warning("ignoring catalog.json in %s: not a cache catalog", self.meta)
+            return None
+        return doc
 
-    def save_catalog(self, catalog: dict[str, Any]) -> None:
-        self._write_json("catalog.json", catalog)
+    def save_catalog(self, catalog: dict[str, Any], *, max_bytes: int | None = None) -> None:
+        """Save the catalog (unless unchanged); with ``max_bytes``, make room for its
+        new copy first (until the rename, old and new are both on disk)."""
+        data = json.dumps(catalog, separators=(",", ":"), sort_keys=True).encode()
+        path = os.path.join(self.meta, "catalog.json")
+        with self.lock():
+            with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+                if f.read() == data:
+                    return
+            if max_bytes is not None:
+                scan = self.scan()
+                short = scan.used + BOOKKEEPING_SLACK + len(data) - max_bytes
+                if short > 0:
+                    self._evict_for(scan, "lru", short, displace=False)
+            atomic_write_bytes(path, data)
 
-    # -- scanning ----------------------------------------------------------------------------
+    # -- the budget, per event ----------------------------------------------------------------
+
+    def bookkeeping(self) -> int:
+        """Bytes under ``.recordkit-cache/`` counted against the budget: the store,
+        catalog, lock and claim files as they are; the database at its logical size
+        (what a checkpoint grows the file to) and its WAL at the most it may grow to:
+        ``WAL_LIMIT`` before a checkpoint truncates it, plus one transaction, which
+        rewrites at most every page of the database."""
+        total = 0
+        db = self.store.logical_bytes()
+        wal_path = self.store.path + "-wal"
+        for d in (self.meta, self.leases_dir, self.pins_dir):
+            try:
+                entries = list(os.scandir(d))
+            except FileNotFoundError:
+                continue
+            for e in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    if e.path == wal_path or not e.is_file(follow_symlinks=False):
+                        continue
+                    size = e.stat(follow_symlinks=False).st_size
+                    total += max(size, db) if e.path == self.store.path else size
+        try:
+            wal = os.path.getsize(wal_path)
+        except FileNotFoundError:
+            wal = 0
+        return total + max(wal, WAL_LIMIT + db)
+
+    def _reap(self, lease: dict[str, Any]) -> None:
+        """Clean up after a reservation whose process died: its staged temp files go;
+        a shard it had renamed into place but not recorded is recorded now."""
+        rel, lease_id = lease.get("shard"), lease.get("id")
+        if not isinstance(rel, str) or not isinstance(lease_id, str):
+            return
+        final = self.path(rel)
+        for p in discard(staged_names(final, lease_id)):
+            self._reaped.append(os.path.relpath(p, self.root).replace(os.sep, "/"))
+        if rel not in self.store.present():
+            try:
+                sizes = (os.path.getsize(final), os.path.getsize(final + INDEX_SUFFIX))
+            except FileNotFoundError:
+                return
+            log.info("recording %s, published by a process that died before recording it", rel)
+            self.store.found(rel, *sizes)
+
+    def _claims(self, out: Scan) -> None:
+        out.leases = live_claims(self.leases_dir, on_dead=self._reap)
+        for claim in live_claims(self.pins_dir).values():
+            listed = claim.get("shards")
+            if claim.get("unreadable") or not isinstance(listed, list):
+                out.pinned.add(None)
+            else:
+                out.pinned.update(str(s) for s in listed)
+
+    def scan(self) -> Scan:
+        """The published shards, live claims and bytes used, from the store and the
+        claim files (removing dead processes' claims); the shards are not walked
+        (except once, by the process that found the store new or unreadable)."""
+        self.store.present()  # opens the store, which may find it must start afresh
+        if self.store.fresh:
+            self.store.fresh = False
+            self.adopt()
+        out = Scan()
+        self._claims(out)
+        out.complete = self.store.present()
+        out.bookkeeping = self.bookkeeping()
+        out.used = (
+            self.store.shard_bytes()
+            + self.store.setting("foreign")
+            + sum(int(c.get("bytes", 0)) for c in out.leases.values())
+            + out.bookkeeping
+        )
+        return out
+
+    # -- the directory walk (start, gc, status) ---------------------------------------------
 
     def _files(self) -> Iterable[tuple[str, str, int]]:
         for dirpath, dirnames, filenames in os.walk(self.root):
@@ -141,17 +253,11 @@ class CacheDir:
                 rel = os.path.relpath(full, self.root).replace(os.sep, "/")
                 yield rel, name, size
 
-    def scan(self) -> Scan:
-        """Read the directory and the live claims (removing dead processes' claims)."""
+    def rescan(self) -> Scan:
+        """Walk the directory: what is on disk, whatever the store says."""
         out = Scan()
-        out.leases = live_claims(self.leases_dir)
+        self._claims(out)
         live_ids = {str(c.get("id")) for c in out.leases.values()}
-        for claim in live_claims(self.pins_dir).values():
-            listed = claim.get("shards")
-            if claim.get("unreadable") or not isinstance(listed, list):
-                out.pinned.add(None)
-            else:
-                out.pinned.update(str(s) for s in listed)
         shards: dict[str, int] = {}
         indexes: dict[str, int] = {}
         for rel, name, size in self._files():
@@ -163,9 +269,11 @@ class CacheDir:
                 indexes[rel[: -len(INDEX_SUFFIX)]] = size
             elif is_shard_name(name):
                 shards[rel] = size
-            # Anything else is not ours: it counts against the budget but is never removed.
+            else:
+                out.foreign += size  # not ours: counted against the budget, never removed
             out.used += size
-        out.used += sum(int(c.get("bytes", 0)) for c in out.leases.values())
+        out.bookkeeping = self.bookkeeping()
+        out.used += sum(int(c.get("bytes", 0)) for c in out.leases.values()) + out.bookkeeping
         leased = out.leased
         for rel, size in shards.items():
             if rel in indexes:
@@ -178,15 +286,48 @@ class CacheDir:
         ]
         return out
 
-    # -- changing things ---------------------------------------------------------------------
+    def adopt(self) -> Scan:
+        """Walk the directory and make the store list the complete shards found there,
+        counting files that are not the cache's (nothing is removed)."""
+        with self.lock():
+            self._import_state_json()
+            scan = self.rescan()
+            kept = [self.path(r) for r in scan.incomplete]
+            foreign = scan.foreign + sum(os.path.getsize(p) for p in kept if os.path.exists(p))
+            foreign += sum(
+                os.path.getsize(self.path(r)) for r in scan.orphans if os.path.exists(self.path(r))
+            )
+            self.store.adopt(scan.complete, foreign)
+            return scan
+
+    def _import_state_json(self) -> None:
+        """Take over a ``state.json`` of a recordkit before the sqlite store, once."""
+        path = os.path.join(self.meta, "state.json")
+        if not os.path.exists(path):
+            return
+        doc = self._read_json("state.json")
+        shards = doc.get("shards") if doc is not None else None
+        if isinstance(shards, dict):
+            epoch = doc.get("epoch", 0) if doc is not None else 0
+            n = self.store.import_history(shards, epoch if isinstance(epoch, int) else 0)
+            log.info("cache %s: took over the history of %d shard(s) from state.json", self.root, n)
+        elif doc is not None:
+            log.warning("ignoring state.json in %s: not a cache state", self.meta)
+        os.unlink(path)
 
     def gc(self, keep: Callable[[str, int], bool] | None = None) -> list[str]:
         """Remove orphan temp files, orphan indexes, shards without an index, and
         unpinned shards that ``keep(path, size)`` rejects (e.g. not in the remote any
-        more). Returns what was removed."""
-        removed: list[str] = []
+        more); then make the store agree with the directory. Returns what was removed."""
         with self.lock():
-            scan = self.scan()
+            self._import_state_json()
+            for name in os.listdir(self.meta):  # an atomic write cut short
+                if _OUR_TEMP.search(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.meta, name))
+            scan = self.rescan()
+            removed = list(self._reaped)
+            self._reaped.clear()
             for rel in scan.orphans:
                 self._unlink(rel)
                 removed.append(rel)
@@ -195,28 +336,35 @@ class CacheDir:
                     self._unlink(rel)
                     removed.append(rel)
             if keep is not None:
-                for rel, (size, _) in scan.complete.items():
+                for rel, (size, _) in list(scan.complete.items()):
                     if not scan.is_pinned(rel) and not keep(rel, size):
                         self.evict(rel)
                         removed.append(rel)
+                        del scan.complete[rel]
+            self.store.fresh = False
+            self.adopt()
         if removed:
             log.info("cache gc in %s removed %d file(s)", self.root, len(removed))
         return removed
+
+    # -- changing things ---------------------------------------------------------------------
 
     def _unlink(self, rel: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(rel))
 
     def evict(self, rel: str) -> None:
-        """Unlink a shard, then its index (never truncate: a reader may have it mapped)."""
-        self._unlink(rel)
-        self._unlink(rel + INDEX_SUFFIX)
-        fsync_dir(os.path.dirname(self.path(rel)))
+        """Unlink a shard, then its index (never truncate: a reader may have it mapped),
+        then record it. Files go first: a crash in between leaves a record of bytes no
+        longer there (counted, so the budget holds), which the next rescan drops."""
+        with self.lock():
+            self._unlink(rel)
+            self._unlink(rel + INDEX_SUFFIX)
+            fsync_dir(os.path.dirname(self.path(rel)))
+            self.store.evicted(rel)
 
-    def victims(
-        self, scan: Scan, state: dict[str, Any], policy: str, *, displace: bool
-    ) -> list[str]:
-        """Evictable shards in eviction order.
+    def victims(self, scan: Scan, policy: str, *, displace: bool) -> Iterator[tuple[str, int]]:
+        """Evictable shards in eviction order, with their bytes.
 
         ``consumed-lru`` puts shards consumed in the current epoch first, then the
         least recently used; ``lru`` is plain least-recently-used. With
@@ -226,19 +374,14 @@ class CacheDir:
         the budget and stops instead of churning, and never discards data no
         reader has had.
         """
-        epoch = state["epoch"]
-        meta = state["shards"]
-        cands = [r for r in scan.complete if not scan.is_pinned(r)]
-        if displace:
-            used = "reads" if policy == "consumed-lru" else "uses"
-            cands = [r for r in cands if meta.get(r, {}).get(used, 0) > 0]
+        for rel, size in self.store.victims(policy, displace=displace):
+            if not scan.is_pinned(rel):
+                yield rel, size
 
-        def order(rel: str) -> tuple[int, float, float, str]:
-            m = meta.get(rel, {})
-            consumed_now = policy == "consumed-lru" and m.get("consumed") == epoch
-            return (0 if consumed_now else 1, m.get("used", 0.0), m.get("published", 0.0), rel)
-
-        return sorted(cands, key=order)
+    def fixed_bytes(self, scan: Scan) -> int:
+        """What no eviction can free: the bookkeeping with its slack, and files that
+        are not the cache's. ``max_bytes`` less this is the most one shard may take."""
+        return scan.bookkeeping + BOOKKEEPING_SLACK + self.store.setting("foreign")
 
     def reserve(
         self,
@@ -248,17 +391,17 @@ class CacheDir:
         max_bytes: int,
         policy: str,
         displace: bool = True,
-        scan: Scan | None = None,
-        state: dict[str, Any] | None = None,
+        on_evict: Callable[[str], None] | None = None,
     ) -> HeldFile | None:
-        """Reserve ``nbytes`` of the budget for downloading ``rel``, evicting if needed.
+        """Reserve ``nbytes`` of the budget for filling ``rel``, evicting if needed.
 
         Returns the reservation, or ``None`` when evictable shards cannot free
         enough (they are pinned, or unread under ``consumed-lru``). Nothing is
         evicted unless the eviction makes the reservation fit.
 
         Raises:
-            CacheFullError: the shard is larger than the whole budget.
+            CacheFullError: the shard is larger than the whole budget, less what
+                the bookkeeping and files that are not the cache's take.
         """
         if nbytes > max_bytes:
             raise CacheFullError(
@@ -268,10 +411,18 @@ class CacheDir:
                 needed=nbytes,
             )
         with self.lock():
-            scan = scan or self.scan()
-            state = state or self.load_state()
-            short = scan.used + nbytes - max_bytes
-            if short > 0 and not self._evict_for(scan, state, policy, short, displace):
+            scan = self.scan()
+            fixed = self.fixed_bytes(scan)
+            if nbytes + fixed > max_bytes:
+                raise CacheFullError(
+                    f"needs {nbytes} bytes (with its index); the cache budget of {max_bytes} "
+                    f"less {fixed} for its bookkeeping (and files that are not the cache's) "
+                    "cannot hold it",
+                    path=rel,
+                    needed=nbytes,
+                )
+            short = scan.used + BOOKKEEPING_SLACK + nbytes - max_bytes
+            if short > 0 and not self._evict_for(scan, policy, short, displace, on_evict):
                 return None
             lease_id = uuid.uuid4().hex[:12]
             return HeldFile(
@@ -279,36 +430,62 @@ class CacheDir:
                 {"id": lease_id, "shard": rel, "bytes": nbytes, "pid": os.getpid()},
             )
 
-    def grow(self, lease: HeldFile, nbytes: int, *, max_bytes: int, policy: str) -> bool:
+    def grow(
+        self,
+        lease: HeldFile,
+        nbytes: int,
+        *,
+        max_bytes: int,
+        policy: str,
+        on_evict: Callable[[str], None] | None = None,
+    ) -> bool:
         """Enlarge a reservation to ``nbytes`` (evicting if needed); False if it cannot."""
         with self.lock():
             extra = nbytes - int(lease.content["bytes"])
             if extra <= 0:
                 return True
             scan = self.scan()
-            short = scan.used + extra - max_bytes
-            if short > 0 and not self._evict_for(scan, self.load_state(), policy, short, True):
+            short = scan.used + BOOKKEEPING_SLACK + extra - max_bytes
+            if short > 0 and not self._evict_for(scan, policy, short, True, on_evict):
                 return False
             lease.update(bytes=nbytes)
             return True
 
     def _evict_for(
-        self, scan: Scan, state: dict[str, Any], policy: str, short: int, displace: bool
+        self,
+        scan: Scan,
+        policy: str,
+        short: int,
+        displace: bool,
+        on_evict: Callable[[str], None] | None = None,
+        keep: Iterable[str] = (),
     ) -> bool:
         chosen, freed = [], 0
-        for rel in self.victims(scan, state, policy, displace=displace):
+        spare = set(keep)
+        for rel, size in self.victims(scan, policy, displace=displace):
             if freed >= short:
                 break
-            chosen.append(rel)
-            freed += sum(scan.complete[rel])
+            if rel not in spare:
+                chosen.append(rel)
+                freed += size
         if freed < short:
             return False
         for rel in chosen:
             log.debug("evicting %s to make room", rel)
             self.evict(rel)
-            scan.complete.pop(rel)
+            if on_evict is not None:
+                on_evict(rel)
         scan.used -= freed
         return True
+
+    def make_room(
+        self, nbytes: int, *, max_bytes: int, policy: str, on_evict: Callable[[str], None]
+    ) -> bool:
+        """Evict shards the policy may displace until ``nbytes`` are free on the disk's
+        account (a full disk: the budget is not what binds). False if they cannot."""
+        with self.lock():
+            scan = self.scan()
+            return self._evict_for(scan, policy, nbytes, True, on_evict)
 
     def release(self, claim: HeldFile) -> None:
         """Drop a reservation or pin."""
@@ -316,32 +493,54 @@ class CacheDir:
             claim.release()
 
     def publish(
-        self, lease: HeldFile, rel: str, staged: str, staged_index: str, extra: dict[str, Any]
+        self,
+        lease: HeldFile,
+        rel: str,
+        staged: str,
+        staged_index: str,
+        extra: dict[str, Any],
     ) -> Scan:
-        """Rename a verified download into place (index first), record it, drop the lease."""
+        """Rename a verified shard into place (index first), record it, drop the lease.
+
+        A crash after the renames but before the record is repaired by whoever finds
+        the dead reservation (:meth:`_reap`) or by the next rescan."""
         final = self.path(rel)
         with self.lock():
             os.replace(staged_index, final + INDEX_SUFFIX)
             os.replace(staged, final)
             fsync_dir(os.path.dirname(final))
-            state = self.load_state()
-            meta = state["shards"].setdefault(rel, {})
-            now = time.time()
-            meta.update(extra)
-            meta.update(seen=meta.get("seen", 0) + 1, published=now, used=now, reads=0, uses=0)
-            meta.pop("consumed", None)
-            self.save_state(state)
+            sizes = (os.path.getsize(final), os.path.getsize(final + INDEX_SUFFIX))
+            try:
+                self.store.published(rel, *sizes, extra)
+            except CacheFullError:
+                self.evict(rel)  # no reader can know of it: unrecorded, it must not stay
+                raise
             lease.release()
             return self.scan()
 
-    def pin(self, rels: list[str], *, epoch: int | None = None) -> HeldFile:
-        """Pin published shards so no process evicts them until the claim is released."""
+    def pin(
+        self,
+        rels: list[str],
+        *,
+        epoch: int | None = None,
+        max_bytes: int | None = None,
+        policy: str = "lru",
+    ) -> HeldFile:
+        """Pin published shards so no process evicts them until the claim is released.
+
+        With ``max_bytes``, room is made for the pin's own file first by evicting
+        unpinned shards outside ``rels`` (a reader is never refused: if nothing can
+        go, the pin is made anyway and the slack kept for the bookkeeping absorbs it).
+        """
+        content = {"id": uuid.uuid4().hex[:12], "pid": os.getpid(), "shards": sorted(rels)}
+        size = len(json.dumps(content, separators=(",", ":")))
         with self.lock():
-            claim_id = uuid.uuid4().hex[:12]
-            claim = HeldFile(
-                os.path.join(self.pins_dir, f"{claim_id}.json"),
-                {"id": claim_id, "pid": os.getpid(), "shards": sorted(rels)},
-            )
+            if max_bytes is not None:
+                scan = self.scan()
+                short = scan.used + BOOKKEEPING_SLACK + size - max_bytes
+                if short > 0:
+                    self._evict_for(scan, policy, short, False, keep=rels)
+            claim = HeldFile(os.path.join(self.pins_dir, f"{content['id']}.json"), content)
             self.touch(rels, epoch=epoch)
             return claim
 
@@ -355,17 +554,13 @@ class CacheDir:
     def touch(
         self, rels: Iterable[str], *, epoch: int | None = None, consumed: bool = False
     ) -> None:
-        """Record a use (for LRU) and, with ``consumed``, a read in ``epoch``."""
+        """Record a use (for LRU) and, with ``consumed``, a read in ``epoch``.
+
+        On a full disk the use goes unrecorded (with a log line): it only orders
+        eviction, and a reader must not fail for it."""
+        rels = list(rels)
         with self.lock():
-            state = self.load_state()
-            if epoch is not None and epoch > state["epoch"]:
-                state["epoch"] = epoch  # a new epoch: last epoch's consumption stops counting
-            now = time.time()
-            for rel in rels:
-                meta = state["shards"].setdefault(rel, {})
-                meta["used"] = now
-                meta["uses"] = meta.get("uses", 0) + 1
-                if consumed:
-                    meta["consumed"] = state["epoch"] if epoch is None else epoch
-                    meta["reads"] = meta.get("reads", 0) + 1
-            self.save_state(state)
+            try:
+                self.store.touch(rels, epoch=epoch, consumed=consumed)
+            except CacheFullError as exc:
+                log.warning("%s; a use of %d shard(s) is not recorded", exc, len(rels))

@@ -15,18 +15,15 @@ Order of work for a shard (nothing is visible in the cache until the last step):
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import logging
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..errors import CorruptRecordError, InvalidIndexError
-from ..format._atomic import TMP_MARKER
 from ..format.crc import crc32c
 from ..format.index import (
     INDEX_SUFFIX,
@@ -37,12 +34,22 @@ from ..format.index import (
     validate_index,
 )
 from ..format.manifest import Manifest, ShardInfo
+from ._dir import CacheDir
 from ._errors import DownloadError
 from ._remote import Remote
+from ._reservation import Reservation, ShardState
+from ._staged import Staged, discard, is_disk_full, staged_names
+from ._types import FillContext
 
-if TYPE_CHECKING:
-    from ._cache import ShardCache
-    from ._locks import HeldFile
+__all__ = [
+    "Fetcher",
+    "Staged",
+    "discard",
+    "download",
+    "index_bound",
+    "is_disk_full",
+    "staged_names",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,34 +62,10 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-@dataclass
-class Staged:
-    """A verified download waiting to be published."""
-
-    shard: str
-    index: str
-    bytes: int
-    index_bytes: int
-    records: int
-    crc32c: int
-
-
 def index_bound(info: ShardInfo) -> int:
     """An upper bound on the index size of a manifest shard (exact sizes come later)."""
     digits = len(str(max(info.bytes, 1)))
     return max(info.records, 1) * (2 * digits + 2)
-
-
-def staged_names(final: str, lease_id: str) -> tuple[str, str]:
-    """Temp names of a download's shard and index (the lease id ties them to it)."""
-    return f"{final}{TMP_MARKER}{lease_id}", f"{final}{INDEX_SUFFIX}{TMP_MARKER}{lease_id}"
-
-
-def discard(staged: tuple[str, str]) -> None:
-    """Remove a download's temp files."""
-    for p in staged:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
 
 
 def download(
@@ -167,11 +150,6 @@ def _index_for(remote: Remote, info: ShardInfo, path: str, has_remote_index: boo
         raise DownloadError(f"downloaded shard is corrupt: {exc}", url=url) from exc
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """True for an ``OSError`` that means the disk (or quota) is full."""
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
 class Fetcher:
     """Shard mode: the cache's catalog is the remote's manifest (or listing), and each
     entry is filled by downloading it (see the module doc).
@@ -182,45 +160,50 @@ class Fetcher:
     room one needs, and how it gets there.
 
     Args:
-        cache: the cache it fills.
+        context: the cache's settings a filler needs.
+        directory: the cache directory (where the catalog is saved).
+        remote: the remote's reader (built on first use by the cache).
     """
 
     mode = "shards"
     retriable: tuple[type[BaseException], ...] = (DownloadError,)
 
-    def __init__(self, cache: ShardCache) -> None:
-        self.cache = cache
+    def __init__(
+        self, context: FillContext, directory: CacheDir, remote: Callable[[], Remote]
+    ) -> None:
+        self.context = context
+        self.dir = directory
+        self._remote = remote
         self.manifest: Manifest | None = None
         self._remote_index: set[str] = set()
 
     def catalog(self) -> list[ShardInfo]:
         """The remote's shards, saved in the cache for offline restarts (and used then)."""
-        cache = self.cache
+        url = self.context.remote_url
         try:
-            manifest, infos = cache.remote.listing()
+            manifest, infos = self._remote().listing()
             if manifest is None:
                 names = {i.path for i in infos}
-                found = {n for n, _ in cache.remote._list_files()}
+                found = {n for n, _ in self._remote()._list_files()}
                 self._remote_index = {n for n in names if n + INDEX_SUFFIX in found}
             else:
                 self._remote_index = {i.path for i in infos}
-            cache.dir.save_catalog(
+            self.dir.save_catalog(
                 {
-                    "remote": cache.remote_url,
-                    "max_bytes": cache.max_bytes,
+                    "remote": url,
+                    "max_bytes": self.context.max_bytes,
                     "mode": self.mode,
                     "manifest": None if manifest is None else manifest.to_json(),
                     "shards": [i.to_json() for i in infos],
                     "remote_index": sorted(self._remote_index),
-                }
+                },
+                max_bytes=self.context.max_bytes,
             )
         except (DownloadError, OSError) as exc:
-            saved = cache.dir.load_catalog()
-            if saved is None or saved.get("remote") != cache.remote_url:
+            saved = self.dir.load_catalog()
+            if saved is None or saved.get("remote") != url:
                 raise
-            log.warning(
-                "remote %s unreachable (%r); using the saved catalog", cache.remote_url, exc
-            )
+            log.warning("remote %s unreachable (%r); using the saved catalog", url, exc)
             manifest = None
             if saved.get("manifest") is not None:
                 manifest = Manifest.loads(json.dumps(saved["manifest"]))
@@ -229,27 +212,24 @@ class Fetcher:
         self.manifest = manifest
         return infos
 
-    def need(self, info: ShardInfo, state: dict[str, Any]) -> int:
+    def need(self, info: ShardInfo, state: ShardState, capacity: int) -> int:
         """The reservation a download of ``info`` starts with (its index may grow it)."""
         return info.bytes + index_bound(info)
 
-    def fill(self, info: ShardInfo, lease: HeldFile) -> None:
-        """Download ``info`` into the lease's temp names, verify it, publish it."""
-        cache = self.cache
-        staged = cache._with_disk_room(
-            lease,
-            info.path,
+    def fill(self, info: ShardInfo, room: Reservation) -> None:
+        """Download ``info`` into the reservation's temp names, verify it, publish it."""
+        staged = room.stage(
             lambda: download(
-                cache.remote,
+                self._remote(),
                 info,
-                cache.dir.path(info.path),
-                str(lease.content["id"]),
-                chunk_bytes=cache.chunk_bytes,
+                room.final,
+                room.id,
+                chunk_bytes=self.context.chunk_bytes,
                 has_remote_index=info.path in self._remote_index,
-                on_bytes=cache.events.downloaded,
-            ),
+                on_bytes=room.events.downloaded,
+            )
         )
-        cache._publish(lease, info.path, staged, {}, crc32c=info.crc32c)
+        room.publish(staged, {}, crc32c=info.crc32c)
 
     def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
         """Whether a shard found in the cache still matches the remote (else gc removes it)."""

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -114,12 +114,25 @@ class HeldFile:
         os.close(fd)
 
 
-def live_claims(directory: str) -> dict[str, dict[str, Any]]:
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        content = json.loads(raw)
+        if not isinstance(content, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        content = {"unreadable": True}
+    return content
+
+
+def live_claims(
+    directory: str, on_dead: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, dict[str, Any]]:
     """The live claims in ``directory`` by file name; removes those of dead processes.
 
     Call it under the directory's :class:`DirLock`. A live claim whose content
     cannot be parsed maps to ``{"unreadable": True}`` so callers can be
-    conservative about it.
+    conservative about it. ``on_dead`` gets the content of each dead claim before
+    it is removed (to clean up what that process left).
     """
     out: dict[str, dict[str, Any]] = {}
     try:
@@ -136,17 +149,12 @@ def live_claims(directory: str) -> dict[str, dict[str, Any]]:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raw = os.pread(fd, 1 << 24, 0)
-                try:
-                    content = json.loads(raw)
-                    if not isinstance(content, dict):
-                        raise ValueError("not an object")
-                except ValueError:
-                    content = {"unreadable": True}
-                out[name] = content
+                out[name] = _parse(os.pread(fd, 1 << 24, 0))
                 continue
             # We got the lock: its owner is gone. Unlink while holding it.
             log.info("removing stale claim %s (its process is gone)", path)
+            if on_dead is not None:
+                on_dead(_parse(os.pread(fd, 1 << 24, 0)))
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         finally:

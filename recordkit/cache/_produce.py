@@ -45,20 +45,18 @@ import logging
 import math
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._version import __version__
 from ..codec.schema import Schema
-from ..convert._errors import is_transient
-from ..convert.plan import ConvertOptions, Plan
+from ..convert import ConvertOptions, Plan, is_transient
 from ..format.manifest import Manifest, ShardInfo
-from . import _fill
+from ._dir import CacheDir
 from ._errors import CacheFullError, ProduceError
+from ._reservation import Reservation, ShardState
+from ._staged import Staged, discard
+from ._types import FillContext
 from ._writer import ProduceTask, WriterPool, run_task
-
-if TYPE_CHECKING:
-    from ._cache import ShardCache
-    from ._locks import HeldFile
 
 __all__ = ["Producer", "shard_name"]
 
@@ -89,7 +87,8 @@ class Producer:
     """Producer mode's filler: the catalog is a conversion plan, filling is converting.
 
     Args:
-        cache: the cache it fills.
+        context: the cache's settings a filler needs.
+        directory: the cache directory (where the catalog is saved).
         format: the converter; ``None`` for a reader-only cache, which takes
             everything from the ``saved`` catalog.
         schema, source_options, shard_size, compress, options,
@@ -102,7 +101,8 @@ class Producer:
 
     def __init__(
         self,
-        cache: ShardCache,
+        context: FillContext,
+        directory: CacheDir,
         *,
         format: str | None,
         schema: Schema | None,
@@ -115,7 +115,8 @@ class Producer:
     ) -> None:
         if inactivity_timeout is not None and inactivity_timeout <= 0:
             raise ValueError(f"inactivity_timeout must be > 0 or None, got {inactivity_timeout}")
-        self.cache = cache
+        self.context = context
+        self.dir = directory
         self.inactivity_timeout = inactivity_timeout
         self._saved = saved if format is None else None
         if format is not None:
@@ -152,19 +153,19 @@ class Producer:
         self._pool: WriterPool | None = None
         self._pool_lock = threading.Lock()
         # Other processes cannot see a memory:// source.
-        self._inline = cache.fill_workers == 0 or cache.remote_url.startswith("memory://")
+        self._inline = context.fill_workers == 0 or context.remote_url.startswith("memory://")
 
     # -- the catalog ---------------------------------------------------------------------------
 
     def _make_plan(self) -> tuple[Any, Plan]:
-        from ..convert.run import plan_conversion
+        from ..convert import plan_conversion
 
         return plan_conversion(
-            self.cache.remote_url,
+            self.context.remote_url,
             format=self.format,
             schema=self._schema,
             options=self.options,
-            storage_options=self.cache._storage_options,
+            storage_options=self.context.storage_options,
             source_options=self._source_options,
         )
 
@@ -182,8 +183,8 @@ class Producer:
             created_by=f"recordkit {__version__}",
         )
         return {
-            "remote": self.cache.remote_url,
-            "max_bytes": self.cache.max_bytes,
+            "remote": self.context.remote_url,
+            "max_bytes": self.context.max_bytes,
             "mode": self.mode,
             "format": self.format,
             "plan": plan.fingerprint,
@@ -206,32 +207,30 @@ class Producer:
 
     def catalog(self) -> list[ShardInfo]:
         """Plan the conversion (or, reader-only or offline, take the saved plan's catalog)."""
-        cache = self.cache
+        url = self.context.remote_url
         if self._saved is not None:
             return self._load(self._saved)
         try:
             source, plan = self._make_plan()
         except Exception as exc:
-            saved = cache.dir.load_catalog()
+            saved = self.dir.load_catalog()
             usable = (
                 saved is not None
-                and saved.get("remote") == cache.remote_url
+                and saved.get("remote") == url
                 and saved.get("format") == self.format
             )
             if not usable or not (isinstance(exc, OSError) or is_transient(exc)):
                 raise
             assert saved is not None
-            log.warning(
-                "source %s unreachable (%r); using the saved catalog", cache.remote_url, exc
-            )
+            log.warning("source %s unreachable (%r); using the saved catalog", url, exc)
             return self._load(saved)
         with self._plan_lock:
             self._plan = (source, plan)
         doc = self._catalog_doc(plan)
-        cache.dir.save_catalog(doc)
+        self.dir.save_catalog(doc, max_bytes=self.context.max_bytes)
         log.info(
             "producer cache of %s (%s): %d partitions, plan %s",
-            cache.remote_url,
+            url,
             self.format,
             len(plan.partitions),
             plan.fingerprint[:12],
@@ -246,12 +245,12 @@ class Producer:
                     self._plan = self._make_plan()
                 except Exception as exc:
                     raise ProduceError(
-                        f"cannot plan the conversion of {self.cache.remote_url}: {exc!r}"
+                        f"cannot plan the conversion of {self.context.remote_url}: {exc!r}"
                     ) from exc
             plan = self._plan[1]
         if plan.fingerprint != self.fingerprint:
             raise ProduceError(
-                f"the source {self.cache.remote_url} changed since the cache's catalog was made "
+                f"the source {self.context.remote_url} changed since the cache's catalog was made "
                 f"(plan {self.fingerprint[:12]}, now {plan.fingerprint[:12]}); restart the "
                 "filling cache to re-plan"
             )
@@ -259,35 +258,37 @@ class Producer:
 
     # -- the budget ----------------------------------------------------------------------------
 
-    def _ratio(self, state: dict[str, Any]) -> float:
+    def _ratio(self, state: ShardState) -> float:
         """Output bytes (shard and index) to reserve per source byte."""
-        seen = [
-            (int(m["bytes"]) + int(m.get("index_bytes", 0))) / int(m["source_bytes"])
-            for m in state["shards"].values()
-            if m.get("plan") == self.fingerprint and m.get("source_bytes") and "bytes" in m
-        ]
-        ratio = max(seen) * _HEADROOM if seen else _FIRST_RATIO
+        seen = state.max_ratio(self.fingerprint)
+        ratio = seen * _HEADROOM if seen is not None else _FIRST_RATIO
         return max(ratio, self._floor * _HEADROOM)
 
-    def need(self, info: ShardInfo, state: dict[str, Any]) -> int:
+    def need(self, info: ShardInfo, state: ShardState, capacity: int) -> int:
         """The reservation a partition starts with: its exact size if it was produced
-        before, else an estimate from its source bytes (see the module doc)."""
-        meta = state["shards"].get(info.path, {})
+        before, else an estimate from its source bytes (see the module doc), never
+        more than ``capacity`` (the budget less the bookkeeping)."""
+        meta = state.meta(info.path)
+        budget = capacity
         if meta.get("plan") == self.fingerprint and "bytes" in meta:
             exact = int(meta["bytes"]) + int(meta.get("index_bytes", 0))
-            return min(self.cache.max_bytes, exact)
+            return min(budget, exact)
         estimate = math.ceil(info.bytes * self._ratio(state)) + _SLACK
-        return min(self.cache.max_bytes, max(estimate, self._need.get(info.path, 0)))
+        return min(budget, max(estimate, self._need.get(info.path, 0)))
 
-    def _outgrown(self, info: ShardInfo, items: tuple[Any, ...], outcome: tuple[Any, ...]) -> int:
-        """The next reservation of a partition that outgrew ``cap``."""
+    def _outgrown(
+        self, info: ShardInfo, items: tuple[Any, ...], outcome: tuple[Any, ...], capacity: int
+    ) -> int:
+        """The next reservation of a partition that outgrew ``cap`` (``capacity``: the
+        most one shard may take, the budget less the cache's bookkeeping)."""
         cap, items_done, source_done = (int(x) for x in outcome[1:])
-        budget = self.cache.max_bytes
+        budget = capacity
         if cap >= budget:
             raise CacheFullError(
-                f"the partition converts to more than the whole cache budget of {budget} bytes "
-                f"(it passed it after {items_done} of {len(items)} source items); use a "
-                "smaller shard_size or partition_items, or a larger budget",
+                f"the partition converts to more than the whole cache budget of "
+                f"{self.context.max_bytes} bytes, {budget} of them for shards beside the "
+                f"cache's bookkeeping (it passed them after {items_done} of {len(items)} "
+                "source items); use a smaller shard_size or partition_items, or a larger budget",
                 path=info.path,
             )
         # Of the item that was being written, at most all of it was read.
@@ -307,12 +308,11 @@ class Producer:
 
     # -- filling -------------------------------------------------------------------------------
 
-    def _run(self, task: ProduceTask, where: str) -> tuple[Any, ...]:
+    def _run(self, task: ProduceTask, where: str, room: Reservation) -> tuple[Any, ...]:
         """Produce in a writer process (or inline): ``("done", Staged)``,
         ``("outgrew", ...)`` or ``("abandoned",)``; the rest raises."""
-        cache = self.cache
         if self._inline:
-            outcome = run_task(task, cache.events.downloaded)
+            outcome = run_task(task, room.events.downloaded)
         else:
             with self._pool_lock:
                 if self._pool is None:
@@ -320,9 +320,9 @@ class Producer:
                 pool = self._pool
             outcome = pool.run(
                 task,
-                cache.events.downloaded,
+                room.events.downloaded,
                 timeout=self.inactivity_timeout,
-                abandon=cache._abandoning,
+                abandon=room.abandoning,
             )
         kind = outcome[0]
         if kind == "full":
@@ -342,21 +342,18 @@ class Producer:
             )
         return outcome
 
-    def fill(self, info: ShardInfo, lease: HeldFile) -> None:
-        """Convert the partition within ``lease`` (growing it if it must), publish it."""
-        cache = self.cache
+    def fill(self, info: ShardInfo, room: Reservation) -> None:
+        """Convert the partition within ``room`` (growing it if it must), publish it."""
         source, plan = self._planned()
         part = plan.partitions[self._index[info.path]]
         where = f"partition {part.index} (source items: {part.describe()})"
-        final = cache.dir.path(info.path)
-        lease_id = str(lease.content["id"])
         try:
             while True:
                 task = ProduceTask(
                     path=info.path,
-                    final=final,
-                    lease_id=lease_id,
-                    cap=int(lease.content["bytes"]),
+                    final=room.final,
+                    lease_id=room.id,
+                    cap=room.bytes,
                     items=part.items,
                     source=source,
                     schema=plan.schema.to_json(),
@@ -364,29 +361,25 @@ class Producer:
                     retries=self.options.retries,
                     retry_backoff=self.options.retry_backoff,
                 )
-                outcome = cache._with_disk_room(
-                    lease, info.path, functools.partial(self._run, task, where)
-                )
+                outcome = room.stage(functools.partial(self._run, task, where, room))
                 if outcome[0] == "done":
                     break
                 if outcome[0] == "abandoned":
                     return
-                bigger = self._outgrown(info, part.items, outcome)
-                if not cache.dir.grow(
-                    lease, bigger, max_bytes=cache.max_bytes, policy=cache.policy
-                ):
+                bigger = self._outgrown(info, part.items, outcome, room.capacity)
+                if not room.grow(bigger):
                     return  # no room now: the fill order comes back to it, with ``bigger``
-            staged: _fill.Staged = outcome[1]
+            staged: Staged = outcome[1]
             extra = {
                 "bytes": staged.bytes,
                 "index_bytes": staged.index_bytes,
                 "source_bytes": part.size,
                 "plan": self.fingerprint,
             }
-            cache._publish(lease, info.path, staged, extra, crc32c=None)
+            room.publish(staged, extra, crc32c=None)
         finally:
             # What a stopped, killed or failed writer left (nothing after a publish).
-            _fill.discard(_fill.staged_names(final, lease_id))
+            discard(room.staged)
 
     def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
         """A shard stays if this plan produced it (same name, plan and size)."""

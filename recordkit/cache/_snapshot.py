@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..format.manifest import Manifest, ShardInfo
-
-if TYPE_CHECKING:
-    from ._cache import ShardCache
-    from ._locks import HeldFile
+from ._dir import CacheDir
+from ._locks import HeldFile
 
 __all__ = ["Snapshot"]
 
@@ -36,15 +35,17 @@ class Snapshot:
 
     def __init__(
         self,
-        cache: ShardCache,
+        directory: CacheDir,
         shards: list[ShardInfo],
         pin: HeldFile,
         epoch: int | None,
         manifest: Manifest | None,
+        notify: Callable[[], None],
     ) -> None:
-        self._cache = cache
+        self._dir = directory
+        self._notify = notify  # wakes the cache's fill workers: room may have been freed
         self._pin = pin
-        self.root = cache.root
+        self.root = directory.root
         self.epoch = epoch
         self.shards = shards
         self.manifest = manifest
@@ -53,7 +54,7 @@ class Snapshot:
     @property
     def paths(self) -> list[str]:
         """Absolute local paths of the shards, in order."""
-        return [self._cache.dir.path(s.path) for s in self.shards]
+        return [self._dir.path(s.path) for s in self.shards]
 
     @property
     def schema_json(self) -> dict[str, Any] | None:
@@ -90,24 +91,24 @@ class Snapshot:
             release: also unpin it (do this only once it is no longer mapped).
         """
         rel = self._rel(shard)
-        self._cache.dir.touch([rel], epoch=self.epoch, consumed=True)
+        self._dir.touch([rel], epoch=self.epoch, consumed=True)
         if release:
             self.release(rel)
-        self._cache._notify()
+        self._notify()
 
     def release(self, shard: str | ShardInfo) -> None:
         """Unpin one shard (it may then be evicted; keep it pinned while it is mapped)."""
         rel = self._rel(shard)
         if rel not in self._released:
             self._released.add(rel)
-            self._cache.dir.unpin(self._pin, [rel])
-            self._cache._notify()
+            self._dir.unpin(self._pin, [rel])
+            self._notify()
 
     def close(self) -> None:
         """Unpin every shard. Idempotent."""
         if self._pin.held:
-            self._cache.dir.release(self._pin)
-            self._cache._notify()
+            self._dir.release(self._pin)
+            self._notify()
 
     def __enter__(self) -> Snapshot:
         return self

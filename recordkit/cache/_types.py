@@ -1,16 +1,13 @@
-"""The cache's small types: its events protocol, its status, and the filler seam."""
+"""The cache's small types: its events protocol, its status, what a filler is told."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from ..format.manifest import Manifest, ShardInfo
+from ..format.manifest import ShardInfo
 
-if TYPE_CHECKING:
-    from ._locks import HeldFile
-
-__all__ = ["CacheEvents", "CacheStatus", "Filler", "NoEvents"]
+__all__ = ["CacheEvents", "CacheStatus", "FillContext", "NoEvents"]
 
 
 class CacheEvents(Protocol):
@@ -42,34 +39,23 @@ class NoEvents:
         pass
 
 
-class Filler(Protocol):
-    """How a cache's entries are listed and filled: shard mode or producer mode.
+@dataclass(frozen=True, slots=True)
+class FillContext:
+    """What a filler knows of the cache it fills.
 
-    A filler's :meth:`fill` stages the entry into the lease's temp names
-    (``_fill.staged_names``), never past the lease's bytes, and publishes it
-    through ``ShardCache._publish``; the cache has reserved the room before.
+    Attributes:
+        remote_url: the remote (or the raw source in producer mode).
+        storage_options: fsspec options for it.
+        max_bytes: the cache's budget.
+        fill_workers: the number of fill threads (0: fill in the calling thread).
+        chunk_bytes: the size of each ranged read.
     """
 
-    mode: str
-    retriable: tuple[type[BaseException], ...]
-
-    def catalog(self) -> list[ShardInfo]:
-        """The entries the cache may hold, in dataset order."""
-
-    def need(self, info: ShardInfo, state: dict[str, Any]) -> int:
-        """The bytes to reserve before filling ``info``."""
-
-    def fill(self, info: ShardInfo, lease: HeldFile) -> None:
-        """Stage and publish ``info`` within ``lease``; ``retriable`` errors retry later."""
-
-    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
-        """Whether a complete shard found in the directory still belongs (gc)."""
-
-    def snapshot_manifest(self, shards: list[ShardInfo]) -> Manifest | None:
-        """The manifest readers get with a snapshot of ``shards`` (its schema)."""
-
-    def close(self) -> None:
-        """Release what filling holds (writer processes)."""
+    remote_url: str
+    storage_options: dict[str, Any] | None
+    max_bytes: int
+    fill_workers: int
+    chunk_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +75,9 @@ class CacheStatus:
         mode: ``"shards"`` (copies of a remote dataset's shards) or
             ``"producer"`` (shards converted from raw samples).
         format: the converter of producer mode (``None`` in shard mode).
+        bookkeeping: bytes of the cache's own files under ``.recordkit-cache/``
+            (the state database and its WAL, the catalog, lock and claim files);
+            part of ``used``.
     """
 
     root: str
@@ -102,3 +91,4 @@ class CacheStatus:
     orphans: int
     mode: str = "shards"
     format: str | None = None
+    bookkeeping: int = 0

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
-from ..convert._errors import add_note, is_transient
+from ..convert import add_note, is_transient
 from ..format.framing import OVERHEAD
 from ..writer.shard import ShardWriter
-from . import _fill
+from ._staged import Staged, discard, is_disk_full, staged_names
 
 __all__ = ["OutgrewError", "ProduceTask", "WriterPool", "produce", "run_task"]
 
@@ -108,12 +108,14 @@ class _StagedTarget:
         pass  # stays staged: the cache renames it into place after the budget check
 
     def discard(self, staged: str) -> None:
-        _fill.discard(self.staged)
+        discard(self.staged)
 
     def write_bytes(self, name: str, data: bytes) -> None:  # the index
         fd = os.open(self.staged[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            _fill._write_all(fd, data)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if self.fsync:
                 os.fsync(fd)
         finally:
@@ -131,7 +133,7 @@ class _StagedTarget:
 
 def _write(
     task: ProduceTask, schema: Schema, staged: tuple[str, str], report: Callable[[int], None]
-) -> _fill.Staged:
+) -> Staged:
     target = _StagedTarget(staged, task.fsync)
     writer = ShardWriter(target, os.path.basename(task.final), fsync=task.fsync)
     done = False
@@ -158,7 +160,7 @@ def _write(
     finally:
         if not done:
             writer.discard()
-    return _fill.Staged(
+    return Staged(
         staged[0],
         staged[1],
         info.bytes,
@@ -168,7 +170,7 @@ def _write(
     )
 
 
-def produce(task: ProduceTask, report: Callable[[int], None]) -> _fill.Staged:
+def produce(task: ProduceTask, report: Callable[[int], None]) -> Staged:
     """Convert ``task``'s partition into its staged shard and index; return them.
 
     ``report(source_bytes)`` is called as items finish. Transient source errors
@@ -179,7 +181,7 @@ def produce(task: ProduceTask, report: Callable[[int], None]) -> _fill.Staged:
         OSError: local write errors, ``ENOSPC`` among them (temp files removed).
         Exception: the source's own errors (``SchemaError``, ``SourceError``, ...).
     """
-    staged = _fill.staged_names(task.final, task.lease_id)
+    staged = staged_names(task.final, task.lease_id)
     os.makedirs(os.path.dirname(task.final), exist_ok=True)
     schema = Schema.from_json(task.schema)
     attempt = 0
@@ -187,7 +189,7 @@ def produce(task: ProduceTask, report: Callable[[int], None]) -> _fill.Staged:
         try:
             return _write(task, schema, staged, report)
         except Exception as exc:
-            _fill.discard(staged)
+            discard(staged)
             if isinstance(exc, OutgrewError) or attempt >= task.retries or not is_transient(exc):
                 raise
             delay = task.retry_backoff * 2**attempt
@@ -212,7 +214,7 @@ def run_task(task: ProduceTask, report: Callable[[int], None]) -> tuple[Any, ...
     except OutgrewError as exc:
         return ("outgrew", exc.cap, exc.items_done, exc.source_done)
     except Exception as exc:
-        if _fill.is_disk_full(exc):
+        if is_disk_full(exc):
             assert isinstance(exc, OSError)
             return ("full", exc.errno, exc.strerror or str(exc))
         notes = "; ".join(getattr(exc, "__notes__", []))

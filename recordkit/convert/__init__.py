@@ -13,7 +13,9 @@ import sys
 import types
 from typing import Any
 
-from ._errors import ConvertError, DiskFullError, PartitionsFailedError
+from ._cli import _options as parse_options
+from ._cli import parse_schema
+from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
 from .partition import PartitionResult, PartitionTask, run_partition
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
@@ -33,8 +35,12 @@ __all__ = [
     "Plan",
     "Progress",
     "TqdmProgress",
+    "add_note",
     "convert",
+    "is_transient",
     "make_plan",
+    "parse_options",
+    "parse_schema",
     "plan_conversion",
     "run_partition",
 ]

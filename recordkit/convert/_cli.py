@@ -87,6 +87,7 @@ def _split_top(text: str) -> list[str]:
 
 
 def _options(pairs: list[str]) -> dict[str, Any]:
+    """``--option KEY=VALUE`` pairs as a dict: VALUE as JSON, else the plain string."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")

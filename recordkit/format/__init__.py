@@ -1,5 +1,10 @@
-"""The on-disk format: TFRecord framing, the index sidecar, and the manifest."""
+"""The on-disk format: TFRecord framing, the index sidecar, and the manifest.
 
+Also the atomic-publish helpers every local writer uses (``atomic_write_bytes``,
+``fsync_dir``, temp names carry ``TMP_MARKER``).
+"""
+
+from ._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir
 from .crc import crc32c, mask, masked_crc32c, unmask
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -28,12 +33,15 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "OVERHEAD",
+    "TMP_MARKER",
     "Manifest",
     "ShardInfo",
+    "atomic_write_bytes",
     "crc32c",
     "ensure_index",
     "frame",
     "frame_header",
+    "fsync_dir",
     "index_path",
     "iter_records",
     "load_index",

@@ -7,6 +7,7 @@ import functools
 import http.server
 import os
 import re
+import tempfile
 import threading
 
 import numpy as np
@@ -50,7 +51,7 @@ def write_dataset(
 
 
 def disk_bytes(root) -> int:
-    """Every byte the cache holds outside its bookkeeping folder (what the budget limits).
+    """Every byte under the cache directory, its bookkeeping included (what the budget limits).
 
     Fill workers rename and remove files meanwhile: a walk that meets a file gone
     between listing and stat starts over (skipping it could miss the renamed file).
@@ -58,13 +59,29 @@ def disk_bytes(root) -> int:
     while True:
         total = 0
         try:
-            for dirpath, dirnames, filenames in os.walk(root):
-                if os.path.abspath(dirpath) == os.path.abspath(root):
-                    dirnames[:] = [d for d in dirnames if d != _dir.META]
+            for dirpath, _, filenames in os.walk(root):
                 total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in filenames)
         except FileNotFoundError:
             continue
         return total
+
+
+_OVERHEAD: dict[str, int] = {}
+
+
+def overhead(remote, **options) -> int:
+    """What a cache of ``remote`` (made with ``options``) counts for its own files when
+    it holds all of it, plus the slack it keeps free: add it to a budget meant for
+    so many shards."""
+    key = repr((os.fspath(remote), sorted(options.items())))
+    if key not in _OVERHEAD:
+        from recordkit.cache import ShardCache
+
+        with tempfile.TemporaryDirectory() as scratch:
+            cache = ShardCache(remote, scratch, max_bytes="1GiB", fill_workers=0, **options)
+            cache.fill()
+            _OVERHEAD[key] = cache.status().bookkeeping + _dir.BOOKKEEPING_SLACK
+    return _OVERHEAD[key]
 
 
 def visible_shards(root) -> list[str]:

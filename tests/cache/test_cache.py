@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -12,7 +13,14 @@ from recordkit.cache import CacheFullError, DownloadError, RetryOptions, ShardCa
 from recordkit.cache._locks import HeldFile
 from recordkit.format.manifest import read_manifest
 
-from .conftest import BudgetWatch, check_sample, disk_bytes, visible_shards, write_dataset
+from .conftest import (
+    BudgetWatch,
+    check_sample,
+    disk_bytes,
+    overhead,
+    visible_shards,
+    write_dataset,
+)
 
 FAST = RetryOptions(attempts=2, backoff=0.0)
 pytestmark = pytest.mark.timeout(60)
@@ -30,8 +38,8 @@ def shard_bytes(remote) -> int:
 
 
 def budget_for(remote, n: float) -> int:
-    """About ``n`` shards (with their indexes) worth of budget."""
-    return int(n * (shard_bytes(remote) + 400))
+    """About ``n`` shards (with their indexes) worth of budget, and the bookkeeping's."""
+    return int(n * (shard_bytes(remote) + 400)) + overhead(remote)
 
 
 def read_all(snap) -> list[int]:
@@ -178,7 +186,10 @@ def test_restart_cleans_orphans_and_keeps_complete_shards(remote, tmp_path):
     )
     assert set(visible_shards(root)) == before
     assert os.listdir(cache.dir.leases_dir) == [] and os.listdir(cache.dir.pins_dir) == []
-    assert again.status().used == disk_bytes(root)
+    status = again.status()
+    meta = disk_bytes(root / ".recordkit-cache")
+    assert status.used - status.bookkeeping == disk_bytes(root) - meta  # the shards: exact
+    assert disk_bytes(root) <= status.used  # the WAL is counted at its bound
 
 
 def test_restart_drops_shards_the_remote_changed(remote, tmp_path):
@@ -235,7 +246,8 @@ def test_files_that_are_not_ours_are_counted_but_kept(remote, tmp_path):
     cache = ShardCache(remote, root, max_bytes="10MiB", fill_workers=0)
     cache.gc()
     assert (root / "notes.txt").exists() and (root / "model.ckpt.tmp-x").exists()
-    assert cache.status().used == 1100
+    status = cache.status()
+    assert status.used - status.bookkeeping == 1100
 
 
 def test_public_surface():
@@ -250,3 +262,64 @@ def test_public_surface():
     code = "import sys, recordkit.cache; print('fsspec' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_no_import_circle_and_no_private_imports_of_other_packages():
+    """The cache's modules import ``_cache`` nowhere (fillers and snapshots get the pieces
+    they use), and reach other packages only through their public modules."""
+    import ast
+    import pathlib
+
+    import recordkit.cache as cache
+
+    for path in sorted(pathlib.Path(cache.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = node.module or ""
+            names = [a.name for a in node.names]
+            if node.level == 1 and path.name not in ("__init__.py", "_cli.py"):
+                assert module != "_cache" and "_cache" not in names, (path.name, module)
+            if node.level == 2:  # recordkit.<package>.<module>
+                parts = module.split(".")
+                assert not any(p.startswith("_") for p in parts[1:]), (path.name, module)
+
+
+def test_a_writer_process_loads_only_what_it_needs():
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys, recordkit.cache._writer; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('recordkit.cache'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [
+        "recordkit.cache",
+        "recordkit.cache._staged",
+        "recordkit.cache._writer",
+    ]
+
+
+def test_a_directory_of_the_json_state_is_taken_over_by_a_reader(remote, tmp_path):
+    """A cache filled by a recordkit that kept its state in ``state.json``: the first
+    process to open it, a reader here, adopts the shards and the history."""
+    root = tmp_path / "c"
+    ShardCache(remote, root, max_bytes="10MiB", fill_workers=0).fill()
+    meta = root / ".recordkit-cache"
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        if (meta / name).exists():
+            (meta / name).unlink()
+    first = sorted(visible_shards(root))[0]
+    history = {"seen": 2, "published": 1.0, "used": 5.0, "uses": 3, "reads": 1, "consumed": 3}
+    (meta / "state.json").write_text(
+        json.dumps({"epoch": 3, "shards": {first: {**history, "records": 20}}})
+    )
+    reader = ShardCache(None, root, max_bytes="10MiB")
+    with reader.snapshot(4) as snap:
+        assert len(snap) == 10
+    assert not (meta / "state.json").exists()
+    kept = reader.dir.store.meta(first)
+    assert kept["seen"] == 2 and kept["reads"] == 1 and kept["records"] == 20

@@ -11,7 +11,7 @@ import pytest
 
 from recordkit.cli import main
 
-from .conftest import disk_bytes, visible_shards, write_dataset
+from .conftest import disk_bytes, overhead, visible_shards, write_dataset
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,16 +25,19 @@ def remote(tmp_path):
 
 def test_fill_status_gc(remote, tmp_path, capsys):
     local = tmp_path / "c"
-    assert main(["cache", "fill", str(remote), str(local), "--max-bytes", "40KiB"]) == 0
+    budget = 40 * 1024 + overhead(remote)
+    assert main(["cache", "fill", str(remote), str(local), "--max-bytes", str(budget)]) == 0
     err = capsys.readouterr().err
     assert "of 6 shard(s) cached" in err
     n = len(visible_shards(local))
-    assert 1 <= n < 6 and disk_bytes(local) <= 40 * 1024
+    assert 1 <= n < 6 and disk_bytes(local) <= budget
 
     assert main(["cache", "status", str(local), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["complete"] == n and doc["remote_shards"] == 6 and doc["max_bytes"] == 40960
-    assert doc["used"] == disk_bytes(local) and doc["remote"] == str(remote)
+    assert doc["complete"] == n and doc["remote_shards"] == 6 and doc["max_bytes"] == budget
+    meta = disk_bytes(local / ".recordkit-cache")
+    assert doc["used"] - doc["bookkeeping"] == disk_bytes(local) - meta
+    assert disk_bytes(local) <= doc["used"] and doc["remote"] == str(remote)
     assert main(["cache", "status", str(local)]) == 0
     assert f"shards       {n} of 6" in capsys.readouterr().out
 
@@ -44,7 +47,8 @@ def test_fill_status_gc(remote, tmp_path, capsys):
     assert len(visible_shards(local)) == n
 
     assert main(["cache", "gc", str(local), "--max-bytes", "1"]) == 0
-    assert visible_shards(local) == [] and disk_bytes(local) == 0
+    assert visible_shards(local) == []
+    assert disk_bytes(local) == disk_bytes(local / ".recordkit-cache")  # bookkeeping only
 
 
 def test_errors_are_messages(tmp_path, capsys):

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -17,7 +18,7 @@ from recordkit.cache import CacheFullError, ShardCache, _fill
 from recordkit.format.index import scan_index
 from recordkit.format.manifest import read_manifest
 
-from .conftest import disk_bytes, visible_shards, write_dataset
+from .conftest import disk_bytes, overhead, visible_shards, write_dataset
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -81,7 +82,7 @@ def child():
 
 def test_reader_sigkilled_while_pinning_releases_its_pins(remote, tmp_path, child):
     root = tmp_path / "c"
-    budget = 3 * max(s.bytes for s in read_manifest(remote).shards) + 2000
+    budget = 3 * max(s.bytes for s in read_manifest(remote).shards) + 2000 + overhead(remote)
     cache = ShardCache(remote, root, max_bytes=budget, fill_workers=0)
     assert cache.fill() == 3
     reader = child(
@@ -141,7 +142,7 @@ def test_filler_sigkilled_mid_download_leaves_nothing_visible(remote, tmp_path, 
 
 def test_two_processes_fill_one_directory(remote, tmp_path, child):
     root = tmp_path / "c"
-    budget = 5 * max(s.bytes for s in read_manifest(remote).shards) + 3000
+    budget = 5 * max(s.bytes for s in read_manifest(remote).shards) + 3000 + overhead(remote)
     code = f"""
         from recordkit.cache import ShardCache
         n = ShardCache({str(remote)!r}, {str(root)!r}, max_bytes={budget}, fill_workers=2,
@@ -217,3 +218,43 @@ def test_a_real_full_tmpfs(remote, tmp_path):
             assert len(ds) == 20
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def test_sigkill_at_any_moment_loses_nothing_and_leaves_nothing(tmp_path, child):
+    """A process that fills, reads and evicts is SIGKILLed at moments spread over its
+    work, again and again: after each kill the directory holds every shard it held,
+    whole, the store lists exactly those, no temp file stays, and the budget holds."""
+    remote = tmp_path / "remote"
+    manifest = write_dataset(remote, shards=40, records=2, size=200)
+    root = tmp_path / "c"
+    # (the store's history and change log grow a little as shards come and go)
+    budget = 6 * max(s.bytes for s in manifest.shards) + 16 * 1024 + overhead(remote)
+    code = f"""
+        from recordkit.cache import ShardCache
+        cache = ShardCache({str(remote)!r}, {str(root)!r}, max_bytes={budget}, fill_workers=2)
+        cache.start()
+        print("started", flush=True)
+        epoch = 0
+        while True:  # read everything there, so the filler may displace it
+            with cache.snapshot(epoch, min_shards=1, timeout=60) as snap:
+                for s in snap.shards:
+                    snap.mark_consumed(s, release=True)
+            epoch += 1
+        """
+    for delay in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2):
+        filler = child(code)
+        filler.wait_for("started")
+        time.sleep(delay)
+        filler.kill()
+        before = set(visible_shards(root))
+        cache = ShardCache(remote, root, max_bytes=budget, fill_workers=0)
+        cache.gc()  # what a restart does
+        after = set(visible_shards(root))
+        assert before <= after, f"lost at {delay} s: {before - after}"
+        assert [n for n in os.listdir(root) if ".tmp-" in n] == []
+        assert_intact(root, remote)
+        with cache.dir.lock():
+            assert set(cache.dir.scan().complete) == after
+        assert disk_bytes(root) <= budget
+        cache.dir.store.close()
+    assert ShardCache(remote, root, max_bytes=budget, fill_workers=0).fill() >= 1

@@ -2,15 +2,22 @@
 
 Invariants checked after every step:
 
-- the budget: the bytes in the cache directory never exceed ``max_bytes``;
+- the budget: the bytes in the cache directory — its bookkeeping (the sqlite
+  store and its WAL, catalog, lock, lease and pin files) included — never
+  exceed ``max_bytes``;
+- the store agrees with the directory: every shard it lists as published is
+  there, whole;
 - no partial shard is visible: every shard a listing shows has its index and is
   byte-identical to the remote's;
 - no pinned shard is evicted: every shard a live snapshot still pins is present;
-- no complete shard is lost on restart (checked in the restart rule).
+- no complete shard is lost on restart (checked in the restart rule), also when
+  the bookkeeping was corrupt or of the wrong shape (then it is rebuilt from the
+  directory).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -28,10 +35,10 @@ from hypothesis.stateful import (
 )
 
 from recordkit.cache import RetryOptions, ShardCache
-from recordkit.cache._fill import staged_names
+from recordkit.cache._staged import staged_names
 from recordkit.format.manifest import read_manifest
 
-from .conftest import disk_bytes, visible_shards, write_dataset
+from .conftest import disk_bytes, overhead, visible_shards, write_dataset
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,7 +71,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.infos = list(read_manifest(self.remote).shards)
         self.local = tempfile.mkdtemp(prefix="rk-cache-local-")
         largest = max(s.bytes for s in self.infos)
-        self.max_bytes = int(3.2 * (largest + 100))
+        # room for about three shards beside the cache's own files
+        self.max_bytes = int(3.2 * (largest + 100)) + overhead(self.remote)
         self.cache = self._open()
         self.live: list = []  # snapshots not closed or crashed
         self.epoch = 0
@@ -84,6 +92,7 @@ class CacheMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for snap in self.live:
             snap.close()
+        self.cache.dir.store.close()
         shutil.rmtree(self.local, ignore_errors=True)
 
     # -- rules -------------------------------------------------------------------------------
@@ -146,14 +155,88 @@ class CacheMachine(RuleBasedStateMachine):
         os.close(lease._fd)  # killed: lock gone, temp files and claim file left behind
         lease._fd = -1
 
+    @rule(i=st.integers(0, 7))
+    def filler_dies_after_publishing_renames(self, i: int) -> None:
+        """Killed between renaming a shard into place and recording it in the store."""
+        info = self.infos[i]
+        if info.path in self.cache.dir.scan().complete:
+            return
+        lease = self.cache.dir.reserve(
+            info.path, info.bytes + 200, max_bytes=self.max_bytes, policy=self.policy
+        )
+        if lease is None:
+            return
+        final = self.cache.dir.path(info.path)
+        shutil.copy(os.path.join(self.remote, info.path + ".idx"), final + ".idx")
+        shutil.copy(os.path.join(self.remote, info.path), final)
+        os.close(lease._fd)
+        lease._fd = -1
+
     @precondition(lambda self: not self.live)
     @rule()
     def restart(self) -> None:
         before = set(visible_shards(self.local))
+        self.cache.dir.store.close()
         self.cache = self._open()
         after = set(visible_shards(self.local))
         assert before <= after, f"lost on restart: {before - after}"
         assert not [n for n in os.listdir(self.local) if ".tmp-" in n]
+
+    @precondition(lambda self: not self.live)
+    @rule(
+        damage=st.sampled_from(
+            [
+                "garbage-db",
+                "empty-db",
+                "foreign-db",
+                "catalog-list",
+                "catalog-fields",
+                "state-json-list",
+                "state-json-fields",
+            ]
+        )
+    )
+    def restart_with_damaged_bookkeeping(self, damage: str) -> None:
+        """Bookkeeping that cannot be read, or is of the wrong shape, is rebuilt from the
+        directory with a log line: nothing lost, no error on every start."""
+        meta = os.path.join(self.local, ".recordkit-cache")
+        self.cache.dir.store.close()
+        before = set(visible_shards(self.local))
+        db = os.path.join(meta, "state.db")
+        if damage.endswith("-db"):
+            for suffix in ("-wal", "-shm"):
+                if os.path.exists(db + suffix):
+                    os.unlink(db + suffix)
+        if damage == "garbage-db":
+            with open(db, "wb") as f:
+                f.write(b"this is not a database" * 100)
+        elif damage == "empty-db":
+            open(db, "wb").close()
+        elif damage == "foreign-db":
+            import sqlite3
+
+            os.unlink(db)
+            with sqlite3.connect(db) as other:
+                other.execute("CREATE TABLE shards(x)")
+            other.close()
+        elif damage == "catalog-list":
+            with open(os.path.join(meta, "catalog.json"), "w") as f:
+                json.dump([1, 2, 3], f)
+        elif damage == "catalog-fields":
+            with open(os.path.join(meta, "catalog.json"), "w") as f:
+                json.dump({"remote": 7, "shards": "all"}, f)
+        elif damage == "state-json-list":  # left by a recordkit before the sqlite store
+            with open(os.path.join(meta, "state.json"), "w") as f:
+                json.dump(["shards"], f)
+        else:
+            with open(os.path.join(meta, "state.json"), "w") as f:
+                json.dump({"epoch": "x", "shards": {"a": 3, "b": {"seen": "many"}}}, f)
+        self.cache = self._open()
+        after = set(visible_shards(self.local))
+        assert before <= after, f"lost after {damage}: {before - after}"
+        assert set(self.cache.dir.scan().complete) == after  # re-adopted
+        assert not os.path.exists(os.path.join(meta, "state.json"))
+        self.cache.fill_one()  # and it works on
 
     @rule()
     def gc_with_live_readers(self) -> None:
@@ -163,8 +246,18 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def within_budget(self) -> None:
-        assert disk_bytes(self.local) <= self.max_bytes
+        on_disk = disk_bytes(self.local)  # every file, the bookkeeping's included
+        assert on_disk <= self.max_bytes, (on_disk, self.max_bytes)
         assert self.cache.status().used <= self.max_bytes
+
+    @invariant()
+    def store_lists_only_whole_shards(self) -> None:
+        with self.cache.dir.lock():
+            listed = dict(self.cache.dir.scan().complete)
+        for rel, (size, index_size) in listed.items():
+            path = os.path.join(self.local, rel)
+            assert os.path.getsize(path) == size, rel
+            assert os.path.getsize(path + ".idx") == index_size, rel
 
     @invariant()
     def no_partial_shard_visible(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recordkit.cache import ShardCache
-from tests.cache.conftest import BudgetWatch, check_sample, write_dataset
+from tests.cache.conftest import BudgetWatch, check_sample, overhead, write_dataset
 
 torch = pytest.importorskip("torch")
 rkt = pytest.importorskip("recordkit.torch")
@@ -22,15 +22,15 @@ def remote(tmp_path):
     return root, manifest
 
 
-def _budget(manifest, shards: int) -> int:
-    """Room for about ``shards`` shards (plus their indexes)."""
+def _budget(root, manifest, shards: int) -> int:
+    """Room for about ``shards`` shards (plus their indexes), and the cache's own files."""
     biggest = max(s.bytes for s in manifest.shards)
-    return shards * (biggest + 2 * RECORDS * 24) + 1024
+    return shards * (biggest + 2 * RECORDS * 24) + 1024 + overhead(root)
 
 
 def test_epochs_grow_with_the_cache_then_rotate(remote, tmp_path):
     root, manifest = remote
-    budget = _budget(manifest, 4)
+    budget = _budget(root, manifest, 4)
     watch = BudgetWatch(tmp_path / "cache", budget)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget, events=watch) as cache:
         ds = rkt.RecordDataset(root, batch_size=8, shuffle=True, cache=cache, cache_timeout=60)
@@ -65,7 +65,7 @@ def test_values_are_intact_and_batches_match_a_local_read(remote, tmp_path):
 
 def test_resume_takes_the_saved_shard_set(remote, tmp_path):
     root, manifest = remote
-    budget = _budget(manifest, 3)
+    budget = _budget(root, manifest, 3)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
         ds = rkt.RecordDataset(root, batch_size=4, shuffle=True, seed=5, cache=cache)
         it = iter(ds)

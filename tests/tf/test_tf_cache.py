@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recordkit.cache import ShardCache
-from tests.cache.conftest import BudgetWatch, check_sample, write_dataset
+from tests.cache.conftest import BudgetWatch, check_sample, overhead, write_dataset
 
 tf = pytest.importorskip("tensorflow")
 rtf = pytest.importorskip("recordkit.tf")
@@ -24,7 +24,7 @@ def remote(tmp_path):
 def test_epochs_rescan_and_rotate_within_the_budget(remote, tmp_path):
     root, manifest = remote
     biggest = max(s.bytes for s in manifest.shards)
-    budget = 4 * (biggest + 2 * RECORDS * 24) + 1024
+    budget = 4 * (biggest + 2 * RECORDS * 24) + 1024 + overhead(root)  # and the cache's files
     watch = BudgetWatch(tmp_path / "cache", budget)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget, events=watch) as cache:
         ds = rtf.dataset(root, batch_size=8, shuffle=True, cache=cache)
