@@ -2,7 +2,10 @@
 
 This is the simple, obviously-correct reader the fast ones are checked against:
 it memory-maps each shard, validates (or rebuilds) its index, checks every CRC
-and decodes one record at a time on the calling thread.
+and decodes one record at a time on the calling thread. Each record is checked
+against the file's size and copied out of the map (under the native SIGBUS guard
+when the extension is built) before it is decoded, so a shard truncated under
+the reader raises :class:`~recordkit.errors.ShardChangedError`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from .codec.schema import Schema
 from .errors import CorruptRecordError
+from .format import guard
 from .format.manifest import ShardInfo
 from .reader.shards import MappedShard, find_shards, open_shards
 
@@ -79,11 +83,14 @@ class Dataset:
         return self._starts[-1]
 
     def _decode(self, shard: MappedShard, i: int) -> dict[str, Any]:
-        payload = shard.payload(i)
+        payload = shard.payload(i)  # size-checked; header and CRC read under the guard
+        offset = int(shard.offsets[i])
+        data = guard.read(payload, 0, len(payload), path=shard.path, offset=offset, record=i)
+        del payload  # no view of the map outlives the read
         try:
-            return self.schema.decode(payload, copy=True)
+            return self.schema.decode(data, copy=True)
         except CorruptRecordError as exc:
-            raise exc.located(shard.path, int(shard.offsets[i]), i) from exc
+            raise exc.located(shard.path, offset, i) from exc
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for shard in self._shards:

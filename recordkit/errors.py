@@ -9,9 +9,9 @@ that only know the standard library can still catch it sensibly::
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
     ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
     ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
+    ├── ShardChangedError (OSError)          a shard that changed (shrank) after it was opened
     ├── SchemaError (ValueError)             a bad schema, or a sample that does not fit it
     ├── ShardNotFoundError (FileNotFoundError)  a dataset, shard or index that is not there
-    ├── ShardChangedError (OSError)          a mapped shard that changed size while being read
     ├── DatasetExistsError (FileExistsError) writing over a dataset without overwrite=True
     └── MissingDependencyError (ImportError) an optional extra that is not installed
 
@@ -136,48 +136,20 @@ class ManifestError(_LocatedError, ValueError):
     """A manifest that cannot be read or disagrees with the files it lists."""
 
 
+class ShardChangedError(_LocatedError, OSError):
+    """A shard whose file changed after it was opened (truncated, rewritten in place).
+
+    An ``OSError``: the bytes were fine when indexed; another program changed the
+    file under the reader (an rsync ``--inplace``, a rewrite, a network file system).
+    """
+
+
 class SchemaError(RecordkitError, ValueError):
     """A schema that is invalid, or a sample or record that does not fit it."""
 
 
 class ShardNotFoundError(RecordkitError, FileNotFoundError):
     """A dataset directory, shard, or index that does not exist."""
-
-
-# An OSError, not a ValueError like the errors about bad bytes: nothing is wrong
-# with the data, another program changed the file under us (rsync --inplace, a
-# rewrite, a network file system). So it is caught where I/O failures are (and
-# retried there once the file is stable), and never by on_error="skip", which
-# skips corrupt records: reading on through a shard that is changing would skip
-# or return records of two different files.
-class ShardChangedError(_LocatedError, OSError):
-    """A memory-mapped shard that changed size while it was being read.
-
-    Raised instead of the SIGBUS that reading a vanished page of the map would
-    otherwise kill the process with (see ``docs/howto/corrupt-data.md`` for what is
-    checked where). ``offset`` and ``record`` name the record being read.
-
-    Attributes:
-        path: the shard file.
-        offset: byte offset of the record being read.
-        record: 0-based record number within the shard.
-        size: the file's size now, when it could be read.
-        expected_size: the size the index (and the map) says the shard has.
-    """
-
-    def __init__(
-        self,
-        reason: str,
-        *,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
-        size: int | None = None,
-        expected_size: int | None = None,
-    ) -> None:
-        self.size = size
-        self.expected_size = expected_size
-        super().__init__(reason, path=path, offset=offset, record=record)
 
 
 class DatasetExistsError(RecordkitError, FileExistsError):

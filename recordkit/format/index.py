@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..errors import InvalidIndexError, ShardNotFoundError
+from . import guard
 from ._atomic import atomic_write_bytes
 from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD, read_header, read_record
 
@@ -193,7 +194,9 @@ def validate_index(
 
     Raises:
         InvalidIndexError: naming the index file, the record and its offset.
+        ShardChangedError: ``buf`` is a map whose file no longer has its size.
     """
+    guard.check_size(buf, None, path)  # the length fields below are read unguarded
     where = index_file or (index_path(path) if path else None)
     n, size = len(entries), len(buf)
     if n == 0:

@@ -199,7 +199,9 @@ class RecordReader:
             recs = records[lo:hi]
             offsets, sizes = shard.offsets[recs], shard.sizes[recs]
             alloc = self.pool.alloc if len(bounds) == 1 else None
-            batch = self.decoder.decode(shard.buf, offsets, sizes, alloc=alloc)
+            batch = self.decoder.decode(
+                shard.buf, offsets, sizes, alloc=alloc, path=shard.path, records=recs
+            )
             nbytes += batch.nbytes
             for pos, err in batch.bad:
                 located = err.located(shard.path, int(offsets[pos]), int(recs[pos]))
