@@ -425,11 +425,18 @@ static inline uint32_t masked(uint32_t crc) {
  * map) is not ours: the handler puts back the handler it replaced (Python's
  * faulthandler, when enabled, or SIG_DFL) and lets the fault happen again, so
  * the process still dies as it would have, with the same diagnostics.
+ *
+ * A handler installed after ours (faulthandler.enable() after import) sees a
+ * guarded fault first: faulthandler prints its report, puts ours back and
+ * re-raises, and ours then jumps as usual (so the call still fails cleanly, once
+ * with a spurious report). The handler is never re-installed over a later one:
+ * two handlers that chain to each other would loop on an unguarded fault.
  */
 #ifndef _WIN32
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <unistd.h>
 #define RK_GUARD 1
 
 typedef struct RkGuard {
@@ -449,10 +456,22 @@ static RK_TLS RkGuard *volatile rk_guard_cur;
 static struct sigaction rk_prev_action;
 static volatile sig_atomic_t rk_installed;
 
+/* A fault, or a fault re-raised on this thread by a handler installed after ours
+ * (Python's faulthandler, enabled after import, reports a fault and then raise()s
+ * it for the handler it replaced); not a SIGBUS sent by another process. */
+static int rk_is_fault(const siginfo_t *si) {
+    if (!si) return 0;
+    if (si->si_code > 0) return 1;
+#ifdef SI_TKILL
+    if (si->si_code == SI_TKILL && si->si_pid == getpid()) return 1;
+#endif
+    return 0;
+}
+
 static void rk_sigbus(int sig, siginfo_t *si, void *ctx) {
     (void)ctx;
     RkGuard *g = rk_guard_cur;
-    if (g && si && si->si_code > 0) { /* a fault (not a kill) inside a guard */
+    if (g && rk_is_fault(si)) { /* inside a guard */
         rk_guard_cur = g->outer;
         g->addr = si ? (const uint8_t *)si->si_addr : NULL;
         siglongjmp(g->jb, 1);
@@ -2208,9 +2227,9 @@ static int module_exec(PyObject *m) {
     if (!MapFault) {
         MapFault = PyErr_NewExceptionWithDoc(
             "recordkit._native.MapFault",
-            "MapFault(message, at, offset): a page of a buffer (a memory map whose file shrank)\n"
-            "vanished while a guarded call read it. at: the record or row being read (-1:\n"
-            "unknown); offset: the faulting byte's offset in the buffer (-1: unknown).",
+            "A page of a buffer (a memory map whose file shrank) vanished while a guarded\n"
+            "call read it. args: (message, at, offset); at: the record or row being read\n"
+            "(-1: unknown); offset: the faulting byte's offset in the buffer (-1: unknown).",
             PyExc_BufferError, NULL);
         if (!MapFault) return -1;
     }

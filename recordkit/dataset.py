@@ -22,6 +22,7 @@ import numpy as np
 from .codec.schema import Schema
 from .errors import CorruptRecordError
 from .format import guard
+from .format.framing import read_record
 from .format.manifest import ShardInfo
 from .reader.shards import MappedShard, find_shards, open_shards
 
@@ -83,12 +84,17 @@ class Dataset:
         return self._starts[-1]
 
     def _decode(self, shard: MappedShard, i: int) -> dict[str, Any]:
-        payload = shard.payload(i)  # size-checked; header and CRC read under the guard
-        offset = int(shard.offsets[i])
-        data = guard.read(payload, 0, len(payload), path=shard.path, offset=offset, record=i)
-        del payload  # no view of the map outlives the read
+        offset, size = int(shard.offsets[i]), int(shard.sizes[i])
+        # One size check and one guarded copy of the framed record: everything after
+        # reads the copy, never the map.
+        framed = guard.read(shard.buf, offset, size, path=shard.path, offset=offset, record=i)
         try:
-            return self.schema.decode(data, copy=True)
+            payload = read_record(framed, 0, expected_size=size)
+        except CorruptRecordError as exc:
+            shard.payload(i)  # read from the map: the exact error, or ShardChangedError
+            raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
+        try:
+            return self.schema.decode(payload, copy=True)
         except CorruptRecordError as exc:
             raise exc.located(shard.path, offset, i) from exc
 

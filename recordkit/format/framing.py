@@ -153,7 +153,10 @@ def _read_header(
     if guard.map_of(buf) is None:
         length = _check_header(buf, offset, path, offset, record, max_record_bytes)
     else:  # a map: size checked, then the 12 bytes copied under the guard
-        header = guard.read(buf, offset, HEADER_SIZE, path=path, offset=offset, record=record)
+        guard.check_size(buf, None, path, offset=offset, record=record)
+        header = guard.read(
+            buf, offset, HEADER_SIZE, path=path, offset=offset, record=record, check=False
+        )
         length = _check_header(header, 0, path, offset, record, max_record_bytes)
     if offset + OVERHEAD + length > end:
         raise TruncatedRecordError(
@@ -223,7 +226,9 @@ def _read_record(
         if guard.map_of(buf) is None:
             (stored,) = _U32.unpack_from(buf, at)
         else:
-            footer = guard.read(buf, at, FOOTER_SIZE, path=path, offset=offset, record=record)
+            footer = guard.read(
+                buf, at, FOOTER_SIZE, path=path, offset=offset, record=record, check=False
+            )
             (stored,) = _U32.unpack(footer)
         _check_payload(payload, stored, path, offset, record)
     return payload

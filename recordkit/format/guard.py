@@ -152,14 +152,18 @@ def read(
     path: str | None = None,
     offset: int | None = None,
     record: int | None = None,
+    check: bool = True,
 ) -> bytes:
     """A private copy of ``buf[start:start + length]`` (a map's size checked first).
+
+    ``check=False`` skips the size check, for a caller that has just made it.
 
     Raises:
         ShardChangedError: the file behind the map shrank (before or, with the
             native extension, during the copy).
     """
-    check_size(buf, None, path, offset=offset, record=record)
+    if check:
+        check_size(buf, None, path, offset=offset, record=record)
     if _native is None:
         return bytes(memoryview(buf)[start : start + length])
     try:

@@ -476,7 +476,8 @@ class _Run:
         return self._read(i, start, int(self.sizes[i]) - OVERHEAD)
 
     def _read(self, i: int, start: int, length: int) -> bytes:
-        return guard.read(self.buf, start, length, offset=int(self.offsets[i]))
+        # unchecked: decode checked the size; the native copy is guarded
+        return guard.read(self.buf, start, length, offset=int(self.offsets[i]), check=False)
 
     def _per_record(self, fast: np.ndarray) -> None:
         """The Python work per record: zstd and list features, then the slow path."""
@@ -525,7 +526,7 @@ class _Run:
                 max_record_bytes=dec.max_record_bytes,
                 expected_size=size,
             )
-            data = guard.read(payload, 0, len(payload), offset=offset)  # parse a private copy
+            data = guard.read(payload, 0, len(payload), offset=offset, check=False)  # a copy
             del payload
             self.slow[i] = dec.schema.decode(
                 data, copy=True, max_size=dec.max_size, columns=dec._columns_arg

@@ -422,3 +422,34 @@ def test_check_size_and_guarded_reads_on_a_map(tmp_path):
         assert not isinstance(info.value, ValueError)
     finally:
         m.close()
+
+
+@needs_native
+def test_faulthandler_enabled_after_import_does_not_defeat_the_guard(tmp_path):
+    """faulthandler.enable() after import puts its handler in front of ours: a guarded
+    fault is then reported by it once, re-raised, and still becomes MapFault."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    script = f"""
+    import faulthandler, mmap
+    from recordkit import _native
+    faulthandler.enable()
+    f = open({str(path)!r}, "rb")
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    os.truncate({str(path)!r}, 100)
+    for _ in range(2):
+        try:
+            _native.read(m, 500_000, 10)
+        except _native.MapFault:
+            print("guarded", flush=True)
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(script), str(tmp_path), "-"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        timeout=60,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert proc.stdout == "guarded\nguarded\n", (proc.stdout, proc.stderr)
