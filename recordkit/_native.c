@@ -437,7 +437,6 @@ static inline uint32_t masked(uint32_t crc) {
 #include <setjmp.h>
 #include <signal.h>
 #include <unistd.h>
-#define RK_GUARD 1
 
 typedef struct RkGuard {
     sigjmp_buf jb;
@@ -473,7 +472,8 @@ static void rk_sigbus(int sig, siginfo_t *si, void *ctx) {
     RkGuard *g = rk_guard_cur;
     if (g && rk_is_fault(si)) { /* inside a guard */
         rk_guard_cur = g->outer;
-        g->addr = si ? (const uint8_t *)si->si_addr : NULL;
+        /* si_addr is the faulting address only for a fault (a raise() has none) */
+        g->addr = si->si_code > 0 ? (const uint8_t *)si->si_addr : NULL;
         siglongjmp(g->jb, 1);
     }
     /* Not ours: the previous disposition takes over. A fault re-executes the
