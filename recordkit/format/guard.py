@@ -26,6 +26,8 @@ import os
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 from ..errors import ShardChangedError
 from .crc import crc32c as _package_crc32c
 
@@ -36,6 +38,7 @@ __all__ = [
     "check_size",
     "crc32c",
     "current_size",
+    "gather_u64",
     "map_of",
     "read",
     "shrunk",
@@ -171,6 +174,28 @@ def read(
     except MapFault:
         raise changed(buf, path=path, offset=offset, record=record) from None
     return data
+
+
+def gather_u64(buf: Any, offsets: Any, *, path: str | None = None) -> Any:
+    """The little-endian u64 at each of ``offsets`` in a map, read under the guard.
+
+    ``None`` when ``buf`` is not a map or the native extension is not in use (the
+    caller reads them itself). Offsets must lie 8 bytes inside the map.
+
+    Raises:
+        ShardChangedError: as :func:`read`, naming the first field the cut took.
+    """
+    if _native is None or map_of(buf) is None:
+        return None
+    starts = np.ascontiguousarray(offsets, dtype=np.int64)
+    out = np.empty(len(starts), dtype="<u8")
+    try:
+        _native.gather(buf, starts, np.full(len(starts), 8, np.int64), out, 8)
+    except MapFault as exc:
+        row = exc.args[1] if len(exc.args) > 1 and exc.args[1] >= 0 else None
+        offset = None if row is None else int(starts[row])
+        raise changed(buf, path=path, offset=offset, record=row) from None
+    return out.astype(np.uint64, copy=False)
 
 
 def crc32c(

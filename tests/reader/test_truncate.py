@@ -286,6 +286,29 @@ def test_verify_reports_a_shard_cut_after_it_was_mapped(ds, env, race):
 # ----------------------------------------------------------------- the native guard
 
 
+@pytest.mark.parametrize(("env", "race"), IMPLS)
+def test_index_validation_on_a_cut_map(ds, env, race):
+    """What a lazily mapped shard set runs when it maps a shard mid-epoch."""
+    got = run(
+        """
+        from recordkit.format.index import load_index, open_map, validate_index
+        buf = open_map(shard)
+        entries = load_index(shard + ".idx")
+        cut()
+        try:
+            validate_index(entries, buf, path=shard)
+        except ShardChangedError as exc:
+            report(exc)
+        print(json.dumps({"type": None}))
+        """,
+        ds,
+        env,
+        race,
+    )
+    # the length field the cut took first (a page past it), or none when checked first
+    assert_changed(got, ds, race, range(first_cut(ds), first_cut(ds) + 64))
+
+
 @needs_native
 def test_guarded_native_calls_raise_instead_of_sigbus(tmp_path):
     """Every guarded call, on a map whose file was cut, raises MapFault (twice, and on
