@@ -403,6 +403,171 @@ static inline uint32_t masked(uint32_t crc) {
 #define RK_ACQUIRE_GIL() \
     if (rk_save) PyEval_RestoreThread(rk_save)
 
+/* ---------------------------------------------------------- the SIGBUS guard */
+
+/*
+ * A shard is a memory map: if another program truncates the file while we read
+ * it (rsync --inplace, a user rewriting it, a network file system), a read of a
+ * page past the new end raises SIGBUS, which kills the process. Every read of a
+ * caller's buffer here (parse_batch, gather, gather_verified, varints, read,
+ * crc32c, and the runner's tasks) runs inside a guard instead: a process-wide
+ * SIGBUS handler, installed once, jumps out of the faulting read to the guard's
+ * sigsetjmp point when the faulting thread has a guard active, and the call
+ * then fails cleanly (a MapFault exception, or a runner task "not done").
+ *
+ * Rules for the guarded regions: no lock held, no allocation made, no Python
+ * state changed between entering the guard and leaving it (what they hold is
+ * set up before and let go of after, on both outcomes), and the GIL is in the
+ * same state at the sigsetjmp point as at every read. Progress the fault branch
+ * needs is kept in the RkGuard (volatile), never in locals changed after sigsetjmp.
+ *
+ * A SIGBUS on a thread with no guard active (a bug, or a pure-Python read of a
+ * map) is not ours: the handler puts back the handler it replaced (Python's
+ * faulthandler, when enabled, or SIG_DFL) and lets the fault happen again, so
+ * the process still dies as it would have, with the same diagnostics.
+ *
+ * A handler installed after ours (faulthandler.enable() after import) sees a
+ * guarded fault first: faulthandler prints its report, puts ours back and
+ * re-raises, and ours then jumps as usual (so the call still fails cleanly, once
+ * with a spurious report). The handler is never re-installed over a later one:
+ * two handlers that chain to each other would loop on an unguarded fault.
+ */
+#ifndef _WIN32
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <unistd.h>
+
+typedef struct RkGuard {
+    sigjmp_buf jb;
+    struct RkGuard *outer;          /* a guard entered by the same thread before */
+    volatile Py_ssize_t at;         /* the record or row being read, for the error */
+    const uint8_t *volatile addr;   /* the faulting address */
+} RkGuard;
+
+/* initial-exec: the handler must not take the lazy TLS path, which may allocate. */
+#if defined(__GNUC__)
+#define RK_TLS __thread __attribute__((tls_model("initial-exec")))
+#else
+#define RK_TLS _Thread_local
+#endif
+static RK_TLS RkGuard *volatile rk_guard_cur;
+static struct sigaction rk_prev_action;
+static volatile sig_atomic_t rk_installed;
+
+/* A fault, or a fault re-raised on this thread by a handler installed after ours
+ * (Python's faulthandler, enabled after import, reports a fault and then raise()s
+ * it for the handler it replaced); not a SIGBUS sent by another process. */
+static int rk_is_fault(const siginfo_t *si) {
+    if (!si) return 0;
+    if (si->si_code > 0) return 1;
+#ifdef SI_TKILL
+    if (si->si_code == SI_TKILL && si->si_pid == getpid()) return 1;
+#endif
+    return 0;
+}
+
+static void rk_sigbus(int sig, siginfo_t *si, void *ctx) {
+    (void)ctx;
+    RkGuard *g = rk_guard_cur;
+    if (g && rk_is_fault(si)) { /* inside a guard */
+        rk_guard_cur = g->outer;
+        /* si_addr is the faulting address only for a fault (a raise() has none) */
+        g->addr = si->si_code > 0 ? (const uint8_t *)si->si_addr : NULL;
+        siglongjmp(g->jb, 1);
+    }
+    /* Not ours: the previous disposition takes over. A fault re-executes the
+     * faulting access on return; a SIGBUS sent by kill() is sent again. */
+    sigaction(SIGBUS, &rk_prev_action, NULL);
+    if (!si || si->si_code <= 0) raise(sig);
+}
+
+/* Install the handler (once; called with the GIL held, at import). 0, or -1 with errno. */
+static int rk_guard_install(void) {
+    if (rk_installed) return 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = rk_sigbus;
+    /* SA_NODEFER: SIGBUS stays unblocked after a siglongjmp out of the handler
+     * (sigsetjmp(.., 0) saves no mask, which keeps entering a guard cheap). */
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &rk_prev_action) < 0) return -1;
+    rk_installed = 1;
+    return 0;
+}
+
+/* Enter a guard whose sigsetjmp just returned 0; leave it with rk_guard_leave.
+ * The compiler barriers keep the buffer reads between the two. */
+static inline void rk_guard_enter(RkGuard *g) {
+    g->outer = rk_guard_cur;
+    g->at = -1;
+    g->addr = NULL;
+    __asm__ __volatile__("" ::: "memory");
+    rk_guard_cur = g;
+    __asm__ __volatile__("" ::: "memory");
+}
+
+static inline void rk_guard_leave(RkGuard *g) {
+    __asm__ __volatile__("" ::: "memory");
+    rk_guard_cur = g->outer;
+    __asm__ __volatile__("" ::: "memory");
+}
+
+/* After a jump: make sure SIGBUS is not left blocked on this thread. */
+static void rk_guard_faulted(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+typedef void (*rk_reads_fn)(void *job, RkGuard *g);
+
+/* Run reads(job, g) inside a guard: 0 when it returned, 1 when a page vanished
+ * (g->at and g->addr say where). Only this frame calls sigsetjmp, so no local
+ * of the caller lives across it (and none can be clobbered by the jump). */
+static __attribute__((noinline)) int rk_guarded(rk_reads_fn reads, void *job, RkGuard *g) {
+    if (sigsetjmp(g->jb, 0) == 0) {
+        rk_guard_enter(g);
+        reads(job, g);
+        rk_guard_leave(g);
+        return 0;
+    }
+    rk_guard_faulted();
+    return 1;
+}
+#else /* _WIN32: no SIGBUS; the reads run unguarded */
+typedef struct {
+    volatile Py_ssize_t at;
+    const uint8_t *volatile addr;
+} RkGuard;
+typedef void (*rk_reads_fn)(void *job, RkGuard *g);
+static int rk_guard_install(void) { return 0; }
+static int rk_guarded(rk_reads_fn reads, void *job, RkGuard *g) {
+    g->at = -1;
+    g->addr = NULL;
+    reads(job, g);
+    return 0;
+}
+#endif /* _WIN32 */
+
+static PyObject *MapFault; /* recordkit._native.MapFault(message, at, offset) */
+
+/* Raise MapFault for a fault at g->addr, which should lie in [base, base + len). */
+static void rk_raise_fault(const RkGuard *g, const void *base, Py_ssize_t len) {
+    const uint8_t *a = g->addr, *b = base;
+    long long off = (a && b && a >= b && a < b + len) ? (long long)(a - b) : -1;
+    PyObject *exc = PyObject_CallFunction(
+        MapFault, "(snL)",
+        "a page of the buffer vanished while it was read (the file behind the map shrank)",
+        (Py_ssize_t)g->at, off);
+    if (exc) {
+        PyErr_SetObject(MapFault, exc);
+        Py_DECREF(exc);
+    }
+}
+
 /* ------------------------------------------------------------- buffer helpers */
 
 static int is_i64_format(const char *f) {
@@ -890,6 +1055,26 @@ static int copy_verified(crc_copy_fn copy, const uint8_t *p, const uint8_t *end,
 
 /* ------------------------------------------------------------- Python functions */
 
+/* One span of a buffer: its CRC (crc continues from the value given), or a copy to d. */
+typedef struct {
+    const uint8_t *p;
+    uint8_t *d;
+    size_t len;
+    uint32_t crc;
+} SpanJob;
+
+static void span_crc(void *job, RkGuard *g) {
+    (void)g;
+    SpanJob *j = job;
+    j->crc = crc32c_impl(j->crc, j->p, j->len);
+}
+
+static void span_copy(void *job, RkGuard *g) {
+    (void)g;
+    SpanJob *j = job;
+    memcpy(j->d, j->p, j->len);
+}
+
 PyDoc_STRVAR(crc32c_doc,
 "crc32c(data, value=0, /) -> int\n\n"
 "CRC-32C of a bytes-like object, continuing from value (0 starts fresh; only\n"
@@ -907,16 +1092,17 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
         return NULL;
     }
     value &= 0xFFFFFFFFull; /* as the crc32c package does */
-    uint32_t crc;
-    const uint8_t *p = view.buf;
-    size_t len = (size_t)view.len;
+    SpanJob job = {view.buf, NULL, (size_t)view.len, (uint32_t)value};
+    RkGuard g;
+    int faulted;
     {
-        RK_RELEASE_GIL((int64_t)len);
-        crc = crc32c_impl((uint32_t)value, p, len);
+        RK_RELEASE_GIL((int64_t)job.len);
+        faulted = rk_guarded(span_crc, &job, &g);
         RK_ACQUIRE_GIL();
     }
+    if (faulted) rk_raise_fault(&g, view.buf, view.len);
     PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(crc);
+    return faulted ? NULL : PyLong_FromUnsignedLong(job.crc);
 }
 
 static PyObject *py_crc32c_software(PyObject *self, PyObject *args) {
@@ -927,6 +1113,46 @@ static PyObject *py_crc32c_software(PyObject *self, PyObject *args) {
     uint32_t crc = crc32c_sw((uint32_t)value, view.buf, (size_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(read_doc,
+"read(buf, start, length, /) -> bytes\n\n"
+"A copy of buf[start:start + length], made inside the SIGBUS guard: MapFault,\n"
+"not a crash, if a page of a memory map vanishes under the copy. ValueError\n"
+"if the span is outside buf. Releases the GIL for 64 KiB or more.");
+
+static PyObject *py_read(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    Py_ssize_t start, length;
+    if (!PyArg_ParseTuple(args, "y*nn:read", &view, &start, &length)) return NULL;
+    if (start < 0 || length < 0 || start > view.len || length > view.len - start) {
+        PyErr_Format(PyExc_ValueError, "span start %zd length %zd is outside the buffer (%zd bytes)",
+                     start, length, view.len);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, length);
+    if (!out) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    SpanJob job = {(const uint8_t *)view.buf + start, (uint8_t *)PyBytes_AS_STRING(out),
+                   (size_t)length, 0};
+    RkGuard g;
+    int faulted;
+    {
+        RK_RELEASE_GIL((int64_t)length);
+        faulted = rk_guarded(span_copy, &job, &g);
+        RK_ACQUIRE_GIL();
+    }
+    if (faulted) {
+        rk_raise_fault(&g, view.buf, view.len);
+        Py_DECREF(out);
+        out = NULL;
+    }
+    PyBuffer_Release(&view);
+    return out;
 }
 
 PyDoc_STRVAR(parse_batch_doc,
@@ -942,6 +1168,40 @@ PyDoc_STRVAR(parse_batch_doc,
 "expect, if given, is a C-contiguous native int64 buffer of (kind, count,\n"
 "nbytes) triples for the first keys (-1: any); a well-formed record whose\n"
 "spans differ from it gets STATUS_UNEXPECTED (its spans are filled in).");
+
+typedef struct {
+    const uint8_t *base;
+    int64_t blen;
+    const I64In *offs, *sizes;
+    int verify;
+    int64_t max_len;
+    Ctx *cx;
+    int64_t *spans;
+    int32_t *status;
+    Py_ssize_t n, nkeys;
+    const char *expect; /* NULL: no expect */
+    Py_ssize_t nexpect;
+} ParseJob;
+
+static void parse_reads(void *arg, RkGuard *g) {
+    const ParseJob *j = arg;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        const uint8_t *payload = NULL;
+        uint64_t plen = 0;
+        int64_t *sp = j->spans + i * j->nkeys * 4;
+        g->at = i;
+        int s = check_frame(j->base, j->blen, i64_at(j->offs, i), i64_at(j->sizes, i), j->verify,
+                            j->max_len, &payload, &plen);
+        if (s == ST_OK && parse_record(j->base, payload, payload + plen, j->cx, sp) < 0)
+            s = ST_MALFORMED;
+        if (s != ST_OK) {
+            memset(sp, 0, (size_t)j->nkeys * 32);
+        } else if (j->expect && !spans_expected(j->expect, j->nexpect, sp)) {
+            s = ST_UNEXPECTED;
+        }
+        j->status[i] = s;
+    }
+}
 
 static PyObject *py_parse_batch(PyObject *self, PyObject *args) {
     (void)self;
@@ -1007,23 +1267,17 @@ static PyObject *py_parse_batch(PyObject *self, PyObject *args) {
             int64_t z = i64_at(&sizes, i); /* clamped: sizes are untrusted */
             work += z > 0 ? (z < RK_GIL_MIN_BYTES ? z : RK_GIL_MIN_BYTES) : 0;
         }
+        ParseJob job = {base, blen, &offs, &sizes, verify, (int64_t)max_len, &cx, spans, status,
+                        n, nkeys, have_expect ? expect.buf : NULL, nexpect};
+        RkGuard g;
+        int faulted;
         RK_RELEASE_GIL(work);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const uint8_t *payload = NULL;
-            uint64_t plen = 0;
-            int64_t *sp = spans + i * nkeys * 4;
-            int s = check_frame(base, blen, i64_at(&offs, i), i64_at(&sizes, i), verify,
-                                (int64_t)max_len, &payload, &plen);
-            if (s == ST_OK && parse_record(base, payload, payload + plen, &cx, sp) < 0)
-                s = ST_MALFORMED;
-            if (s != ST_OK) {
-                memset(sp, 0, (size_t)nkeys * 32);
-            } else if (have_expect && !spans_expected(expect.buf, nexpect, sp)) {
-                s = ST_UNEXPECTED;
-            }
-            status[i] = s;
-        }
+        faulted = rk_guarded(parse_reads, &job, &g);
         RK_ACQUIRE_GIL();
+        if (faulted) {
+            rk_raise_fault(&g, base, blen);
+            goto release_keys;
+        }
     }
     result = PyTuple_Pack(2, status_obj, spans_obj);
 release_keys:
@@ -1040,6 +1294,24 @@ release_buf:
 release_expect:
     if (have_expect) PyBuffer_Release(&expect);
     return result;
+}
+
+typedef struct {
+    const uint8_t *src;
+    uint8_t *dst;
+    const I64In *starts, *lens;
+    Py_ssize_t n, row;
+} GatherJob;
+
+static void gather_reads(void *arg, RkGuard *g) {
+    const GatherJob *j = arg;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t s = i64_at(j->starts, i), l = i64_at(j->lens, i);
+        uint8_t *d = j->dst + i * j->row;
+        g->at = i;
+        memcpy(d, j->src + s, (size_t)l);
+        memset(d + l, 0, (size_t)(j->row - l));
+    }
 }
 
 PyDoc_STRVAR(gather_doc,
@@ -1084,15 +1356,17 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
                 break;
             }
         }
+        RkGuard g;
+        int faulted = 0;
         if (bad < 0) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int64_t s = i64_at(&starts, i), l = i64_at(&lens, i);
-                uint8_t *d = dst + i * row;
-                memcpy(d, src + s, (size_t)l);
-                memset(d + l, 0, (size_t)(row - l));
-            }
+            GatherJob job = {src, dst, &starts, &lens, n, row};
+            faulted = rk_guarded(gather_reads, &job, &g);
         }
         RK_ACQUIRE_GIL();
+        if (faulted) {
+            rk_raise_fault(&g, src, (Py_ssize_t)blen);
+            goto release_out;
+        }
         if (bad >= 0) {
             PyErr_Format(PyExc_ValueError,
                          "row %zd: span start %lld length %lld is outside the buffer (%lld bytes) "
@@ -1112,6 +1386,26 @@ release_starts:
 release_buf:
     PyBuffer_Release(&buf);
     return result;
+}
+
+typedef struct {
+    const uint8_t *base;
+    uint8_t *dst;
+    int32_t *status;
+    const I64In *offs, *sizes, *starts, *lens;
+    Py_ssize_t n, row;
+} GatherVerifiedJob;
+
+static void gather_verified_reads(void *arg, RkGuard *g) {
+    const GatherVerifiedJob *j = arg;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t o = i64_at(j->offs, i), z = i64_at(j->sizes, i);
+        int64_t s = i64_at(j->starts, i), l = i64_at(j->lens, i);
+        const uint8_t *p = j->base + o + HEADER_SIZE, *end = j->base + o + z - 4;
+        g->at = i;
+        int good = copy_verified(crc32c_copy, p, end, j->base + s, l, j->dst + i * j->row, j->row);
+        j->status[i] = good ? ST_OK : ST_PAYLOAD_CRC;
+    }
 }
 
 PyDoc_STRVAR(gather_verified_doc,
@@ -1170,16 +1464,17 @@ static PyObject *py_gather_verified(PyObject *self, PyObject *args) {
                 break;
             }
         }
+        RkGuard g;
+        int faulted = 0;
         if (bad < 0) {
-            for (Py_ssize_t i = 0; i < n; i++) {
-                int64_t o = i64_at(&offs, i), z = i64_at(&sizes, i);
-                int64_t s = i64_at(&starts, i), l = i64_at(&lens, i);
-                const uint8_t *p = base + o + HEADER_SIZE, *end = base + o + z - 4;
-                int good = copy_verified(crc32c_copy, p, end, base + s, l, dst + i * row, row);
-                status[i] = good ? ST_OK : ST_PAYLOAD_CRC;
-            }
+            GatherVerifiedJob job = {base, dst, status, &offs, &sizes, &starts, &lens, n, row};
+            faulted = rk_guarded(gather_verified_reads, &job, &g);
         }
         RK_ACQUIRE_GIL();
+        if (faulted) {
+            rk_raise_fault(&g, base, (Py_ssize_t)blen);
+            goto release_out;
+        }
         if (bad >= 0) {
             PyErr_Format(PyExc_ValueError,
                          "row %zd: record (offset %lld, size %lld) is outside the buffer, or its "
@@ -1204,6 +1499,45 @@ release_offs:
 release_buf:
     PyBuffer_Release(&buf);
     return result;
+}
+
+typedef struct {
+    const uint8_t *base;
+    int64_t blen;
+    uint64_t *dst;
+    const I64In *starts, *nbs, *counts;
+    Py_ssize_t n;
+    Py_ssize_t bad; /* the first bad record (-1: none), and why */
+    const char *why;
+} VarintsJob;
+
+static void varints_reads(void *arg, RkGuard *g) {
+    VarintsJob *j = arg;
+    uint64_t *dst = j->dst;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        int64_t s = i64_at(j->starts, i), nb = i64_at(j->nbs, i), c = i64_at(j->counts, i);
+        g->at = i;
+        if (nb < 0 || s < 0 || s > j->blen || nb > j->blen - s) {
+            j->why = "the span is outside the buffer";
+        } else {
+            switch (read_varints(j->base + s, j->base + s + nb, c, dst)) {
+            case VARINTS_MALFORMED:
+                j->why = "a varint is truncated or longer than 10 bytes";
+                break;
+            case VARINTS_MORE:
+                j->why = "the span holds more values than its count";
+                break;
+            case VARINTS_FEWER:
+                j->why = "the span holds fewer values than its count";
+                break;
+            }
+        }
+        if (j->why) {
+            j->bad = i;
+            return;
+        }
+        dst += c;
+    }
 }
 
 PyDoc_STRVAR(varints_doc,
@@ -1256,35 +1590,18 @@ static PyObject *py_varints(PyObject *self, PyObject *args) {
         }
         const uint8_t *base = buf.buf;
         int64_t blen = (int64_t)buf.len;
-        uint64_t *dst = out.buf;
-        Py_ssize_t bad = -1;
-        const char *why = NULL;
+        VarintsJob job = {base, blen, out.buf, &starts, &nbs, &counts, n, -1, NULL};
+        RkGuard g;
+        int faulted;
         RK_RELEASE_GIL(total * 2); /* ~2 bytes a value for typical int64 lists */
-        for (Py_ssize_t i = 0; i < n && bad < 0; i++) {
-            int64_t s = i64_at(&starts, i), nb = i64_at(&nbs, i), c = i64_at(&counts, i);
-            if (nb < 0 || s < 0 || s > blen || nb > blen - s) {
-                bad = i;
-                why = "the span is outside the buffer";
-                break;
-            }
-            switch (read_varints(base + s, base + s + nb, c, dst)) {
-            case VARINTS_MALFORMED:
-                why = "a varint is truncated or longer than 10 bytes";
-                break;
-            case VARINTS_MORE:
-                why = "the span holds more values than its count";
-                break;
-            case VARINTS_FEWER:
-                why = "the span holds fewer values than its count";
-                break;
-            }
-            if (why) {
-                bad = i;
-                break;
-            }
-            dst += c;
-        }
+        faulted = rk_guarded(varints_reads, &job, &g);
         RK_ACQUIRE_GIL();
+        if (faulted) {
+            rk_raise_fault(&g, base, (Py_ssize_t)blen);
+            goto release_out;
+        }
+        Py_ssize_t bad = job.bad;
+        const char *why = job.why;
         if (bad >= 0) {
             PyErr_Format(PyExc_ValueError, "record %zd: %s", bad, why);
             goto release_out;
@@ -1393,6 +1710,25 @@ static void task_free(Task *t) {
     PyMem_Free(t);
 }
 
+static int run_reads(const Runner *r, Task *t, Ctx *cx, int64_t *spans, const uint8_t **payloads,
+                     int fuse);
+
+typedef struct {
+    const Runner *r;
+    Task *t;
+    Ctx *cx;
+    int64_t *spans;
+    const uint8_t **payloads;
+    int fuse;
+    int ok;
+} RunJob;
+
+static void run_job(void *arg, RkGuard *g) {
+    (void)g;
+    RunJob *j = arg;
+    j->ok = run_reads(j->r, j->t, j->cx, j->spans, j->payloads, j->fuse);
+}
+
 /* Decode one task with no Python at all. 1: outputs filled; 0: not for the fast path. */
 /* Records a task reads ahead of the one it decodes: a shuffled task's records lie on
  * pages far apart, so each costs a TLB walk and a cache miss unless fetched early. */
@@ -1417,6 +1753,21 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
     }
     int fuse = r->verify && total >= (int64_t)n * r->fuse_min;
     Ctx cx = {&r->keys, st};
+    /* The reads of the shards, guarded: a page that vanishes makes the task "not
+     * done", and the consumer's reference path then reports the changed shard. */
+    RunJob job = {r, t, &cx, spans, payloads, fuse, 0};
+    RkGuard g;
+    if (!rk_guarded(run_job, &job, &g)) ok = job.ok;
+done:
+    free(spans);
+    free((void *)payloads);
+    return ok;
+}
+
+/* run_task's reads of the shards (and writes of the outputs): 1 done, 0 not taken. */
+static int run_reads(const Runner *r, Task *t, Ctx *cx, int64_t *spans, const uint8_t **payloads,
+                     int fuse) {
+    Py_ssize_t n = t->n, nkeys = r->keys.n;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) { /* shuffled tasks jump across the file: hide the misses */
             const int64_t *ahead = t->rec + 3 * (i + PREFETCH_AHEAD);
@@ -1430,9 +1781,9 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
         int64_t *sp = spans + i * nkeys * 4;
         if (check_frame(base, (int64_t)b->len, t->rec[3 * i + 1], t->rec[3 * i + 2],
                         r->verify && !fuse, r->max_len, &payload, &plen) != ST_OK)
-            goto done;
-        if (parse_record(base, payload, payload + plen, &cx, sp) < 0) goto done;
-        if (!spans_expected((const char *)r->expect, nkeys, sp)) goto done;
+            return 0;
+        if (parse_record(base, payload, payload + plen, cx, sp) < 0) return 0;
+        if (!spans_expected((const char *)r->expect, nkeys, sp)) return 0;
         payloads[i] = payload;
     }
     /* Output sizes, and which column the CRC pass copies (the most bytes). */
@@ -1448,12 +1799,12 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
         }
         const Py_buffer *out = &t->outs[slot];
         if (col->mode == COL_BYTES) {
-            if (width > 0 && out->len / width < n) goto done; /* too narrow: the caller guessed low */
+            if (width > 0 && out->len / width < n) return 0; /* too narrow: the caller guessed low */
             t->widths[c] = width;
             slot += 2;
         } else {
             int64_t want = col->mode == COL_FIXED ? col->row_bytes : col->count * 8;
-            if (out->len != (Py_ssize_t)(want * n)) goto done;
+            if (out->len != (Py_ssize_t)(want * n)) return 0;
             t->widths[c] = want;
             slot += 1;
         }
@@ -1466,7 +1817,7 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
         for (Py_ssize_t i = 0; i < n; i++) {
             const uint8_t *p = payloads[i];
             size_t len = (size_t)(t->rec[3 * i + 2] - OVERHEAD);
-            if (masked(crc32c_impl(0, p, len)) != ld32le(p + len)) goto done;
+            if (masked(crc32c_impl(0, p, len)) != ld32le(p + len)) return 0;
         }
     }
     slot = 0;
@@ -1479,7 +1830,7 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
             for (Py_ssize_t i = 0; i < n; i++) {
                 const int64_t *sp = spans + (i * nkeys + col->key) * 4;
                 const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
-                if (read_varints(base + sp[2], base + sp[2] + sp[3], col->count, vals)) goto done;
+                if (read_varints(base + sp[2], base + sp[2] + sp[3], col->count, vals)) return 0;
                 vals += col->count;
             }
             slot += 1;
@@ -1497,7 +1848,7 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
             uint8_t *d = dst + i * row;
             if (c == fused) {
                 const uint8_t *p = payloads[i], *end = p + (t->rec[3 * i + 2] - OVERHEAD);
-                if (!copy_verified(crc32c_copy, p, end, v, l, d, row)) goto done;
+                if (!copy_verified(crc32c_copy, p, end, v, l, d, row)) return 0;
             } else {
                 memcpy(d, v, (size_t)l);
                 memset(d + l, 0, (size_t)(row - l));
@@ -1511,11 +1862,7 @@ static int run_task(const Runner *r, Task *t, KeyState *st) {
             slot += 1;
         }
     }
-    ok = 1;
-done:
-    free(spans);
-    free((void *)payloads);
-    return ok;
+    return 1;
 }
 
 static void runner_drop_all(Runner *r) {
@@ -1862,6 +2209,7 @@ static PyMethodDef methods[] = {
      "_crc32c_software(data, value=0, /) -> int\n\nThe table-driven path, for tests."},
     {"parse_batch", py_parse_batch, METH_VARARGS, parse_batch_doc},
     {"gather", py_gather, METH_VARARGS, gather_doc},
+    {"read", py_read, METH_VARARGS, read_doc},
     {"gather_verified", py_gather_verified, METH_VARARGS, gather_verified_doc},
     {"varints", py_varints, METH_VARARGS, varints_doc},
     {NULL, NULL, 0, NULL},
@@ -1893,6 +2241,22 @@ static int module_exec(PyObject *m) {
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0) return -1;
     }
     if (PyModule_AddStringConstant(m, "CRC32C_IMPL", crc32c_impl_name) < 0) return -1;
+    /* One exception type and one SIGBUS handler per process: a second interpreter
+     * (or a re-import) shares both. */
+    if (!MapFault) {
+        MapFault = PyErr_NewExceptionWithDoc(
+            "recordkit._native.MapFault",
+            "A page of a buffer (a memory map whose file shrank) vanished while a guarded\n"
+            "call read it. args: (message, at, offset); at: the record or row being read\n"
+            "(-1: unknown); offset: the faulting byte's offset in the buffer (-1: unknown).",
+            PyExc_BufferError, NULL);
+        if (!MapFault) return -1;
+    }
+    if (PyModule_AddObjectRef(m, "MapFault", MapFault) < 0) return -1;
+    if (rk_guard_install() < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
 #ifndef _WIN32
     if (PyType_Ready(&RunnerType) < 0) return -1;
     if (PyModule_AddObjectRef(m, "Runner", (PyObject *)&RunnerType) < 0) return -1;

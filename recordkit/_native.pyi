@@ -25,7 +25,11 @@ KIND_INT64: int
 KIND_NONE: int
 KIND_COMPLEX: int
 
+class MapFault(BufferError):
+    """A page of a buffer vanished under a guarded read: ``args == (message, at, offset)``."""
+
 def crc32c(data: Any, value: int = 0, /) -> int: ...
+def read(buf: Any, start: int, length: int, /) -> bytes: ...
 def _crc32c_software(data: Any, value: int = 0, /) -> int: ...
 def parse_batch(
     buf: Any,

@@ -2,7 +2,10 @@
 
 This is the simple, obviously-correct reader the fast ones are checked against:
 it memory-maps each shard, validates (or rebuilds) its index, checks every CRC
-and decodes one record at a time on the calling thread.
+and decodes one record at a time on the calling thread. Each record is checked
+against the file's size and copied out of the map (under the native SIGBUS guard
+when the extension is built) before it is decoded, so a shard truncated under
+the reader raises :class:`~recordkit.errors.ShardChangedError`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import numpy as np
 
 from .codec.schema import Schema
 from .errors import CorruptRecordError
+from .format import guard
+from .format.framing import read_record
 from .format.manifest import ShardInfo
 from .reader.shards import MappedShard, find_shards, open_shards
 
@@ -75,11 +80,19 @@ class Dataset:
         return int(self._starts[-1])
 
     def _decode(self, shard: MappedShard, i: int) -> dict[str, Any]:
-        payload = shard.payload(i)
+        offset, size = int(shard.offsets[i]), int(shard.sizes[i])
+        # One size check and one guarded copy of the framed record: everything after
+        # reads the copy, never the map.
+        framed = guard.read(shard.buf, offset, size, path=shard.path, offset=offset, record=i)
+        try:
+            payload = read_record(framed, 0, expected_size=size)
+        except CorruptRecordError as exc:
+            shard.payload(i)  # read from the map: the exact error, or ShardChangedError
+            raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
             return self.schema.decode(payload, copy=True)
         except CorruptRecordError as exc:
-            raise exc.located(shard.path, int(shard.offsets[i]), i) from exc
+            raise exc.located(shard.path, offset, i) from exc
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # One shard mapped at a time (held while its records are read), so a

@@ -695,7 +695,7 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
             recs = idx[rows] - self._starts[s]
             with shards.use(s) as shard:
                 offsets, sizes = shard.offsets[recs], shard.sizes[recs]
-                batch = self._dec.decode(shard.buf, offsets, sizes)
+                batch = self._dec.decode(shard.buf, offsets, sizes, path=shard.path, records=recs)
             if batch.bad:
                 pos, err = batch.bad[0]
                 raise err.located(shard.path, int(offsets[pos]), int(recs[pos]))

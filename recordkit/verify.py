@@ -16,9 +16,10 @@ from .errors import (
     InvalidIndexError,
     ManifestError,
     RecordkitError,
+    ShardChangedError,
     ShardNotFoundError,
 )
-from .format.crc import crc32c
+from .format import guard
 from .format.framing import read_record
 from .format.index import (
     index_path,
@@ -161,33 +162,46 @@ def _verify_shard(
     try:
         report.shards += 1
         report.bytes += len(buf)
-        listed = info.crc32c is not None  # listed by a manifest, not found by scanning
-        if listed and len(buf) != info.bytes:
-            yield Problem(path, None, None, f"size {len(buf)} != manifest {info.bytes}")
-        if listed and _file_crc(buf) != info.crc32c:
-            yield Problem(path, None, None, "whole-file CRC32C differs from the manifest")
-        entries, index_problems = _check_index(path, buf)
-        yield from index_problems
-        count = 0
-        for problem_or_count in _walk(path, buf, entries, schema):
-            if isinstance(problem_or_count, Problem):
-                yield problem_or_count
-            else:
-                count = problem_or_count
-        report.records += count
-        if listed and entries is not None and len(entries) != info.records:
-            yield Problem(path, None, None, f"{len(entries)} records != manifest {info.records}")
+        yield from _verify_map(path, info, buf, schema, report)
+    except ShardChangedError as exc:  # another program changed it: nothing after is sound
+        yield Problem(path, exc.offset, exc.record, exc.reason)
     finally:
         if isinstance(buf, mmap.mmap):
             with contextlib.suppress(BufferError):
                 buf.close()
 
 
-def _file_crc(buf: bytes | mmap.mmap) -> int:
+def _verify_map(
+    path: str, info: ShardInfo, buf: bytes | mmap.mmap, schema: Schema | None, report: VerifyReport
+) -> Iterator[Problem]:
+    listed = info.crc32c is not None  # listed by a manifest, not found by scanning
+    if listed and len(buf) != info.bytes:
+        yield Problem(path, None, None, f"size {len(buf)} != manifest {info.bytes}")
+    if listed and _file_crc(buf, path) != info.crc32c:
+        yield Problem(path, None, None, "whole-file CRC32C differs from the manifest")
+    entries, index_problems = _check_index(path, buf)
+    yield from index_problems
+    count = 0
+    for problem_or_count in _walk(path, buf, entries, schema):
+        if isinstance(problem_or_count, Problem):
+            yield problem_or_count
+        else:
+            count = problem_or_count
+    report.records += count
+    if listed and entries is not None and len(entries) != info.records:
+        yield Problem(path, None, None, f"{len(entries)} records != manifest {info.records}")
+
+
+def _file_crc(buf: bytes | mmap.mmap, path: str) -> int:
     crc, view = 0, memoryview(buf)
-    for start in range(0, len(view), _CRC_CHUNK):
-        crc = crc32c(view[start : start + _CRC_CHUNK], crc)
-    view.release()
+    try:
+        for start in range(0, len(view), _CRC_CHUNK):
+            guard.check_size(buf, None, path, offset=start)
+            chunk = view[start : start + _CRC_CHUNK]
+            crc = guard.crc32c(chunk, crc, path=path, offset=start)
+            chunk.release()
+    finally:
+        view.release()
     return crc
 
 
@@ -224,8 +238,11 @@ def _walk(
         try:
             payload = read_record(buf, offset, path=path, record=record)
             if schema is not None:
+                data = guard.read(
+                    payload, 0, len(payload), path=path, offset=offset, record=record, check=False
+                )
                 try:
-                    schema.decode(payload)
+                    schema.decode(data)
                 except CorruptRecordError as exc:
                     raise exc.located(path, offset, record) from exc
             next_offset = offset + len(payload) + 16

@@ -4,6 +4,12 @@ All integers are little-endian. A zero-length payload is legal. Unlike
 TensorFlow, a partial header at the end of a file is reported as truncation,
 not taken as a clean end of file: silently losing the last record is how data
 goes missing unnoticed.
+
+On a memory map (or a view of one), :func:`read_header` and :func:`read_record`
+check the file's size first and read the header, footer and payload CRC through
+:mod:`recordkit.format.guard`: a shard truncated under the reader raises
+:class:`~recordkit.errors.ShardChangedError`, never SIGBUS. The payload view they
+return still points into the map: copy it with :func:`recordkit.format.guard.read`.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from ..errors import CorruptRecordError, RecordTooLargeError, TruncatedRecordError
-from .crc import masked_crc32c
+from . import guard
+from .crc import mask, masked_crc32c
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -90,7 +97,7 @@ def _check_header(
 def _check_payload(
     payload: Buffer, stored: int, path: str | None, offset: int, record: int | None
 ) -> None:
-    actual = masked_crc32c(payload)
+    actual = mask(guard.crc32c(payload, path=path, offset=offset, record=record))
     if stored != actual:
         raise CorruptRecordError(
             "payload CRC mismatch",
@@ -116,7 +123,25 @@ def read_header(
         TruncatedRecordError: the header or the payload it announces runs past the end.
         CorruptRecordError: the length CRC does not match.
         RecordTooLargeError: the length exceeds ``max_record_bytes``.
+        ShardChangedError: ``buf`` is a map whose file shrank.
     """
+    try:
+        return _read_header(buf, offset, path, record, max_record_bytes)
+    except CorruptRecordError:
+        _changed_instead(buf, path, offset, record)
+        raise
+
+
+def _changed_instead(buf: Buffer, path: str | None, offset: int, record: int | None) -> None:
+    """Bad bytes read from a map whose file has since shrunk are that change, not
+    corruption (the rest of a page past the new end of file reads as zeros): say so."""
+    if guard.shrunk(buf):
+        raise guard.changed(buf, path=path, offset=offset, record=record) from None
+
+
+def _read_header(
+    buf: Buffer, offset: int, path: str | None, record: int | None, max_record_bytes: int
+) -> int:
     end = len(buf)
     if offset + HEADER_SIZE > end:
         raise TruncatedRecordError(
@@ -125,7 +150,14 @@ def read_header(
             offset=offset,
             record=record,
         )
-    length = _check_header(buf, offset, path, offset, record, max_record_bytes)
+    if guard.map_of(buf) is None:
+        length = _check_header(buf, offset, path, offset, record, max_record_bytes)
+    else:  # a map: size checked, then the 12 bytes copied under the guard
+        guard.check_size(buf, None, path, offset=offset, record=record)
+        header = guard.read(
+            buf, offset, HEADER_SIZE, path=path, offset=offset, record=record, check=False
+        )
+        length = _check_header(header, 0, path, offset, record, max_record_bytes)
     if offset + OVERHEAD + length > end:
         raise TruncatedRecordError(
             f"record of {length} bytes needs {OVERHEAD + length} bytes, "
@@ -158,8 +190,28 @@ def read_record(
         max_record_bytes: reject length fields larger than this before reading.
         expected_size: the framed size from an index entry; a mismatch with the
             length field is corruption (or a stale index).
+
+    Raises:
+        CorruptRecordError: see :func:`read_header`; a payload CRC mismatch.
+        ShardChangedError: ``buf`` is a map whose file shrank.
     """
-    length = read_header(buf, offset, path=path, record=record, max_record_bytes=max_record_bytes)
+    try:
+        return _read_record(buf, offset, path, record, verify, max_record_bytes, expected_size)
+    except CorruptRecordError:
+        _changed_instead(buf, path, offset, record)
+        raise
+
+
+def _read_record(
+    buf: Buffer,
+    offset: int,
+    path: str | None,
+    record: int | None,
+    verify: bool,
+    max_record_bytes: int,
+    expected_size: int | None,
+) -> memoryview:
+    length = _read_header(buf, offset, path, record, max_record_bytes)
     if expected_size is not None and expected_size != length + OVERHEAD:
         raise CorruptRecordError(
             f"length field says {length + OVERHEAD} framed bytes, index says {expected_size}",
@@ -170,7 +222,14 @@ def read_record(
     start = offset + HEADER_SIZE
     payload = memoryview(buf)[start : start + length]
     if verify:
-        (stored,) = _U32.unpack_from(buf, start + length)
+        at = start + length
+        if guard.map_of(buf) is None:
+            (stored,) = _U32.unpack_from(buf, at)
+        else:
+            footer = guard.read(
+                buf, at, FOOTER_SIZE, path=path, offset=offset, record=record, check=False
+            )
+            (stored,) = _U32.unpack(footer)
         _check_payload(payload, stored, path, offset, record)
     return payload
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..errors import CorruptRecordError, InvalidIndexError, ShardNotFoundError
+from . import guard
 from ._atomic import atomic_write_bytes
 from ._files import open_regular, read_regular
 from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD, read_header, read_record
@@ -233,6 +234,7 @@ def validate_index(
 
     Raises:
         InvalidIndexError: naming the index file, the record and its offset.
+        ShardChangedError: ``buf`` is a map whose file no longer has its size.
     """
     where = index_file or (index_path(path) if path else None)
     n, size = len(entries), len(buf)
@@ -262,10 +264,15 @@ def validate_index(
             offset=end,
             record=n,
         )
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    lengths = np.zeros(n, dtype=np.uint64)
-    for k in range(8):  # gather the little-endian u64 length fields, a byte column at a time
-        lengths |= raw[offsets + k].astype(np.uint64) << np.uint64(8 * k)
+    if guard.shrunk(buf):  # name the first record the cut took
+        i = int(np.argmax(offsets + sizes > (guard.current_size(buf) or 0)))
+        raise guard.changed(buf, path=path, offset=int(offsets[i]), record=i)
+    lengths = guard.gather_u64(buf, offsets, path=path)
+    if lengths is None:  # not a map, or no native guard: NumPy reads them
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        lengths = np.zeros(n, dtype=np.uint64)
+        for k in range(8):  # the little-endian u64 length fields, a byte column at a time
+            lengths |= raw[offsets + k].astype(np.uint64) << np.uint64(8 * k)
     mismatch = lengths != (sizes - OVERHEAD).astype(np.uint64)
     if mismatch.any():
         i = int(np.argmax(mismatch))

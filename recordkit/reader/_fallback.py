@@ -49,10 +49,12 @@ __all__ = [
     "STATUS_TOO_LARGE",
     "STATUS_TRUNCATED",
     "STATUS_UNEXPECTED",
+    "MapFault",
     "crc32c",
     "gather",
     "gather_verified",
     "parse_batch",
+    "read",
     "varints",
 ]
 
@@ -82,6 +84,25 @@ _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
 _NO_SPANS = (0, 0, 0, 0)
+
+
+class MapFault(BufferError):
+    """The native twin's error for a page that vanished under a guarded read.
+
+    Never raised here: these functions read maps through Python and NumPy, which
+    cannot be guarded (a vanished page is SIGBUS). Readers check a map's size
+    before they read (:func:`recordkit.format.guard.check_size`) instead.
+    """
+
+
+def read(buf: Any, start: int, length: int, /) -> bytes:
+    """A copy of ``buf[start:start + length]``; see ``recordkit._native.read``."""
+    view = _bytes_view(buf)
+    if start < 0 or length < 0 or start > len(view) or length > len(view) - start:
+        raise ValueError(
+            f"span start {start} length {length} is outside the buffer ({len(view)} bytes)"
+        )
+    return bytes(view[start : start + length])
 
 
 def crc32c(data: Any, value: int = 0, /) -> int:

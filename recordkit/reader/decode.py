@@ -20,8 +20,16 @@ per batch and per feature, plus per record only where a record needs it:
 
 For every record, the result is what ``Schema.decode(payload, copy=True)``
 gives, and a record is reported bad exactly when that (with ``read_record``)
-raises. ``RECORDKIT_NO_NATIVE=1`` swaps the native functions for their pure
-Python twins in :mod:`recordkit.reader._fallback`.
+raises.
+
+A shard that another program truncates while it is mapped is an error, never
+SIGBUS: ``decode`` checks the map's size before it reads, the native calls read
+inside a SIGBUS guard, and the per-record Python work reads private copies made
+under the same guard (:mod:`recordkit.format.guard`); both raise
+:class:`~recordkit.errors.ShardChangedError` naming the file, offset and record.
+
+``RECORDKIT_NO_NATIVE=1`` swaps the native functions for their pure Python twins
+in :mod:`recordkit.reader._fallback` (and leaves only the size checks).
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ import numpy as np
 
 from ..codec import Bytes, FeatureType, Float32, Int64, Schema, Tensor
 from ..codec.compression import zstd_decompress
-from ..errors import CorruptRecordError, SchemaError
+from ..errors import CorruptRecordError, SchemaError, ShardChangedError
+from ..format import guard
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD, read_record
 from . import _fallback
 
@@ -304,6 +313,9 @@ class BatchDecoder:
         offsets: np.ndarray,
         sizes: np.ndarray,
         alloc: Alloc | None = None,
+        *,
+        path: str | None = None,
+        records: np.ndarray | None = None,
     ) -> DecodedBatch:
         """Decode the records at ``offsets`` (framed ``sizes`` from the index) of ``buf``.
 
@@ -314,9 +326,15 @@ class BatchDecoder:
             alloc: allocates every batch-sized output array, ``alloc(shape, dtype)``
                 (default ``np.empty``); it must return a C-contiguous writable
                 array of exactly that shape and dtype.
+            path: the shard's file, for a :class:`ShardChangedError`.
+            records: the records' numbers in the shard, for the same.
 
         Returns:
             The good records' columns and the bad records' errors.
+
+        Raises:
+            ShardChangedError: ``buf`` is a map whose file shrank (before
+                or while it was read), naming the first record it cuts off.
         """
         offsets = np.asarray(offsets, _I64)
         sizes = np.asarray(sizes, _I64)
@@ -327,11 +345,21 @@ class BatchDecoder:
             )
         nbytes = int(sizes.sum())
         fuse = self.verify and bool(self._fusable) and nbytes >= len(offsets) * _FUSE_MIN_BYTES
-        batch = self._decode(buf, offsets, sizes, nbytes, fuse, alloc or np.empty)
-        if batch is None:  # a payload CRC failed in the fused copy: the plain way finds it
-            batch = self._decode(buf, offsets, sizes, nbytes, False, alloc or np.empty)
-        assert batch is not None
-        return batch
+        try:
+            if len(offsets):
+                guard.check_size(buf)
+            batch = self._decode(buf, offsets, sizes, nbytes, fuse, alloc or np.empty)
+            if batch is None:  # a payload CRC failed in the fused copy: the plain way finds it
+                batch = self._decode(buf, offsets, sizes, nbytes, False, alloc or np.empty)
+            assert batch is not None
+            if batch.bad:  # bad bytes from a map whose file shrank since are that change
+                guard.check_size(buf)
+        except (guard.MapFault, ShardChangedError) as exc:
+            err = _changed(buf, offsets, sizes, path, records, exc)
+        else:
+            return batch
+        # Raised here, with no context: the failed call's frames hold views of buf.
+        raise err
 
     def _decode(
         self,
@@ -367,6 +395,34 @@ class BatchDecoder:
         if run.crc_failed:
             return None
         return DecodedBatch(columns, run.bad, rows, nbytes)
+
+
+def _changed(
+    buf: Any,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    path: str | None,
+    records: np.ndarray | None,
+    exc: BaseException,
+) -> ShardChangedError:
+    """The error naming the record a change of the shard under ``buf`` hit.
+
+    That is the record holding the faulting byte (a native ``MapFault``), or the
+    one a ``ShardChangedError`` from a per-record read names; failing those, the
+    first record the file's new size cuts off, or the batch's first record.
+    """
+    size = guard.current_size(buf)
+    ends = offsets + sizes
+    if isinstance(exc, ShardChangedError):
+        hits = np.flatnonzero(offsets == exc.offset)
+    else:
+        at = int(exc.args[2]) if len(exc.args) > 2 else -1
+        hits = np.flatnonzero((offsets <= at) & (at < ends)) if at >= 0 else offsets[:0]
+    if not len(hits) and size is not None:
+        hits = np.flatnonzero(ends > size)
+    pos = int(hits[0]) if len(hits) else 0
+    record = None if records is None else int(records[pos])
+    return guard.changed(buf, path=path, offset=int(offsets[pos]), record=record)
 
 
 def _ints(shape: tuple[int | None, ...]) -> tuple[int, ...]:
@@ -414,9 +470,14 @@ class _Run:
             self.view = view if view.ndim == 1 and view.format == "B" else view.cast("B")
         return self.view
 
-    def _payload(self, i: int) -> memoryview:
+    def _payload(self, i: int) -> bytes:
+        """Record ``i``'s payload, copied (under the SIGBUS guard) for Python to parse."""
         start = int(self.offsets[i]) + HEADER_SIZE
-        return self._memview()[start : start + int(self.sizes[i]) - OVERHEAD]
+        return self._read(i, start, int(self.sizes[i]) - OVERHEAD)
+
+    def _read(self, i: int, start: int, length: int) -> bytes:
+        # unchecked: decode checked the size; the native copy is guarded
+        return guard.read(self.buf, start, length, offset=int(self.offsets[i]), check=False)
 
     def _per_record(self, fast: np.ndarray) -> None:
         """The Python work per record: zstd and list features, then the slow path."""
@@ -439,12 +500,12 @@ class _Run:
             self._reference(i)
 
     def _decompress(self, plan: _Plan, fast: np.ndarray) -> dict[int, Any]:
-        view, spans, out = self._memview(), self.spans, {}
+        spans, out = self.spans, {}
         for i in np.flatnonzero(fast).tolist():
             _, _, start, nbytes = spans[i, plan.key].tolist()
             try:
                 out[i] = zstd_decompress(
-                    view[start : start + nbytes],
+                    self._read(i, start, nbytes),
                     expected_size=plan.row_bytes,
                     max_size=self.dec.max_size,
                 )
@@ -465,8 +526,10 @@ class _Run:
                 max_record_bytes=dec.max_record_bytes,
                 expected_size=size,
             )
+            data = guard.read(payload, 0, len(payload), offset=offset, check=False)  # a copy
+            del payload
             self.slow[i] = dec.schema.decode(
-                payload, copy=True, max_size=dec.max_size, columns=dec._columns_arg
+                data, copy=True, max_size=dec.max_size, columns=dec._columns_arg
             )
         except CorruptRecordError as err:
             self.bad.append((i, _unlocated(err)))
@@ -582,7 +645,7 @@ class _Run:
         if plan.mode == "list":
             return self.extra[plan.name][i]
         _, _, start, nbytes = self.spans[i, plan.key].tolist()
-        return bytes(self._memview()[start : start + nbytes])
+        return self._read(i, start, nbytes)
 
 
 def _alloc(alloc: Alloc, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:

@@ -210,7 +210,9 @@ class RecordReader:
             with self.shards.use(sid) as shard:
                 offsets, sizes = shard.offsets[recs], shard.sizes[recs]
                 alloc = self.pool.alloc if len(groups) == 1 else None
-                batch = self.decoder.decode(shard.buf, offsets, sizes, alloc=alloc)
+                batch = self.decoder.decode(
+                    shard.buf, offsets, sizes, alloc=alloc, path=shard.path, records=recs
+                )
             nbytes += batch.nbytes
             ok = np.ones(len(rows), dtype=bool)
             for pos, err in batch.bad:
