@@ -34,7 +34,7 @@ printed PASS/FAIL next to the figures; nothing here gates anything.
 Usage::
 
     python benchmarks/scale_bench.py [--sizes 1k,10k,100k] [--records 1000] [--no-cache]
-    python benchmarks/scale_bench.py --sizes 1k,10k          # ~2 min on the 2-core VM
+    python benchmarks/scale_bench.py --sizes 1k,10k --no-cache   # ~20 s on the 2-core VM
     python benchmarks/scale_bench.py --only-cache            # ~12 min before issue 14's store
     python benchmarks/scale_bench.py --clean                 # remove bench-data/scale
 """
