@@ -116,13 +116,13 @@ class _Task:
 
 @dataclass
 class _Prepared:
-    """A runner task as submitted: its shards, records, outputs and row units."""
+    """A runner submission (a task, or a piece of one): its shards, records, outputs."""
 
     bufs: tuple[Any, ...]
     held: tuple[MappedShard, ...]
     rec: np.ndarray
     outs: tuple[np.ndarray, ...]
-    unit_of_row: np.ndarray
+    rows: np.ndarray | None  # the task's rows this piece decodes (None: all, in order)
     n: int
     nbytes: int
 
@@ -238,8 +238,8 @@ class RecordReader:
     def _tasks(self, plan: EpochPlan, split: Split, units: range) -> Iterator[_Task]:
         """The units in tasks of about ``task_records`` / ``task_bytes``, located.
 
-        A task also touches at most half the map budget's shards (but always whole
-        units, at least one), so two tasks in flight fit the budget of open maps.
+        A task also touches at most half the map budget's shards where whole units
+        allow (at least one unit); a unit that touches more is decoded in pieces.
         """
         size = plan.options.batch_size or 1
         per_record = max(self._avg_bytes, 1.0)
@@ -273,20 +273,25 @@ class RecordReader:
             return self._read_native(plan, split, units)
         return self._read_python(plan, split, units)
 
-    def _prepare(self, task: _Task) -> _Prepared:
-        """Map a task's shards (held until it is done) and allocate its outputs."""
-        shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
+    def _prepare(self, task: _Task, rows: np.ndarray | None) -> _Prepared:
+        """Map a piece's shards (held until it is done) and allocate its outputs.
+
+        ``rows``: the task's rows this piece decodes (``None``: all, in order).
+        """
+        shard_ids, records = task.shard_ids, task.records
+        if rows is not None:
+            shard_ids, records = shard_ids[rows], records[rows]
         n = len(records)
         rec = np.empty((n, 3), dtype=np.int64)
-        held: list[MappedShard] = []  # released once the runner is done with the task
+        held: list[MappedShard] = []  # released once the runner is done with the piece
         try:
-            for slot, (sid, rows) in enumerate(_groups(shard_ids)):
+            for slot, (sid, at) in enumerate(_groups(shard_ids)):
                 shard = self.shards.acquire(sid)
                 held.append(shard)
-                recs = records[rows]
-                rec[rows, 0] = slot
-                rec[rows, 1] = shard.offsets[recs]
-                rec[rows, 2] = shard.sizes[recs]
+                recs = records[at]
+                rec[at, 0] = slot
+                rec[at, 1] = shard.offsets[recs]
+                rec[at, 2] = shard.sizes[recs]
         except BaseException:
             self._release(held)
             raise
@@ -297,7 +302,7 @@ class RecordReader:
             widths.append(max(guess, 0))
         outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
         bufs = tuple(shard.buf for shard in held)
-        return _Prepared(bufs, tuple(held), rec, outs, unit_of_row, n, int(rec[:, 2].sum()))
+        return _Prepared(bufs, tuple(held), rec, outs, rows, n, int(rec[:, 2].sum()))
 
     def _release(self, held: Sequence[MappedShard]) -> None:
         for shard in held:
@@ -329,20 +334,30 @@ class RecordReader:
         ]
         for t in threads:
             t.start()
+        # A task whose units touch more shards than half the map budget goes to the
+        # runner in pieces of at most that many shards, joined when the last is done.
+        cap = max(1, self.shards.max_open // 2)
+        jobs = ((task, rows) for task in tasks for rows in _pieces(task, cap))
         pending: deque[tuple[_Task, _Prepared, int]] = deque()
-        upcoming: list[_Task | None] = [next(tasks, None)]
+        upcoming: list[tuple[_Task, np.ndarray | None] | None] = [next(jobs, None)]
 
         def refill() -> None:
-            # Admission: tasks in flight hold their shards mapped; one more task is
+            # Admission: pieces in flight hold their shards mapped; one more is
             # submitted only while that stays within the map budget (one always is).
-            held = sum(t.nshards for t, _, _ in pending)
+            held = sum(len(prep.held) for _, prep, _ in pending)
             while len(pending) < self.prefetch:
-                task = upcoming[0]
-                if task is None or (pending and held + task.nshards > self.shards.max_open):
+                job = upcoming[0]
+                if job is None:
                     return
-                upcoming[0] = next(tasks, None)
-                held += task.nshards
-                prep = self._prepare(task)
+                task, rows = job
+                if (
+                    pending
+                    and held + (task.nshards if rows is None else cap) > self.shards.max_open
+                ):
+                    return
+                upcoming[0] = next(jobs, None)
+                prep = self._prepare(task, rows)
+                held += len(prep.held)
                 try:
                     task_id = runner.submit(prep.bufs, prep.rec, prep.outs)
                 except BaseException:
@@ -352,6 +367,8 @@ class RecordReader:
 
         try:
             refill()
+            done_parts: list[tuple[_Prepared, bool, Any, float]] = []
+            waited = 0.0
             while pending:
                 task, prep, task_id = pending.popleft()
                 t0 = time.perf_counter()
@@ -359,19 +376,19 @@ class RecordReader:
                     ok, widths, seconds = runner.wait(task_id)
                 finally:
                     self._release(prep.held)
-                waited = time.perf_counter() - t0
+                waited += time.perf_counter() - t0
                 refill()
-                if ok:
-                    columns = self.decoder.runner_columns(prep.outs, widths, prep.n)
-                    done = _Done(Chunk(prep.unit_of_row, columns, prep.n), prep.nbytes, [], seconds)
-                else:  # a record the fast path does not take: the reference path, here
-                    self.native_fallbacks += 1
-                    done = self._decode_task(task)
+                done_parts.append((prep, ok, widths, seconds))
+                if sum(p.n for p, _, _, _ in done_parts) < len(task.records):
+                    continue  # more pieces of this task to come
+                done = self._join(task, done_parts)
+                done_parts = []
                 for k, name in enumerate(self.decoder.bytes_features):
                     col = done.chunk.columns.get(name)  # absent when every record was skipped
                     if col is not None:
                         self._widths[k] = max(self._widths[k], col.shape[1])
                 self._account(done, waited)
+                waited = 0.0
                 yield done.chunk
         finally:
             runner.close()
@@ -380,6 +397,23 @@ class RecordReader:
                 t.join()
             for _, prep, _ in pending:
                 self._release(prep.held)
+
+    def _join(self, task: _Task, parts: list[tuple[_Prepared, bool, Any, float]]) -> _Done:
+        """A task's chunk from its runner pieces (or the reference path if one refused)."""
+        seconds = sum(s for _, _, _, s in parts)
+        nbytes = sum(p.nbytes for p, _, _, _ in parts)
+        if not all(ok for _, ok, _, _ in parts):  # a record the fast path does not take
+            self.native_fallbacks += 1
+            return self._decode_task(task)
+        cols = [(self.decoder.runner_columns(p.outs, w, p.n), p.n) for p, _, w, _ in parts]
+        if len(parts) == 1 and parts[0][0].rows is None:
+            columns = cols[0][0]
+        else:  # pieces are grouped by shard: back to the task's order
+            columns, _ = _concat(cols, self.pool.alloc)
+            where = np.concatenate([p.rows for p, _, _, _ in parts if p.rows is not None])
+            columns = _take(columns, np.argsort(where, kind="stable"))
+        chunk = Chunk(task.unit_of_row, columns, len(task.records))
+        return _Done(chunk, nbytes, [], seconds)
 
     def _read_python(
         self, plan: EpochPlan, split: Split, units: range
@@ -430,6 +464,17 @@ def _units_within(task: _Task, cap: int) -> int:
     over = int(np.sort(first_rows)[cap])  # the first row of the (cap + 1)-th shard
     units_before = int(task.unit_of_row[over]) - task.units.start
     return max(1, units_before // task.units.step)
+
+
+def _pieces(task: _Task, cap: int) -> list[np.ndarray | None]:
+    """A task's rows in pieces that each touch at most ``cap`` shards (``[None]``: one)."""
+    if task.nshards <= cap:
+        return [None]
+    groups = _groups(task.shard_ids)
+    return [
+        np.concatenate([rows for _, rows in groups[k : k + cap]])
+        for k in range(0, len(groups), cap)
+    ]
 
 
 def _groups(shard_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:

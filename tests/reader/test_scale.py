@@ -275,3 +275,31 @@ def test_lru_keeps_the_budget_and_never_closes_a_held_map(many):
     assert held[2].buf.closed and shards.open_count == 4
     shards.close()
     assert shards.open_count == 0
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_batches_wider_than_the_budget_are_read_in_pieces(tmp_path, monkeypatch, native):
+    """A batch touching more shards than half the map budget: pieces, joined in order."""
+    pytest.importorskip("torch")
+    import recordkit.torch as rkt
+
+    monkeypatch.setenv("RECORDKIT_MAX_OPEN_SHARDS", "6")
+    monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", native)
+    schema = rk.Schema(idx=rk.Int64(), data=rk.Bytes(), vec=rk.Float32((3,)))
+    with rk.Writer(tmp_path / "ds", schema, max_records=7) as w:
+        for i in range(300):
+            w.write({"idx": i, "data": bytes([i % 251]) * (i % 37), "vec": [i, -i, 0.5]})
+    ds = rkt.RecordDataset(tmp_path / "ds", batch_size=32, shuffle=True, seed=3)
+    seen = []
+    for batch in ds:
+        for k, i in enumerate(batch["idx"].tolist()):
+            n = int(batch["data/lengths"][k])
+            assert bytes(batch["data"][k, :n].numpy()) == bytes([i % 251]) * (i % 37)
+            assert batch["vec"][k].tolist() == [i, -i, 0.5]
+            seen.append(i)
+        assert ds._shards.open_count <= 6
+    assert sorted(seen) == list(range(300))
+    plain = rkt.RecordDataset(tmp_path / "ds", batch_size=32, shuffle=True, seed=3)
+    monkeypatch.setenv("RECORDKIT_MAX_OPEN_SHARDS", "1000")
+    wide = rkt.RecordDataset(tmp_path / "ds", batch_size=32, shuffle=True, seed=3)
+    assert [b["idx"].tolist() for b in plain] == [b["idx"].tolist() for b in wide]
