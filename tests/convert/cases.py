@@ -9,6 +9,7 @@ them up to dtype (``assert_samples_equal`` compares them).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import tarfile
@@ -106,6 +107,9 @@ def imagefolder(root: Path) -> tuple[str, list[dict[str, Any]]]:
             Image.new("RGB", (4 + i, 3), (i * 40, label * 100, 7)).save(buf, format="PNG")
             (root / cls / f"{i:03d}.png").write_bytes(buf.getvalue())
             expected.append({"image": buf.getvalue(), "label": label, "path": f"{cls}/{i:03d}.png"})
+    # the documented default order: interleaved by a keyed hash of the path (seed 0)
+    expected.sort(key=lambda e: hashlib.blake2b(e["path"].encode(), key=b"0").digest())
+    assert [e["label"] for e in expected] != sorted(e["label"] for e in expected)
     return "", expected
 
 
