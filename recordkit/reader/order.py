@@ -19,17 +19,26 @@ Six rounds: four leave visible structure on sorted data (the research notes in
 from __future__ import annotations
 
 import os
+import importlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-# The C twin of the network below (recordkit/_order.c): same results, ~20x faster.
-_c: Any = None
-if os.environ.get("RECORDKIT_NO_NATIVE", "") in ("", "0"):
+_Step = Callable[[np.ndarray], np.ndarray]
+
+
+def _native() -> Any:
+    """The C twin of the network below (recordkit/_order.c): same results, ~20x faster."""
+    if os.environ.get("RECORDKIT_NO_NATIVE", "") not in ("", "0"):
+        return None
     try:
-        from .. import _order as _c
+        return importlib.import_module("recordkit._order")
     except ImportError:  # built without a C compiler: NumPy computes the same
-        _c = None
+        return None
+
+
+_c: Any = _native()
 
 __all__ = ["Permutation", "mix64", "mixing"]
 
@@ -54,7 +63,8 @@ def _hash(x: np.ndarray, key: np.uint64) -> np.ndarray:
     z = x ^ key
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_C1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_C2)
-    return z ^ (z >> np.uint64(31))
+    out: np.ndarray = z ^ (z >> np.uint64(31))
+    return out
 
 
 class Permutation:
@@ -93,18 +103,20 @@ class Permutation:
             return out
         return self._walk(x, self._decrypt if inverse else self._encrypt)
 
-    def _walk(self, x: np.ndarray, step: object) -> np.ndarray:
+    def _walk(self, x: np.ndarray, step: _Step) -> np.ndarray:
         x = np.asarray(x, dtype=np.int64)
         if self.n <= 1:
-            return x.copy()
-        out = step(x.astype(np.uint64))  # type: ignore[operator]
+            same: np.ndarray = x.copy()
+            return same
+        out = step(x.astype(np.uint64))
         n = np.uint64(self.n)
         out_of_range = np.flatnonzero(out >= n)
         while len(out_of_range):  # cycle-walking: fewer than 2 steps expected
-            again = step(out[out_of_range])  # type: ignore[operator]
+            again = step(out[out_of_range])
             out[out_of_range] = again
             out_of_range = out_of_range[again >= n]
-        return out.astype(np.int64)
+        result: np.ndarray = out.astype(np.int64)
+        return result
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         wl, wr = self._left, self._right
@@ -113,7 +125,8 @@ class Permutation:
             mask = np.uint64((1 << wl) - 1)
             left, right = right, left ^ (_hash(right, key) & mask)
             wl, wr = wr, wl
-        return (left << np.uint64(wr)) | right
+        out: np.ndarray = (left << np.uint64(wr)) | right
+        return out
 
     def _decrypt(self, y: np.ndarray) -> np.ndarray:
         # Rounds alternate the halves' widths; with an even number of rounds the
@@ -125,7 +138,8 @@ class Permutation:
             wl, wr = wr, wl
             mask = np.uint64((1 << wl) - 1)
             left, right = right ^ (_hash(left, key) & mask), left
-        return (left << np.uint64(wr)) | right
+        out: np.ndarray = (left << np.uint64(wr)) | right
+        return out
 
 
 def mixing(labels: np.ndarray, batch: int, classes: int | None = None) -> dict[str, float]:

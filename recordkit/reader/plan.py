@@ -164,7 +164,8 @@ class EpochPlan:
         """The global record numbers (dataset order) at epoch ``positions``."""
         g = np.asarray(positions, dtype=np.int64)
         if self._blocks is None:
-            return g.copy()
+            same: np.ndarray = g.copy()
+            return same
         b = self.block_records
         w_of = np.minimum(g // (self._window * b), self.windows - 1)
         out = np.empty_like(g)
@@ -287,7 +288,10 @@ class EpochPlan:
 def _ranks_within(lengths: np.ndarray) -> np.ndarray:
     """``[0, 1, .., n0 - 1, 0, 1, .., n1 - 1, ...]`` for ``lengths = [n0, n1, ...]``."""
     ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - lengths, lengths)
+    out: np.ndarray = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(
+        ends - lengths, lengths
+    )
+    return out
 
 
 def _auto_block(avg_record_bytes: float) -> int:

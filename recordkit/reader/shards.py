@@ -226,7 +226,7 @@ class ShardSet:
     def _schema(self) -> Schema:
         if self.manifest is not None:
             return Schema.from_json(self.manifest.schema)
-        examples = []
+        examples: list[dict[str, Any]] = []
         for i in range(len(self.infos)):
             if len(examples) >= _INFER_RECORDS:
                 break
