@@ -18,8 +18,8 @@ Six rounds: four leave visible structure on sorted data (the research notes in
 
 from __future__ import annotations
 
-import os
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
