@@ -135,7 +135,9 @@ class _ProcessLocalShards:
             return self._shards
 
     def _open_shards(self) -> ShardSet:
-        return open_shards(self.path, getattr(self, "schema", None))
+        return open_shards(
+            self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
+        )
 
     def _opened(self) -> None:
         """Called in each process after its maps are opened."""
@@ -204,6 +206,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache_limit: the disk budget for ``cache_dir``.
         cache_timeout: seconds an epoch start waits for the first complete
             shard (``None``: no limit).
+        partial: read a directory where a write did not finish (the shards it
+            published, with a WARNING) instead of raising
+            :class:`~recordkit.errors.IncompleteDatasetError`.
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -238,6 +243,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         cache_timeout: float | None = 600.0,
+        partial: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -245,6 +251,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
         self.path = os.fspath(path_or_url)
+        self.partial = partial
         self.options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
@@ -315,7 +322,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
 
     def _open_shards(self) -> ShardSet:
         if not self._cached:
-            return open_shards(self.path, getattr(self, "schema", None))
+            return open_shards(
+                self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
+            )
         if self._epochs is None:
             raise RuntimeError(
                 "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
@@ -655,6 +664,8 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         transform: applied to each sample.
         verify: check payload CRCs.
         schema: overrides the manifest's (or the inferred) schema.
+        partial: read a directory where a write did not finish (see
+            :class:`RecordDataset`).
     """
 
     def __init__(
@@ -665,8 +676,10 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         transform: Callable[[Any], Any] | None = None,
         verify: bool = True,
         schema: Schema | None = None,
+        partial: bool = False,
     ) -> None:
         self.path = os.fspath(path)
+        self.partial = partial
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.verify = verify
