@@ -176,7 +176,7 @@ def run_local(
         if not stopped:
             # Ctrl-C is the user's own doing: the caller reports it in one line.
             interrupted = isinstance(exc, KeyboardInterrupt)
-            _stop_workers(pool, logging.INFO if interrupted else logging.WARNING)
+            _stop_workers(pool, logging.DEBUG if interrupted else logging.WARNING)
             stopped = True
         raise
     finally:
