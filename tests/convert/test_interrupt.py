@@ -92,3 +92,41 @@ def test_ctrl_c_in_convert_is_one_line_and_refused_until_rerun(tmp_path, capsys,
     assert ds.manifest is not None and len(ds) == FILES * ROWS
     assert rk.verify(dst).ok and incomplete_at(dst) is None
     assert not (dst / ".recordkit-writing.json").exists()
+
+
+@pytest.mark.remote
+def test_failed_conversion_to_s3_leaves_a_marker_object(tmp_path, s3):
+    pytest.importorskip("s3fs")
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in range(4):
+        lines = [json.dumps({"id": f * 10 + i}) for i in range(10)]
+        if f == 2:
+            lines[5] = "{not json"
+        (src / f"f{f}.jsonl").write_text("\n".join(lines) + "\n")
+    bucket = s3.bucket()
+    dst = f"{bucket}/out"
+    run = dict(
+        format="jsonl",
+        schema=rk.Schema(id=rk.Int64()),
+        workers=0,
+        options=rk.convert.ConvertOptions(partition_bytes=1),
+    )
+    with pytest.raises(rk.convert.PartitionsFailedError):
+        rk.convert(src, dst, storage_options=s3.storage_options, **run)
+    fs = s3.filesystem()
+    assert fs.exists(f"{dst}/.recordkit-writing.json") and not fs.exists(f"{dst}/recordkit.json")
+    found = incomplete_at(dst, s3.storage_options)
+    assert found is not None and (found.writer, found.published, found.total) == ("convert", 3, 4)
+    local = tmp_path / "copy"
+    fs.get(f"{dst}/", str(local) + "/", recursive=True)
+    with pytest.raises(rk.errors.IncompleteDatasetError, match=r"\(3 of 4 partitions published\)"):
+        rk.Dataset(local)
+    assert len(rk.Dataset(local, partial=True)) == 30
+
+    (src / "f2.jsonl").write_text("".join(json.dumps({"id": 20 + i}) + "\n" for i in range(10)))
+    with pytest.raises(rk.errors.DatasetExistsError, match="different plan"):
+        rk.convert(src, dst, storage_options=s3.storage_options, **run)  # the sizes changed
+    rk.convert(src, dst, storage_options=s3.storage_options, overwrite=True, **run)
+    assert not fs.exists(f"{dst}/.recordkit-writing.json") and fs.exists(f"{dst}/recordkit.json")
+    assert incomplete_at(dst, s3.storage_options) is None
