@@ -167,7 +167,7 @@ def _interrupted(dst: str, storage_options: dict[str, Any] | None) -> str:
     except Exception:  # the summary must not turn into a traceback
         found = None
     if found is None:
-        return "recordkit convert: interrupted before any partition was written"
+        return f"recordkit convert: interrupted; nothing at {dst} is left half-written"
     return (
         f"recordkit convert: interrupted: {found.progress} at {dst}; "
         "rerun the same command to resume"

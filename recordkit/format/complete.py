@@ -175,11 +175,13 @@ def find_incomplete(
     root = os.fspath(root)
     read = read or _local_read(root)
     listdir = listdir or _local_list(root)
-    names = listdir("")
-    if MARKER_NAME not in names or MANIFEST_NAME in names:
-        return None
+    # One failed open in the common case (no marker): no listing of a folder that
+    # may hold 100k shards.
     data = read(MARKER_NAME)
-    if data is None:  # published its manifest and removed the marker meanwhile
+    if data is None:
+        return None
+    names = listdir("")
+    if MANIFEST_NAME in names:
         return None
     try:
         doc = json.loads(data)
