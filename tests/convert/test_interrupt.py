@@ -35,9 +35,9 @@ def _source(root: Path) -> None:
                 fh.write(json.dumps({"id": f * ROWS + i, "text": "t" * (i % 40)}) + "\n")
 
 
-def _cmd(src: Path, dst: Path) -> list[str]:
+def _cmd(src: Path, dst: Path, workers: str = "2") -> list[str]:
     args = [
-        SCRIPT, "convert", str(src), str(dst), "--from", "jsonl", "--workers", "2",
+        SCRIPT, "convert", str(src), str(dst), "--from", "jsonl", "--workers", workers,
         "--shard-size", "16KiB", "--partition-size", "1", "--progress", "none",
     ]  # fmt: skip
     return [sys.executable, "-c", _DEFAULT_SIGINT + "os.execv(sys.argv[1], sys.argv[1:])", *args]
@@ -49,11 +49,12 @@ def _done(dst: Path) -> int:
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_convert_is_one_line_and_refused_until_rerun(tmp_path, capsys, caplog):
+@pytest.mark.parametrize("workers", ["2", "0"])  # writer subprocesses; in the process itself
+def test_ctrl_c_in_convert_is_one_line_and_refused_until_rerun(tmp_path, capsys, caplog, workers):
     src, dst = tmp_path / "src", tmp_path / "out"
     _source(src)
     proc = subprocess.Popen(
-        _cmd(src, dst), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        _cmd(src, dst, workers), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group: SIGINT reaches it all, as Ctrl-C does
     )  # fmt: skip
     try:
