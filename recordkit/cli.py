@@ -28,6 +28,11 @@ _OPTIONAL_PACKAGES = (
     "tqdm",
 )
 
+_PARTIAL_HELP = (
+    "read a folder where a Writer or a conversion did not finish (its published shards) "
+    "instead of refusing it"
+)
+
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from . import build_index
@@ -60,7 +65,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from . import Dataset, __version__
     from ._units import format_size
 
-    with Dataset(args.dataset) as ds:
+    with Dataset(args.dataset, partial=args.partial) as ds:
         shards = ds.shards
         total_bytes = sum(s.bytes for s in shards)
         if args.json:
@@ -79,6 +84,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(json.dumps(doc, indent=1))
             return 0
         kind = "recordkit dataset" if ds.manifest is not None else "TFRecords without manifest"
+        if ds.manifest is None and args.partial:
+            kind = "read with --partial: no manifest"
         print(f"{ds.root}  ({kind})")
         print(f"  records  {len(ds)}")
         print(f"  bytes    {total_bytes} ({format_size(total_bytes)})")
@@ -102,7 +109,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from . import verify
 
-    report = verify(args.dataset, decode=not args.no_decode)
+    report = verify(args.dataset, decode=not args.no_decode, partial=args.partial)
     for problem in report.problems:
         print(problem)
     status = "OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)"
@@ -139,7 +146,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
     from . import Dataset
 
-    with Dataset(args.dataset) as ds:
+    with Dataset(args.dataset, partial=args.partial) as ds:
         for i, sample in enumerate(islice(ds, args.n)):
             print(f"[{i}]")
             for name, value in sample.items():
@@ -181,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--max-shards", type=int, default=10, help="shards to list (default 10)")
+    p.add_argument("--partial", action="store_true", help=_PARTIAL_HELP)
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser(
@@ -193,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-decode", action="store_true", help="check framing and CRCs only, not payloads"
     )
+    p.add_argument("--partial", action="store_true", help=_PARTIAL_HELP)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser(
@@ -203,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
     p.add_argument("-n", type=int, default=5, help="number of samples (default 5)")
     p.add_argument("--width", type=int, default=32, help="bytes shown per value (default 32)")
+    p.add_argument("--partial", action="store_true", help=_PARTIAL_HELP)
     p.set_defaults(func=_cmd_head)
 
     from .convert._cli import add_parser as add_convert  # stdlib-only module

@@ -46,10 +46,13 @@ class Dataset:
         schema: overrides the manifest's schema; required for nothing, but for
             foreign data it saves inferring one from the first records.
         write_index: write rebuilt indexes beside foreign shards (best effort).
+        partial: read a directory where a write of ours did not finish (the
+            shards it published, with a WARNING) instead of refusing it.
 
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
         ManifestError: the manifest is malformed or disagrees with the shards.
+        IncompleteDatasetError: a write of ours did not finish here (not ``partial``).
         CorruptRecordError: on reading a corrupt record (names file, offset, record).
     """
 
@@ -59,8 +62,9 @@ class Dataset:
         schema: Schema | None = None,
         *,
         write_index: bool = True,
+        partial: bool = False,
     ) -> None:
-        self._set = open_shards(path, schema, write_index=write_index)
+        self._set = open_shards(path, schema, write_index=write_index, partial=partial)
         self.root = self._set.root
         self.manifest = self._set.manifest
         self.schema: Schema = self._set.schema

@@ -9,6 +9,7 @@ that only know the standard library can still catch it sensibly::
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
     ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
     ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
+    ├── IncompleteDatasetError (ValueError)  a folder where a write of ours did not finish
     ├── ShardChangedError (OSError)          a shard that changed (shrank) after it was opened
     ├── SchemaError (ValueError)             a bad schema, or a sample that does not fit it
     ├── ShardNotFoundError (FileNotFoundError)  a dataset, shard or index that is not there
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 __all__ = [
     "CorruptRecordError",
     "DatasetExistsError",
+    "IncompleteDatasetError",
     "InvalidIndexError",
     "ManifestError",
     "MissingDependencyError",
@@ -134,6 +136,30 @@ class InvalidIndexError(_LocatedError, ValueError):
 
 class ManifestError(_LocatedError, ValueError):
     """A manifest that cannot be read or disagrees with the files it lists."""
+
+
+class IncompleteDatasetError(RecordkitError, ValueError):
+    """A folder that bears the mark of a write of ours that did not finish.
+
+    A :class:`~recordkit.Writer` that raised or was killed, or an interrupted
+    ``recordkit convert``: shards published, no manifest. The message says how
+    far it got and how to finish it; readers take ``partial=True`` to read
+    what is there. A ``ValueError``: the data is not the whole dataset asked for.
+
+    Attributes:
+        path: the dataset directory.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_incomplete, (str(self), self.path))
+
+
+def _rebuild_incomplete(message: str, path: str | None) -> IncompleteDatasetError:
+    return IncompleteDatasetError(message, path=path)
 
 
 class ShardChangedError(_LocatedError, OSError):

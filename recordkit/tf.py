@@ -46,6 +46,7 @@ from ._deps import require
 from .codec import Bytes, Float32, Int64, Schema, Tensor
 from .codec.compression import zstd_decompress
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
+from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
 from .reader.epochs import CacheEpochs
@@ -166,6 +167,28 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
     if schema is None:
         schema = _infer(files[0])
     return files, schema, None
+
+
+def _check_complete(path: str, partial: bool) -> None:
+    """Refuse an unfinished write of ours (through ``tf.io.gfile``, so ``gs://`` too)."""
+    gfile = tf.io.gfile
+    if not _is_native(path) or not gfile.isdir(path):
+        return
+
+    def read(rel: str) -> bytes | None:
+        try:
+            with gfile.GFile(_join(path, rel), "rb") as f:
+                return bytes(f.read(1 << 16))
+        except tf.errors.NotFoundError:
+            return None
+
+    def listdir(rel: str) -> list[str]:
+        try:
+            return [n.rstrip("/") for n in gfile.listdir(_join(path, rel) if rel else path)]
+        except tf.errors.NotFoundError:
+            return []
+
+    check_complete(path, partial, read=read, listdir=listdir)
 
 
 def _avg(path: str) -> float:
@@ -337,6 +360,7 @@ def dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     cache_timeout: float | None = 600.0,
+    partial: bool = False,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -379,6 +403,9 @@ def dataset(
             alternate, so without ``shuffle`` the order is fixed
             but not the dataset order. ``1`` reads shard after shard, in the
             manifest's order.
+        partial: read a directory where a write of ours did not finish (the
+            shards it published, with a WARNING) instead of raising
+            :class:`~recordkit.errors.IncompleteDatasetError`.
 
     With a manifest the dataset knows its length (``len(ds)``: batches, or
     records, of this pipeline), so Keras knows the steps per epoch.
@@ -404,6 +431,7 @@ def dataset(
             epochs, schema, seed, shuffle, input_context
         )
     else:
+        _check_complete(strip_file_scheme(os.fspath(path_or_url)), partial)
         files, schema, manifest = _locate(os.fspath(path_or_url), schema)
     names = _columns(schema, columns)
     spec = feature_spec(schema, names)

@@ -17,9 +17,12 @@ Batch layout (``batch_size`` set): a ``dict`` of ``torch.Tensor``, one per featu
 - features with ``None`` in their shape, and ``Bytes`` lists: a ``list`` with one
   tensor (or list of ``bytes``) per record.
 
-Without ``batch_size`` the dataset yields single samples (the same layout without
-the batch dimension; ``Bytes()`` as ``bytes``); use ``DataLoader(ds, batch_size=None)``
-or let recordkit batch, which is faster and keeps the order independent of workers.
+Without ``batch_size`` the dataset yields single samples: every number feature a
+tensor of its shape (0-d for scalars, the record's own shape where it has ``None``
+dims), ``Bytes()`` as ``bytes``, ``Bytes`` lists as lists of ``bytes``. Let recordkit
+batch (faster, and the order is independent of workers), or batch samples with
+``DataLoader(ds, batch_size=N, collate_fn=ds.collate)``, which gives the same layout;
+a plain ``DataLoader`` collates fixed-shape features and ``Bytes()`` (as a list).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 from ._devcopy import can_pin as _can_pin  # noqa: E402
 from ._devcopy import pinned_slab as _pinned_slab  # noqa: E402
+from ._torch_collate import collate  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
@@ -57,7 +61,13 @@ from .reader.shards import ShardSet, open_shards  # noqa: E402
 if TYPE_CHECKING:
     from .cache import ShardCache
 
-__all__ = ["DataLoader", "DevicePrefetcher", "RecordDataset", "RecordMapDataset"]
+__all__ = [
+    "DataLoader",
+    "DevicePrefetcher",
+    "RecordDataset",
+    "RecordMapDataset",
+    "collate",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +86,8 @@ def _cpus() -> int:
 
 
 def _to_torch(value: Any) -> Any:
+    if isinstance(value, np.generic) and not isinstance(value, np.flexible):
+        return torch.from_numpy(np.array(value))  # a scalar feature: a 0-d tensor, as documented
     if isinstance(value, np.ndarray):
         if not value.flags.writeable:  # torch warns on read-only arrays; copy those few
             value = value.copy()
@@ -135,7 +147,9 @@ class _ProcessLocalShards:
             return self._shards
 
     def _open_shards(self) -> ShardSet:
-        return open_shards(self.path, getattr(self, "schema", None))
+        return open_shards(
+            self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
+        )
 
     def _opened(self) -> None:
         """Called in each process after its maps are opened."""
@@ -204,6 +218,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache_limit: the disk budget for ``cache_dir``.
         cache_timeout: seconds an epoch start waits for the first complete
             shard (``None``: no limit).
+        partial: read a directory where a write did not finish (the shards it
+            published, with a WARNING) instead of raising
+            :class:`~recordkit.errors.IncompleteDatasetError`.
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -238,6 +255,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         cache_timeout: float | None = 600.0,
+        partial: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -245,6 +263,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
         self.path = os.fspath(path_or_url)
+        self.partial = partial
         self.options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
@@ -315,7 +334,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
 
     def _open_shards(self) -> ShardSet:
         if not self._cached:
-            return open_shards(self.path, getattr(self, "schema", None))
+            return open_shards(
+                self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
+            )
         if self._epochs is None:
             raise RuntimeError(
                 "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
@@ -523,6 +544,11 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             self.stats.add(records=1, batches=1)
             yield int(chunk.units[i]), sample
 
+    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
+        that batches its samples as ``batch_size=N`` would."""
+        return collate(samples, schema=self.schema, bytes_as=self.bytes_as)
+
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """The position to resume from: epoch and units (batches or samples) consumed.
 
@@ -655,6 +681,8 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         transform: applied to each sample.
         verify: check payload CRCs.
         schema: overrides the manifest's (or the inferred) schema.
+        partial: read a directory where a write did not finish (see
+            :class:`RecordDataset`).
     """
 
     def __init__(
@@ -665,8 +693,10 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         transform: Callable[[Any], Any] | None = None,
         verify: bool = True,
         schema: Schema | None = None,
+        partial: bool = False,
     ) -> None:
         self.path = os.fspath(path)
+        self.partial = partial
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.verify = verify
@@ -677,6 +707,10 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """:func:`collate` with this dataset's schema: a ``collate_fn`` for ``DataLoader``."""
+        return collate(samples, schema=self.schema)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])[0]

@@ -13,6 +13,7 @@ import numpy as np
 from .codec.schema import Schema
 from .errors import (
     CorruptRecordError,
+    IncompleteDatasetError,
     InvalidIndexError,
     ManifestError,
     RecordkitError,
@@ -20,6 +21,7 @@ from .errors import (
     ShardNotFoundError,
 )
 from .format import guard
+from .format.complete import MARKER_NAME, check_complete
 from .format.framing import read_record
 from .format.index import (
     index_path,
@@ -119,7 +121,11 @@ def _shard_list(root: str) -> tuple[list[ShardInfo], Schema | None, list[Problem
 
 
 def verify(
-    path: str | os.PathLike[str], *, schema: Schema | None = None, decode: bool = True
+    path: str | os.PathLike[str],
+    *,
+    schema: Schema | None = None,
+    decode: bool = True,
+    partial: bool = False,
 ) -> VerifyReport:
     """Check a dataset (or one shard) completely and report every problem found.
 
@@ -128,7 +134,10 @@ def verify(
     matching its shard), every record's length and payload CRC, and with
     ``decode`` that every payload decodes with the schema. After a bad record it
     resumes at the next record the index knows of, so one bad bit does not hide
-    the rest of the shard. Never raises for bad data; raises
+    the rest of the shard. A directory where a write of ours did not finish
+    (the in-progress marker, no manifest) is a problem, named first, unless
+    ``partial`` (then only its published shards are checked, with a WARNING).
+    Never raises for bad data; raises
     :class:`~recordkit.errors.ShardNotFoundError` only if ``path`` does not exist.
     """
     path = os.path.abspath(strip_file_scheme(path))
@@ -136,6 +145,10 @@ def verify(
         root = path
         infos, manifest_schema, problems = _shard_list(root)
         schema = schema or manifest_schema
+        try:
+            check_complete(root, partial)
+        except IncompleteDatasetError as exc:
+            problems.insert(0, Problem(os.path.join(root, MARKER_NAME), None, None, str(exc)))
     elif os.path.isfile(path):
         root = os.path.dirname(path)
         infos, problems = [ShardInfo(os.path.basename(path), 0, 0)], []

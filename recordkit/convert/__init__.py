@@ -19,7 +19,7 @@ from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_not
 from .partition import PartitionResult, PartitionTask, run_partition
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
-from .run import ConvertResult, convert, plan_conversion
+from .run import ConvertResult, convert, incomplete_at, plan_conversion
 
 __all__ = [
     "ConvertError",
@@ -37,6 +37,7 @@ __all__ = [
     "TqdmProgress",
     "add_note",
     "convert",
+    "incomplete_at",
     "is_transient",
     "make_plan",
     "parse_options",

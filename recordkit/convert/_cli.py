@@ -144,6 +144,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             options=options,
             progress=progress,
         )
+    except KeyboardInterrupt:
+        print(_interrupted(args.dst, dst_options or storage_options), file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
     except PartitionsFailedError as group:
         print(f"recordkit convert: error: {group.message}", file=sys.stderr)
         for exc in group.exceptions:
@@ -153,6 +156,22 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         return 1
     print(result.summary(), file=sys.stderr)
     return 0
+
+
+def _interrupted(dst: str, storage_options: dict[str, Any] | None) -> str:
+    """The one line Ctrl-C ends with: how far the conversion got, and that a rerun resumes."""
+    from .run import incomplete_at
+
+    try:
+        found = incomplete_at(dst, storage_options)
+    except Exception:  # the summary must not turn into a traceback
+        found = None
+    if found is None:
+        return f"recordkit convert: interrupted; nothing at {dst} is left half-written"
+    return (
+        f"recordkit convert: interrupted: {found.progress} at {dst}; "
+        "rerun the same command to resume"
+    )
 
 
 def add_parser(sub: Any) -> None:

@@ -69,6 +69,9 @@ def _die_with_parent(parent: int) -> None:
 def _init_worker(progress_queue: Any, parent: int, level: int) -> None:
     global _queue
     _queue = progress_queue
+    # Ctrl-C reaches the whole process group: the parent stops the workers (SIGTERM);
+    # a KeyboardInterrupt traceback from each of them would bury its one-line summary.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s[%(process)d]: %(message)s")
 
@@ -100,10 +103,10 @@ def _run_in_worker(task: PartitionTask) -> PartitionResult:
         reporter.flush()
 
 
-def _stop_workers(pool: cf.ProcessPoolExecutor) -> None:
+def _stop_workers(pool: cf.ProcessPoolExecutor, level: int = logging.WARNING) -> None:
     """terminate -> join -> kill, with a log line at each step."""
     procs = list(getattr(pool, "_processes", {}).values())  # no public handle on them
-    log.warning("stopping %d writer process(es): terminate", len(procs))
+    log.log(level, "stopping %d writer process(es): terminate", len(procs))
     for p in procs:
         with contextlib.suppress(Exception):
             p.terminate()
@@ -169,9 +172,11 @@ def run_local(
                     f"no progress for {inactivity_timeout:.0f} s from the writer processes; "
                     f"stopped them ({len(pending)} partition(s) unfinished; rerun to resume)"
                 )
-    except BaseException:
+    except BaseException as exc:
         if not stopped:
-            _stop_workers(pool)
+            # Ctrl-C is the user's own doing: the caller reports it in one line.
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            _stop_workers(pool, logging.DEBUG if interrupted else logging.WARNING)
             stopped = True
         raise
     finally:

@@ -6,12 +6,14 @@ The order of events, and why each is safe to interrupt (``kill -9`` included):
 2. look at the destination: a manifest from the same plan means done; a state
    directory (``.recordkit-convert/plan.json``) from the same plan means resume;
    anything else of ours there is an error unless ``overwrite``;
-3. remove temp files and the shards of unfinished partitions, write ``plan.json``;
+3. mark the directory as being written (``.recordkit-writing.json``, which
+   readers refuse without ``partial=True``), remove temp files and the shards
+   of unfinished partitions, write ``plan.json``;
 4. run the unfinished partitions; each publishes its shards, then its
    done-marker (a partition without a marker is redone from scratch, producing
    the same names and bytes);
 5. merge the markers into ``recordkit.json`` (written atomically, last), then
-   remove the state directory.
+   remove the in-progress mark and the state directory.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from .._version import __version__
 from ..codec.schema import Schema
 from ..errors import DatasetExistsError, ManifestError, SchemaError
+from ..format.complete import Incomplete, find_incomplete, mark_finished, mark_started
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..storage import Location, is_remote, is_temp_name, open_target, strip_file_scheme
 from ._errors import ConvertError, PartitionsFailedError, add_note, is_transient
@@ -35,7 +38,7 @@ from .partition import STATE_DIR, PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
 from .progress import NullProgress, Progress
 
-__all__ = ["ConvertResult", "convert", "plan_conversion"]
+__all__ = ["ConvertResult", "convert", "incomplete_at", "plan_conversion"]
 
 log = logging.getLogger("recordkit.convert")
 
@@ -177,6 +180,37 @@ class _Destination:
         self.target.close()
 
 
+def _mark(dest: _Destination, plan: Plan) -> None:
+    """Mark ``dest`` as a conversion in progress, with what counts its progress."""
+    suffix = plan.marker_name(0)[len(plan.shard_prefix(0)) :]  # ".done.json"
+    mark_started(
+        dest.target,
+        "convert",
+        partitions=len(plan.partitions),
+        state_dir=STATE_DIR,
+        done_suffix=suffix,
+    )
+
+
+def incomplete_at(
+    dst: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+) -> Incomplete | None:
+    """How far an unfinished conversion (or Writer) at ``dst`` got; ``None`` if none is there."""
+    dst = os.fspath(dst)
+    if not is_remote(dst):
+        return find_incomplete(strip_file_scheme(dst))
+    loc = Location(dst, storage_options)
+
+    def listdir(rel: str) -> list[str]:
+        target = open_target(loc.join(rel) if rel else dst, storage_options)
+        try:
+            return _Destination._listdir(target)
+        finally:
+            target.close()
+
+    return find_incomplete(dst, read=lambda rel: _read(loc, rel), listdir=listdir)
+
+
 def _prepare(dest: _Destination, plan: Plan, resume: bool | None, overwrite: bool) -> str:
     """Decide what to do with what is at ``dest``: ``"done"``, ``"resume"`` or ``"fresh"``."""
     prefix = f"{plan.options.prefix}-"
@@ -184,6 +218,7 @@ def _prepare(dest: _Destination, plan: Plan, resume: bool | None, overwrite: boo
     ours = [n for n in names if n == MANIFEST_NAME or n.startswith(prefix)]
     state_plan = _read(dest.state_loc, _PLAN_NAME) if _PLAN_NAME in dest.state_names() else None
     if overwrite:
+        _mark(dest, plan)  # before the old manifest goes: never a moment unmarked
         for name in sorted(ours, key=lambda n: n != MANIFEST_NAME):
             dest.target.remove(name)
         dest.remove_state()
@@ -393,6 +428,7 @@ def convert(
     try:
         state = _prepare(dest, plan, resume, overwrite)
         if state == "done":
+            mark_finished(dest.target)  # a run killed between manifest and unmarking
             dest.remove_state()
             _clean(dest, plan, _published_from_manifest(dest, plan))
             manifest = Manifest.loads(dest.loc.read_bytes(MANIFEST_NAME))
@@ -406,6 +442,7 @@ def convert(
                 plan.size,
                 time.monotonic() - t0,
             )
+        _mark(dest, plan)  # before the first shard is touched
         done = _published(dest, plan) if state == "resume" else {}
         _clean(dest, plan, done)
         if state == "fresh":
@@ -487,6 +524,7 @@ def convert(
             created_by=f"recordkit {__version__}",
         )
         dest.target.write_bytes(MANIFEST_NAME, manifest.dumps())
+        mark_finished(dest.target)  # after the manifest: never a moment unmarked
         dest.remove_state()
         return ConvertResult(
             dst,

@@ -1,10 +1,19 @@
-"""The on-disk format: TFRecord framing, the index sidecar, and the manifest.
+"""The on-disk format: TFRecord framing, the index sidecar, the manifest, and the
+in-progress marker (``check_complete``).
 
 Also the atomic-publish helpers every local writer uses (``atomic_write_bytes``,
 ``fsync_dir``, temp names carry ``TMP_MARKER``).
 """
 
 from ._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir
+from .complete import (
+    MARKER_NAME,
+    Incomplete,
+    check_complete,
+    find_incomplete,
+    mark_finished,
+    mark_started,
+)
 from .crc import crc32c, mask, masked_crc32c, unmask
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -32,19 +41,25 @@ __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "MARKER_NAME",
     "OVERHEAD",
     "TMP_MARKER",
+    "Incomplete",
     "Manifest",
     "ShardInfo",
     "atomic_write_bytes",
+    "check_complete",
     "crc32c",
     "ensure_index",
+    "find_incomplete",
     "frame",
     "frame_header",
     "fsync_dir",
     "index_path",
     "iter_records",
     "load_index",
+    "mark_finished",
+    "mark_started",
     "mask",
     "masked_crc32c",
     "open_map",

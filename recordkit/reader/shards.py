@@ -35,6 +35,7 @@ import numpy as np
 from ..codec.example import decode_example
 from ..codec.schema import Schema
 from ..errors import ManifestError, RecordkitError, ShardChangedError, ShardNotFoundError
+from ..format.complete import check_complete
 from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
@@ -391,23 +392,33 @@ def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, li
 
 
 def open_shards(
-    path: str | os.PathLike[str], schema: Schema | None = None, *, write_index: bool = True
+    path: str | os.PathLike[str],
+    schema: Schema | None = None,
+    *,
+    write_index: bool = True,
+    partial: bool = False,
 ) -> ShardSet:
     """The shard set of a dataset directory, a folder of TFRecords, or one file.
 
     With a manifest this reads only the manifest; without one, every shard is
     counted (see :func:`count_shards`). Nothing is mapped until a reader asks.
+    A directory where a write of ours did not finish is refused unless
+    ``partial`` (then its published shards are read, with a WARNING).
 
     Raises:
         ShardNotFoundError: the path does not exist.
         ManifestError: the manifest is malformed.
+        IncompleteDatasetError: an unfinished write's directory, without ``partial``.
     """
     if is_remote(path):
         raise ShardNotFoundError(
             f"{os.fspath(path)!r} is remote: recordkit reads local shards; copy or cache "
             "them to local disk first"
         )
-    root, manifest, infos = _shard_infos(os.path.abspath(strip_file_scheme(path)), write_index)
+    local = os.path.abspath(strip_file_scheme(path))
+    if os.path.isdir(local):
+        check_complete(local, partial)
+    root, manifest, infos = _shard_infos(local, write_index)
     if manifest is not None:
         _check_listed(root, infos)
     return ShardSet(root, manifest, infos, schema, write_index=write_index)

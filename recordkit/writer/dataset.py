@@ -12,6 +12,7 @@ from .._units import parse_size
 from .._version import __version__
 from ..codec.schema import Schema
 from ..errors import DatasetExistsError, SchemaError
+from ..format.complete import MARKER_NAME, mark_finished, mark_started, marker_bytes
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..storage import is_temp_name, open_target
 from .shard import ShardWriter
@@ -35,6 +36,11 @@ class Writer:
     fsync, rename; the index before the shard). ``recordkit.json`` is written
     when the block exits normally; if it raises, the shard in progress is
     discarded and no manifest is written, so the dataset never looks complete.
+    From the start until the manifest is published the directory holds the
+    marker ``.recordkit-writing.json``: readers refuse a directory with the
+    marker and no manifest (:class:`~recordkit.errors.IncompleteDatasetError`)
+    unless they are given ``partial=True``, whether the writer raised, was
+    killed or is still running.
 
     Args:
         path_or_url: the dataset directory: a local path or an fsspec URL
@@ -103,6 +109,9 @@ class Writer:
                 f"{self.root} already holds a dataset ({len(finished)} files such as "
                 f"{finished[0]!r}); pass overwrite=True to replace it"
             )
+        # Marked before anything is removed or written, so no moment of this write
+        # leaves a folder that reads as a smaller whole dataset.
+        mark_started(self._target, "writer")
         # The manifest goes first, so the directory stops claiming to be complete
         # before any shard it lists disappears.
         for name in sorted(ours, key=lambda n: n != MANIFEST_NAME):
@@ -167,20 +176,33 @@ class Writer:
             )
             self._target.write_bytes(MANIFEST_NAME, manifest.dumps())
             self.manifest = manifest
+            mark_finished(self._target)  # after the manifest: never a moment unmarked
         finally:
             self._closed = True
             self._target.close()
         return manifest
 
-    def abort(self) -> None:
-        """Discard the shard in progress and write no manifest. Published shards stay."""
+    def abort(self, error: BaseException | None = None) -> None:
+        """Discard the shard in progress and write no manifest. Published shards stay.
+
+        The in-progress marker stays too (recording ``error`` when given), so the
+        directory keeps saying that this write did not finish.
+        """
         if self._closed:
             return
         self._closed = True
-        if self._current is not None:
-            self._current.discard()
-            self._current = None
-        self._target.close()
+        try:
+            if self._current is not None:
+                self._current.discard()
+                self._current = None
+            if error is not None:
+                note = f"record {self.records_written}: {type(error).__name__}: {error}"
+                try:
+                    self._target.write_bytes(MARKER_NAME, marker_bytes("writer", error=note))
+                except Exception:  # the marker is there already; the reason is a bonus
+                    log.debug("could not record the error in the marker", exc_info=True)
+        finally:
+            self._target.close()
 
     def __enter__(self) -> Writer:
         return self
@@ -194,7 +216,7 @@ class Writer:
         if exc_type is None:
             self.close()
         else:
-            self.abort()
+            self.abort(exc)
 
     def __del__(self) -> None:
         # A Writer dropped without close() must not leave a half-written temp file.

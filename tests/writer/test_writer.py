@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit.errors import DatasetExistsError, SchemaError
+from recordkit.errors import DatasetExistsError, IncompleteDatasetError, SchemaError
 from recordkit.format import crc32c, load_index, read_manifest, scan_index
 
 SCHEMA = rk.Schema(data=rk.Bytes(), label=rk.Int64())
@@ -64,8 +64,11 @@ def test_exception_leaves_no_manifest_and_no_temp(tmp_path):
         raise RuntimeError("boom")
     names = sorted(os.listdir(tmp_path))
     assert "recordkit.json" not in names
-    assert names == ["part-00000.tfrecord", "part-00000.tfrecord.idx"]  # published, complete
-    ds = rk.Dataset(tmp_path)  # readable as a partial dataset, schema inferred
+    # published and complete, and the mark of a write that did not finish
+    assert names == [".recordkit-writing.json", "part-00000.tfrecord", "part-00000.tfrecord.idx"]
+    with pytest.raises(IncompleteDatasetError):
+        rk.Dataset(tmp_path)
+    ds = rk.Dataset(tmp_path, partial=True)  # what was published, schema inferred
     assert len(ds) == 3
 
 
