@@ -12,7 +12,7 @@ How an epoch is ordered (``shuffle=True``), a *hierarchical block shuffle*:
 1. The dataset's records, in dataset order, are cut into *blocks* of
    ``block_records`` consecutive records (about 64 KiB each by default), so a
    block is one sequential read.
-2. A keyed bijection (:class:`~recordkit.reader.order.Permutation`, seeded by
+2. A keyed bijection (``recordkit.reader.order.Permutation``, seeded by
    ``seed`` and ``epoch``) orders the blocks.
 3. The ordered blocks are taken ``window_blocks`` at a time; inside each window
    a second keyed bijection permutes every record of the window's blocks.
