@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .codec.limits import DecodeLimits
 from .codec.schema import Schema
 from .errors import CorruptRecordError
 from .format import guard
@@ -46,11 +47,15 @@ class Dataset:
         schema: overrides the manifest's schema; required for nothing, but for
             foreign data it saves inferring one from the first records.
         write_index: write rebuilt indexes beside foreign shards (best effort).
+        limits: the bytes one record's zstd values may decompress to (default:
+            derived from the schema, 256 MiB for variable shapes; see
+            :class:`~recordkit.codec.DecodeLimits`).
 
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
         ManifestError: the manifest is malformed or disagrees with the shards.
         CorruptRecordError: on reading a corrupt record (names file, offset, record).
+        RecordTooLargeError: on reading a record over ``limits`` (before allocating).
     """
 
     def __init__(
@@ -59,7 +64,11 @@ class Dataset:
         schema: Schema | None = None,
         *,
         write_index: bool = True,
+        limits: DecodeLimits | None = None,
     ) -> None:
+        if limits is not None and not isinstance(limits, DecodeLimits):
+            raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
+        self.limits = limits or DecodeLimits()
         self._set = open_shards(path, schema, write_index=write_index)
         self.root = self._set.root
         self.manifest = self._set.manifest
@@ -90,7 +99,7 @@ class Dataset:
             shard.payload(i)  # read from the map: the exact error, or ShardChangedError
             raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
-            return self.schema.decode(payload, copy=True)
+            return self.schema.decode(payload, copy=True, limits=self.limits)
         except CorruptRecordError as exc:
             raise exc.located(shard.path, offset, i) from exc
 
