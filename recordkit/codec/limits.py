@@ -43,9 +43,9 @@ class DecodeLimits:
     """The bytes a record, and a batch, may decompress to (``limits=`` of every reader).
 
     The default (``None``) of each is derived from the schema: a fixed-shape zstd
-    tensor always decodes to exactly its schema size, which is allowed; each
-    variable-shape zstd tensor adds the documented ceiling
-    (:data:`DEFAULT_RECORD_BYTES` per record, :data:`DEFAULT_BATCH_BYTES` per
+    tensor always decodes to exactly its schema size, which is allowed; a schema
+    with any variable-shape zstd tensor adds the documented ceiling
+    (``DEFAULT_RECORD_BYTES``, 256 MiB, per record; ``DEFAULT_BATCH_BYTES``, 1 GiB, per
     batch). A value set here is the limit as given.
 
     Attributes:
@@ -125,6 +125,7 @@ class DecodeBudget:
         self.record_left, self.batch_left = record, batch
 
     def start_record(self) -> None:
+        """Begin the next record: its values count against a fresh record limit."""
         self.record_left = self.record
 
     def decompress(self, name: str, frame: Any, expected_size: int | None) -> bytes | bytearray:
