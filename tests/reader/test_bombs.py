@@ -77,9 +77,18 @@ try:
     elif reader == "verify":
         report = rk.verify(path)
         got = [str(p) for p in report.problems]
+    elif reader == "convert":
+        schema = rk.Schema(idx=rk.Int64(), x=rk.Tensor("uint8", (None,), "zstd"))
+        rk.convert(path, sys.argv[4], format="tfrecord", workers=0, schema=schema)
+        got = []
     print(json.dumps(["ok", got]))
 except (RecordTooLargeError, MemoryError) as exc:
     print(json.dumps([type(exc).__name__, str(exc)]))
+except ExceptionGroup as group:  # convert: one per failed partition
+    leaf = group
+    while isinstance(leaf, ExceptionGroup):
+        leaf = leaf.exceptions[0]
+    print(json.dumps([type(leaf).__name__, str(leaf)]))
 """
 
 
@@ -123,6 +132,16 @@ def test_verify_reports_each_bomb(bomb_path):
     assert all("feature 'x'" in p and "record_bytes" in p for p in problems)
 
 
+def test_convert_refuses_the_bomb_before_allocating(bomb_path, tmp_path):
+    # A foreign TFRecord file (no manifest, no index) holding the bombs.
+    src = tmp_path / "foreign"
+    src.mkdir()
+    (src / "bombs.tfrecord").write_bytes((bomb_path / "part-00000.tfrecord").read_bytes())
+    kind, msg = _run("convert", src, DEFAULT_RECORD_BYTES, tmp_path / "out")
+    assert kind == "RecordTooLargeError", msg
+    assert "bombs.tfrecord:" in msg and ":1: feature 'x'" in msg
+
+
 def test_limits_are_validated():
     with pytest.raises(ValueError, match="record_bytes must be an int >= 1"):
         DecodeLimits(record_bytes=0)
@@ -137,3 +156,18 @@ def test_tiny_bomb_raises_with_sizes():
     payload = encode_example({"idx": ("int64", [1]), "x": ("bytes", [frame])})
     with pytest.raises(RecordTooLargeError, match=rf"declares {BOMB} decompressed bytes"):
         SCHEMA.decode(payload)
+
+
+@pytest.mark.tf
+def test_tf_dataset_refuses_the_bomb_before_allocating(bomb_path):
+    # In this process (TensorFlow reserves too much address space to cap it), with
+    # a 1 MiB limit, so an unsized bomb is stopped after about 1 MiB of output.
+    tf = pytest.importorskip("tensorflow")
+    rtf = pytest.importorskip("recordkit.tf")
+    ds = rtf.dataset(bomb_path, batch_size=4, limits=DecodeLimits(record_bytes=1 << 20))
+    with pytest.raises(
+        tf.errors.OpError,
+        match=r"RecordTooLargeError: .*feature 'x': zstd frame .*record_bytes=1048576",
+    ):
+        for _ in ds:
+            pass
