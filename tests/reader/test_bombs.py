@@ -57,8 +57,8 @@ import json, resource, sys
 import recordkit as rk
 from recordkit.errors import RecordTooLargeError
 reader, path = sys.argv[1], sys.argv[2]
-if reader == "torch":
-    from recordkit.torch import RecordDataset
+if reader in ("torch", "map"):
+    from recordkit.torch import RecordDataset, RecordMapDataset
 elif reader == "tf":
     import tensorflow as tf
     import recordkit.tf
@@ -74,6 +74,8 @@ try:
             path, batch_size=4, num_threads=2, on_error=sys.argv[4], reader_process=process
         )
         got = [len(b["idx"]) for b in ds]
+    elif reader == "map":
+        got = [len(RecordMapDataset(path).__getitems__([0, 1, 2, 3, 4]))]
     elif reader == "verify":
         report = rk.verify(path)
         got = [str(p) for p in report.problems]
@@ -123,6 +125,14 @@ def test_record_dataset_refuses_the_bomb_before_allocating(bomb_path, process):
     assert ".tfrecord:" in msg and "feature 'x'" in msg
     # skipped, the bombs leave the one good record
     assert _run("torch", bomb_path, DEFAULT_RECORD_BYTES, "skip", process) == ["ok", [1]]
+
+
+@pytest.mark.torch
+def test_record_map_dataset_refuses_the_bomb_before_allocating(bomb_path):
+    pytest.importorskip("torch")
+    kind, msg = _run("map", bomb_path, DEFAULT_RECORD_BYTES)
+    assert kind == "RecordTooLargeError", msg
+    assert "part-00000.tfrecord:" in msg and ":1: feature 'x'" in msg
 
 
 def test_verify_reports_each_bomb(bomb_path):
