@@ -14,6 +14,10 @@ Options:
     infer_records: how many leading records inference looks at (default 64).
     check_payloads: decode each payload against the schema (default True).
     max_record_bytes: a length field above this is corruption (default 2 GiB).
+    max_decode_bytes: with ``check_payloads``, the bytes one record's zstd values
+        may decompress to (``recordkit.DecodeLimits(record_bytes=...)``; default
+        ``None``: derived from the schema, 256 MiB for variable shapes). A record
+        over it is refused by name before the memory is allocated.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, ClassVar
 
-from recordkit import Schema
+from recordkit import DecodeLimits, Schema
 from recordkit.codec import decode_example
 from recordkit.errors import CorruptRecordError
 from recordkit.format import OVERHEAD, read_stream
@@ -59,6 +63,7 @@ class TFRecordSource(Source):
         "infer_records": 64,
         "check_payloads": True,
         "max_record_bytes": 2**31,
+        "max_decode_bytes": None,
     }
 
     def list_items(self) -> list[Item]:
@@ -83,12 +88,14 @@ class TFRecordSource(Source):
 
     def records(self, item: Item, schema: Schema) -> Iterator[bytes]:
         check = bool(self.options["check_payloads"])
+        most = self.options["max_decode_bytes"]
+        limits = DecodeLimits(record_bytes=None if most is None else int(most))
         path = self.location.join(item.ref[0])
         offset = 0
         for record, payload in enumerate(self._payloads(item)):
             if check:
                 try:
-                    schema.decode(payload)
+                    schema.decode(payload, limits=limits)
                 except CorruptRecordError as exc:
                     raise exc.located(path, offset, record) from exc
             offset += len(payload) + OVERHEAD

@@ -13,6 +13,7 @@ from typing import Any
 
 from . import errors
 from ._version import __version__
+from .codec.limits import DecodeLimits
 from .codec.schema import Bytes, Float32, Int64, Schema, Tensor
 from .dataset import Dataset
 from .verify import Problem, VerifyReport, build_index, verify
@@ -21,6 +22,7 @@ from .writer import Writer
 __all__ = [
     "Bytes",
     "Dataset",
+    "DecodeLimits",
     "Float32",
     "Int64",
     "Problem",

@@ -107,9 +107,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from . import verify
+    from . import DecodeLimits, verify
+    from ._units import parse_size
 
-    report = verify(args.dataset, decode=not args.no_decode, partial=args.partial)
+    most = args.max_decode_bytes
+    limits = DecodeLimits(record_bytes=None if most is None else parse_size(most))
+    report = verify(args.dataset, decode=not args.no_decode, partial=args.partial, limits=limits)
     for problem in report.problems:
         print(problem)
     status = "OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)"
@@ -202,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-decode", action="store_true", help="check framing and CRCs only, not payloads"
     )
     p.add_argument("--partial", action="store_true", help=_PARTIAL_HELP)
+    p.add_argument(
+        "--max-decode-bytes",
+        metavar="SIZE",
+        help="the bytes one record's zstd values may decompress to, e.g. 1GiB (default: "
+        "from the schema, 256 MiB more with a variable-shape zstd tensor); a record over "
+        "it is a problem, found before allocating",
+    )
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser(

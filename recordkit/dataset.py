@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .codec.limits import DecodeLimits
 from .codec.schema import Schema
 from .errors import CorruptRecordError
 from .format import guard
@@ -48,12 +49,16 @@ class Dataset:
         write_index: write rebuilt indexes beside foreign shards (best effort).
         partial: read a directory where a write of ours did not finish (the
             shards it published, with a WARNING) instead of refusing it.
+        limits: the bytes one record's zstd values may decompress to (default:
+            derived from the schema, 256 MiB for variable shapes; see
+            :class:`~recordkit.codec.DecodeLimits`).
 
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
         ManifestError: the manifest is malformed or disagrees with the shards.
         IncompleteDatasetError: a write of ours did not finish here (not ``partial``).
         CorruptRecordError: on reading a corrupt record (names file, offset, record).
+        RecordTooLargeError: on reading a record over ``limits`` (before allocating).
     """
 
     def __init__(
@@ -63,7 +68,11 @@ class Dataset:
         *,
         write_index: bool = True,
         partial: bool = False,
+        limits: DecodeLimits | None = None,
     ) -> None:
+        if limits is not None and not isinstance(limits, DecodeLimits):
+            raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
+        self.limits = limits or DecodeLimits()
         self._set = open_shards(path, schema, write_index=write_index, partial=partial)
         self.root = self._set.root
         self.manifest = self._set.manifest
@@ -94,7 +103,7 @@ class Dataset:
             shard.payload(i)  # read from the map: the exact error, or ShardChangedError
             raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
-            return self.schema.decode(payload, copy=True)
+            return self.schema.decode(payload, copy=True, limits=self.limits)
         except CorruptRecordError as exc:
             raise exc.located(shard.path, offset, i) from exc
 

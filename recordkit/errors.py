@@ -14,6 +14,7 @@ that only know the standard library can still catch it sensibly::
     ├── SchemaError (ValueError)             a bad schema, or a sample that does not fit it
     ├── ShardNotFoundError (FileNotFoundError)  a dataset, shard or index that is not there
     ├── DatasetExistsError (FileExistsError) writing over a dataset without overwrite=True
+    ├── LoaderTimeoutError (TimeoutError)    a loader process that made no progress in time
     └── MissingDependencyError (ImportError) an optional extra that is not installed
 
 Errors about bytes on disk carry ``path``, ``offset`` (byte offset of the record
@@ -30,6 +31,7 @@ __all__ = [
     "DatasetExistsError",
     "IncompleteDatasetError",
     "InvalidIndexError",
+    "LoaderTimeoutError",
     "ManifestError",
     "MissingDependencyError",
     "RecordTooLargeError",
@@ -180,6 +182,14 @@ class ShardNotFoundError(RecordkitError, FileNotFoundError):
 
 class DatasetExistsError(RecordkitError, FileExistsError):
     """A writer was pointed at a directory that already holds a dataset."""
+
+
+class LoaderTimeoutError(RecordkitError, TimeoutError):
+    """A loader process that handed nothing over for longer than its progress deadline.
+
+    It was stopped (``SIGSTOP``), or is stuck (uninterruptible I/O on a network
+    file system); the reader kills it before raising this.
+    """
 
 
 class MissingDependencyError(RecordkitError, ImportError):

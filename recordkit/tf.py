@@ -44,7 +44,7 @@ import numpy as np
 
 from ._deps import require
 from .codec import Bytes, Float32, Int64, Schema, Tensor
-from .codec.compression import zstd_decompress
+from .codec.limits import DecodeBudget, DecodeLimits
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
@@ -275,9 +275,10 @@ def _cached_files(
 
 
 def _decoder(
-    schema: Schema, names: list[str], *, batched: bool
+    schema: Schema, names: list[str], *, batched: bool, limits: DecodeLimits | None = None
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Turn parsed features into the output element (one record, or a parsed batch)."""
+    cap = (limits or DecodeLimits()).record_limit(schema, names)
 
     def shape_of(name: str, ftype: Any, parsed: dict[str, Any], count: Any) -> Any:
         if ftype.shape_feature:
@@ -290,7 +291,7 @@ def _decoder(
         if isinstance(ftype, Tensor):
             dtype = _tf_dtype(ftype.dtype)
             if ftype.compression:
-                value = _zstd(value, ftype)
+                value = _zstd(value, ftype, name, cap)
             else:
                 value = tf.io.decode_raw(value, dtype, little_endian=True)
             if None not in ftype.shape:
@@ -318,12 +319,13 @@ def _decoder(
     return per_batch if batched else per_record
 
 
-def _zstd(value: Any, ftype: Tensor) -> Any:
+def _zstd(value: Any, ftype: Tensor, name: str, cap: int) -> Any:
     dtype = np.dtype(ftype.dtype)
     size = None if None in ftype.shape else math.prod(ftype.shape) * dtype.itemsize  # type: ignore[arg-type]
 
     def decompress(frame: bytes) -> np.ndarray:
-        raw = zstd_decompress(frame, expected_size=size, max_size=1 << 31)
+        # TensorFlow decodes the features one by one: each value within the record limit.
+        raw = DecodeBudget(cap, cap).decompress(name, frame, size)
         return np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="), copy=False)
 
     out = tf.numpy_function(decompress, [value], _tf_dtype(dtype), stateful=False)
@@ -361,6 +363,7 @@ def dataset(
     cache_limit: int | str | None = None,
     cache_timeout: float | None = 600.0,
     partial: bool = False,
+    limits: DecodeLimits | None = None,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -406,6 +409,10 @@ def dataset(
         partial: read a directory where a write of ours did not finish (the
             shards it published, with a WARNING) instead of raising
             :class:`~recordkit.errors.IncompleteDatasetError`.
+        limits: the bytes a zstd value may decompress to (its
+            :class:`~recordkit.codec.DecodeLimits` ``record_bytes``; default
+            derived from the schema); a value over it fails the pipeline with
+            :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
 
     With a manifest the dataset knows its length (``len(ds)``: batches, or
     records, of this pipeline), so Keras knows the steps per epoch.
@@ -489,7 +496,7 @@ def dataset(
         if shuffle:
             ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
     if fast:
-        decode = _decoder(schema, names, batched=True)
+        decode = _decoder(schema, names, batched=True, limits=limits)
         if batch_size is not None:
             if per_record:
                 ds = ds.batch(batch_size, drop_remainder=drop_remainder)
@@ -505,7 +512,7 @@ def dataset(
         if batch_size is None:
             ds = ds.unbatch()
     else:
-        decode = _decoder(schema, names, batched=False)
+        decode = _decoder(schema, names, batched=False, limits=limits)
         ds = ds.map(
             lambda s: decode(tf.io.parse_single_example(s, spec)),
             num_parallel_calls=autotune,

@@ -48,6 +48,7 @@ from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 from ._devcopy import can_pin as _can_pin  # noqa: E402
 from ._devcopy import pinned_slab as _pinned_slab  # noqa: E402
 from ._torch_collate import collate  # noqa: E402
+from .codec.limits import DecodeLimits  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
@@ -55,7 +56,7 @@ from .reader.decode import BatchDecoder  # noqa: E402
 from .reader.epochs import CacheEpochs  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
-from .reader.process import ProcessReader  # noqa: E402
+from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
 
 if TYPE_CHECKING:
@@ -187,6 +188,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             the consuming thread (or DataLoader worker).
         bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
         verify: check payload CRCs (length CRCs are always checked).
+        limits: the bytes one record's zstd values, and one reader task's, may
+            decompress to (default: derived from the schema; see
+            :class:`~recordkit.codec.DecodeLimits`); a record over it is a
+            :class:`~recordkit.errors.RecordTooLargeError` (``on_error`` applies).
         schema: overrides the manifest's (or the inferred) schema.
         block_records: records per shuffle block (0: about 64 KiB worth).
         window_blocks: blocks whose records are mixed together (8192).
@@ -203,6 +208,11 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             defaults to all CPUs (the threads run in that process). Not inside
             ``DataLoader`` workers. Keep (``clone()``) batches you hold on to
             across many steps: a few chunks' worth may be held at a time.
+        loader_timeout: with ``reader_process``: seconds the training process
+            waits for the loader's next chunk before it kills the loader and
+            raises :class:`~recordkit.errors.LoaderTimeoutError` (a stopped or
+            wedged loader); default 300, which one stall of a hard NFS mount
+            (about 180 s) does not trip; ``None``: wait forever.
         rank: this process's rank; default ``torch.distributed``'s, else 0.
         world_size: number of ranks; default ``torch.distributed``'s, else 1.
         cache: read through this :class:`recordkit.cache.ShardCache` (started
@@ -243,6 +253,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         transform: Callable[[Any], Any] | None = None,
         bytes_as: Literal["padded", "list"] = "padded",
         verify: bool = True,
+        limits: DecodeLimits | None = None,
         schema: Schema | None = None,
         block_records: int = 0,
         window_blocks: int = 8192,
@@ -251,6 +262,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         world_size: int | None = None,
         pin_memory: bool = False,
         reader_process: bool = False,
+        loader_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT,
         cache: ShardCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
@@ -278,9 +290,13 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self.transform = transform
         self.bytes_as = bytes_as
         self.verify = verify
+        self.limits = limits
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.reader_process = reader_process
+        if loader_timeout is not None and not loader_timeout > 0:
+            raise ValueError(f"loader_timeout must be > 0 or None, got {loader_timeout!r}")
+        self.loader_timeout = loader_timeout
         self._rank, self._world = rank, world_size
         self.epoch = 0
         self.stats = ReaderStats()
@@ -385,7 +401,11 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
 
     def _decoder(self) -> BatchDecoder:
         return BatchDecoder(
-            self.schema, columns=self.columns, verify=self.verify, bytes_as=self.bytes_as
+            self.schema,
+            columns=self.columns,
+            verify=self.verify,
+            bytes_as=self.bytes_as,
+            limits=self.limits,
         )
 
     def _split(self) -> Split:
@@ -468,11 +488,17 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                 self.path,
                 self.schema,
                 shards.fingerprint(),
-                decoder={"columns": self.columns, "verify": self.verify, "bytes_as": self.bytes_as},
+                decoder={
+                    "columns": self.columns,
+                    "verify": self.verify,
+                    "bytes_as": self.bytes_as,
+                    "limits": self.limits,
+                },
                 num_threads=threads,
                 prefetch=self.prefetch or 2 * threads,
                 on_error=self.on_error,
                 stats=self.stats,
+                progress_timeout=self.loader_timeout,
             )
         else:
             reader = RecordReader(
@@ -680,6 +706,8 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         columns: read only these features.
         transform: applied to each sample.
         verify: check payload CRCs.
+        limits: the bytes a record's (and one ``__getitems__`` call's) zstd
+            values may decompress to (see :class:`~recordkit.codec.DecodeLimits`).
         schema: overrides the manifest's (or the inferred) schema.
         partial: read a directory where a write did not finish (see
             :class:`RecordDataset`).
@@ -692,6 +720,7 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         columns: Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
         verify: bool = True,
+        limits: DecodeLimits | None = None,
         schema: Schema | None = None,
         partial: bool = False,
     ) -> None:
@@ -703,7 +732,9 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         shards = self._open()
         self.schema = schema or shards.schema
         self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
-        self._dec = BatchDecoder(self.schema, columns=self.columns, verify=verify, bytes_as="list")
+        self._dec = BatchDecoder(
+            self.schema, columns=self.columns, verify=verify, bytes_as="list", limits=limits
+        )
 
     def __len__(self) -> int:
         return int(self._starts[-1])

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .codec.limits import DecodeLimits
 from .codec.schema import Schema
 from .errors import (
     CorruptRecordError,
@@ -126,6 +127,7 @@ def verify(
     schema: Schema | None = None,
     decode: bool = True,
     partial: bool = False,
+    limits: DecodeLimits | None = None,
 ) -> VerifyReport:
     """Check a dataset (or one shard) completely and report every problem found.
 
@@ -139,7 +141,14 @@ def verify(
     ``partial`` (then only its published shards are checked, with a WARNING).
     Never raises for bad data; raises
     :class:`~recordkit.errors.ShardNotFoundError` only if ``path`` does not exist.
+
+    A record whose zstd values would decompress to more than ``limits`` (default:
+    :class:`~recordkit.codec.DecodeLimits`'s, derived from the schema) is a
+    problem, found from the frame header before anything is allocated.
     """
+    if limits is not None and not isinstance(limits, DecodeLimits):
+        raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
+    limits = limits or DecodeLimits()
     path = os.path.abspath(strip_file_scheme(path))
     if os.path.isdir(path):
         root = path
@@ -156,12 +165,14 @@ def verify(
         raise ShardNotFoundError(f"no such dataset: {path}")
     report = VerifyReport(root=path, problems=problems)
     for info in infos:
-        report.problems.extend(_verify_shard(root, info, schema if decode else None, report))
+        report.problems.extend(
+            _verify_shard(root, info, schema if decode else None, report, limits)
+        )
     return report
 
 
 def _verify_shard(
-    root: str, info: ShardInfo, schema: Schema | None, report: VerifyReport
+    root: str, info: ShardInfo, schema: Schema | None, report: VerifyReport, limits: DecodeLimits
 ) -> Iterator[Problem]:
     path = os.path.join(root, info.path)
     try:
@@ -175,7 +186,7 @@ def _verify_shard(
     try:
         report.shards += 1
         report.bytes += len(buf)
-        yield from _verify_map(path, info, buf, schema, report)
+        yield from _verify_map(path, info, buf, schema, report, limits)
     except ShardChangedError as exc:  # another program changed it: nothing after is sound
         yield Problem(path, exc.offset, exc.record, exc.reason)
     finally:
@@ -185,7 +196,12 @@ def _verify_shard(
 
 
 def _verify_map(
-    path: str, info: ShardInfo, buf: bytes | mmap.mmap, schema: Schema | None, report: VerifyReport
+    path: str,
+    info: ShardInfo,
+    buf: bytes | mmap.mmap,
+    schema: Schema | None,
+    report: VerifyReport,
+    limits: DecodeLimits,
 ) -> Iterator[Problem]:
     listed = info.crc32c is not None  # listed by a manifest, not found by scanning
     if listed and len(buf) != info.bytes:
@@ -195,7 +211,7 @@ def _verify_map(
     entries, index_problems = _check_index(path, buf)
     yield from index_problems
     count = 0
-    for problem_or_count in _walk(path, buf, entries, schema):
+    for problem_or_count in _walk(path, buf, entries, schema, limits):
         if isinstance(problem_or_count, Problem):
             yield problem_or_count
         else:
@@ -240,7 +256,11 @@ def _check_index(path: str, buf: bytes | mmap.mmap) -> tuple[np.ndarray | None, 
 
 
 def _walk(
-    path: str, buf: bytes | mmap.mmap, entries: np.ndarray | None, schema: Schema | None
+    path: str,
+    buf: bytes | mmap.mmap,
+    entries: np.ndarray | None,
+    schema: Schema | None,
+    limits: DecodeLimits,
 ) -> Iterator[Problem | int]:
     """Check every record; yield problems, then the number of records walked."""
     n = len(entries) if entries is not None else None
@@ -255,7 +275,7 @@ def _walk(
                     payload, 0, len(payload), path=path, offset=offset, record=record, check=False
                 )
                 try:
-                    schema.decode(data)
+                    schema.decode(data, limits=limits)
                 except CorruptRecordError as exc:
                     raise exc.located(path, offset, record) from exc
             next_offset = offset + len(payload) + 16

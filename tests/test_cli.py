@@ -3,6 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import recordkit as rk
@@ -64,3 +65,14 @@ def test_console_entry_points(ds):
         out = subprocess.run([*cmd, "verify", str(ds)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert "OK" in out.stderr
+
+
+def test_verify_max_decode_bytes(tmp_path, capsys):
+    schema = rk.Schema(x=rk.Tensor("uint8", (None,), compression="zstd"))
+    with rk.Writer(tmp_path / "z", schema) as w:
+        w.write({"x": np.zeros(1000, np.uint8)})
+    assert main(["verify", str(tmp_path / "z")]) == 0
+    assert main(["verify", str(tmp_path / "z"), "--max-decode-bytes", "999"]) == 1
+    out = capsys.readouterr().out
+    assert ".tfrecord:0:0: feature 'x'" in out and "record_bytes=999" in out
+    assert main(["verify", str(tmp_path / "z"), "--max-decode-bytes", "1KiB"]) == 0

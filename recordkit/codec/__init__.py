@@ -2,11 +2,16 @@
 
 from .compression import zstd_compress, zstd_decompress
 from .example import KINDS, decode_example, encode_example
+from .limits import DEFAULT_BATCH_BYTES, DEFAULT_RECORD_BYTES, DecodeBudget, DecodeLimits
 from .schema import Bytes, FeatureType, Float32, Int64, Schema, Tensor
 
 __all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "DEFAULT_RECORD_BYTES",
     "KINDS",
     "Bytes",
+    "DecodeBudget",
+    "DecodeLimits",
     "FeatureType",
     "Float32",
     "Int64",

@@ -34,6 +34,7 @@ _MIN_LEVEL = -(1 << 17)  # zstd's fastest negative level (ZSTD_minCLevel)
 # than _MIN_FEED * 32 KiB = 2 MiB, while feeding big pieces when far from it.
 _MAX_EXPANSION = 1 << 15
 _MIN_FEED = 64
+_PIECES = 4
 
 _local = threading.local()
 
@@ -102,13 +103,14 @@ def zstd_decompress(data: Any, *, expected_size: int | None, max_size: int) -> b
         raise CorruptRecordError(f"bad zstd frame header: {exc}") from None
     if declared == -1:  # the writer did not record a size
         return _decompress_unsized(data, expected_size, max_size)
-    if declared > max_size:
-        raise RecordTooLargeError(
-            f"zstd frame declares {declared} decompressed bytes, over the limit of {max_size}"
-        )
+    # A size that differs from the one the schema fixes is corruption, whatever the limit.
     if expected_size is not None and declared != expected_size:
         raise CorruptRecordError(
             f"zstd frame declares {declared} decompressed bytes, expected {expected_size}"
+        )
+    if declared > max_size:
+        raise RecordTooLargeError(
+            f"zstd frame declares {declared} decompressed bytes, over the limit of {max_size}"
         )
     try:
         return _decompressor().decompress(data, allow_extra_data=False)
@@ -126,9 +128,11 @@ def _decompress_unsized(data: Any, expected_size: int | None, max_size: int) -> 
         while pos < end:
             if dobj.eof:
                 raise CorruptRecordError(f"{end - pos} bytes of trailing data after zstd frame")
-            # Feed no more input than could fill the remaining budget, so a
-            # small frame that expands enormously is stopped near the cap.
-            step = max(_MIN_FEED, (cap - len(out)) // _MAX_EXPANSION)
+            # Feed no more input than could fill a quarter of the remaining
+            # budget, so a small frame that expands enormously is stopped near
+            # the cap, and the piece being appended (a second copy while it is)
+            # never doubles what the value holds: peak about 1.3x the cap.
+            step = max(_MIN_FEED, (cap - len(out)) // (_MAX_EXPANSION * _PIECES))
             out += dobj.decompress(view[pos : pos + step])
             pos += step
             if len(out) > cap:

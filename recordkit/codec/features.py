@@ -37,8 +37,9 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..errors import CorruptRecordError, SchemaError
-from .compression import zstd_compress, zstd_decompress
+from .compression import zstd_compress
 from .example import as_int64
+from .limits import DecodeBudget
 
 __all__ = ["Bytes", "FeatureType", "Float32", "Int64", "Tensor"]
 
@@ -215,7 +216,7 @@ class Bytes(_Feature):
         self._check_given(name, (len(items),))
         out[name] = ("bytes", items)
 
-    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "bytes", record)
         if self.shape:
             self._resolve(name, len(values), record)
@@ -255,7 +256,7 @@ class Int64(_Feature):
         out[name] = ("int64", as_int64(arr, name))
         _put_shape(self, name, arr.shape, out)
 
-    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "int64", record)
         # Decoded varints are always a fresh array, so there is nothing to copy.
         return values.reshape(self._resolve(name, len(values), record))
@@ -299,7 +300,7 @@ class Float32(_Feature):
         out[name] = ("float", flat)
         _put_shape(self, name, arr.shape, out)
 
-    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "float", record)
         values = values.reshape(self._resolve(name, len(values), record))
         if copy:
@@ -396,7 +397,7 @@ class Tensor(_Feature):
         out[name] = ("bytes", [zstd_compress(data) if self.compression else data])
         _put_shape(self, name, arr.shape, out)
 
-    def _decode(self, name: str, record: Features, copy: bool, max_size: int) -> Any:
+    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "bytes", record)
         if len(values) != 1:
             raise CorruptRecordError(
@@ -411,7 +412,7 @@ class Tensor(_Feature):
         data = values[0]
         expected = None if shape is None else math.prod(shape) * dtype.itemsize
         if self.compression:
-            data = zstd_decompress(data, expected_size=expected, max_size=max_size)
+            data = budget.decompress(name, data, expected)
         elif expected is not None and len(data) != expected:
             raise CorruptRecordError(
                 f"feature {name!r}: expected {expected} bytes for {dtype.name}{_fmt(shape or ())}, "

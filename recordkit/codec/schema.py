@@ -29,6 +29,7 @@ from .features import (
     _feature_from_json,
     _fmt,
 )
+from .limits import DecodeBudget, DecodeLimits
 
 __all__ = ["Bytes", "FeatureType", "Float32", "Int64", "Schema", "Tensor"]
 
@@ -147,7 +148,8 @@ class Schema:
         payload: bytes | bytearray | memoryview,
         *,
         copy: bool = False,
-        max_size: int = 1 << 31,
+        limits: DecodeLimits | None = None,
+        budget: DecodeBudget | None = None,
         columns: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """Decode a ``tf.train.Example`` record into the schema's features.
@@ -155,7 +157,12 @@ class Schema:
         Args:
             payload: the record; results may be views into it unless ``copy``.
             copy: return owned, writable values (bytes, arrays) instead of views.
-            max_size: the largest decompressed size accepted for a zstd tensor.
+            limits: the bytes the record's zstd values may decompress to
+                (default: :class:`~recordkit.codec.DecodeLimits`'s, derived from
+                the schema).
+            budget: instead of ``limits``: a :class:`~recordkit.codec.DecodeBudget`
+                that several records share (a batch decoder passes its own and
+                calls its ``start_record`` before each record).
             columns: decode only these features (in schema order).
 
         Returns:
@@ -163,6 +170,8 @@ class Schema:
             :class:`Bytes`, and ndarrays of the feature's shape for the others.
 
         Raises:
+            RecordTooLargeError: the zstd values would decompress to more than
+                the limits allow (raised before the allocation).
             CorruptRecordError: a malformed record, or one that lacks a feature or
                 holds the wrong kind or number of values for it.
             SchemaError: a name in ``columns`` that is not in the schema.
@@ -171,8 +180,10 @@ class Schema:
         keys: Any = self._keys
         if columns is not None:
             items, keys = self._select(columns)
+        if budget is None:
+            budget = (limits or DecodeLimits()).budget(self, 1, columns)
         record = decode_example(payload, keys=keys)
-        return {name: ftype._decode(name, record, copy, max_size) for name, ftype in items}
+        return {name: ftype._decode(name, record, copy, budget) for name, ftype in items}
 
     def _select(self, columns: Sequence[str]) -> tuple[list[tuple[str, FeatureType]], set[str]]:
         if isinstance(columns, str):

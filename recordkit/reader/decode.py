@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..codec import Bytes, FeatureType, Float32, Int64, Schema, Tensor
-from ..codec.compression import zstd_decompress
+from ..codec.limits import DecodeBudget, DecodeLimits
 from ..errors import CorruptRecordError, SchemaError, ShardChangedError
 from ..format import guard
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD, read_record
@@ -129,7 +129,9 @@ class BatchDecoder:
         bytes_as: a scalar :class:`~recordkit.codec.Bytes` feature becomes a
             zero-padded ``uint8`` array ``(n, max_len)`` plus ``name + "/lengths"``
             (``"padded"``), or a list of ``bytes`` (``"list"``).
-        max_size: the largest decompressed size accepted for a zstd tensor.
+        limits: the bytes one record, and one call of :meth:`decode`, may
+            decompress to (default: derived from the schema, see
+            :class:`~recordkit.codec.DecodeLimits`).
         max_record_bytes: a length field above this is corruption.
 
     Raises:
@@ -144,15 +146,15 @@ class BatchDecoder:
         columns: Sequence[str] | None = None,
         verify: bool = True,
         bytes_as: Literal["padded", "list"] = "padded",
-        max_size: int = 1 << 31,
+        limits: DecodeLimits | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
         if bytes_as not in ("padded", "list"):
             raise ValueError(f"bytes_as must be 'padded' or 'list', got {bytes_as!r}")
-        if max_size < 0 or max_record_bytes < 0:
-            raise ValueError(
-                f"max_size and max_record_bytes must be >= 0, got {max_size}, {max_record_bytes}"
-            )
+        if max_record_bytes < 0:
+            raise ValueError(f"max_record_bytes must be >= 0, got {max_record_bytes}")
+        if limits is not None and not isinstance(limits, DecodeLimits):
+            raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
         if columns is not None:
             if isinstance(columns, str):
                 raise SchemaError(f"columns must be a sequence of names, got the str {columns!r}")
@@ -162,7 +164,7 @@ class BatchDecoder:
         self.schema = schema
         self.verify = bool(verify)
         self.bytes_as = bytes_as
-        self.max_size = max_size
+        self.limits = limits or DecodeLimits()
         self.max_record_bytes = max_record_bytes
         wanted = set(schema.names if columns is None else columns)
         self.columns: tuple[str, ...] = tuple(n for n in schema.names if n in wanted)
@@ -458,6 +460,7 @@ class _Run:
         self.bad: list[tuple[int, CorruptRecordError]] = []
         self.fused: str | None = None  # the column copied by gather_verified
         self.crc_failed = False
+        self.budget: DecodeBudget = dec.limits.budget(dec.schema, len(offsets), dec.columns)
         self.all_fast = not status.any()
         self.fast = status == 0
         if not self.all_fast or dec._python_features:
@@ -482,36 +485,35 @@ class _Run:
     def _per_record(self, fast: np.ndarray) -> None:
         """The Python work per record: zstd and list features, then the slow path."""
         dec = self.dec
-        for plan in dec._plans:
-            if plan.mode == "zstd":
-                self.extra[plan.name] = self._decompress(plan, fast)
-        if dec._list_names:
-            values: dict[int, dict[str, Any]] = {}
-            for i in np.flatnonzero(fast).tolist():
-                try:
+        zstd = [p for p in dec._plans if p.mode == "zstd"]
+        for plan in zstd:
+            self.extra[plan.name] = {}
+        values: dict[int, dict[str, Any]] = {}
+        for i in np.flatnonzero(fast).tolist():
+            # One record's values at a time, so the budget counts them per record.
+            self.budget.start_record()
+            mark = self.budget.batch_left
+            try:
+                for plan in zstd:
+                    self.extra[plan.name][i] = self._decompress(plan, i)
+                if dec._list_names:
                     values[i] = dec.schema.decode(
-                        self._payload(i), copy=True, max_size=dec.max_size, columns=dec._list_names
+                        self._payload(i), copy=True, budget=self.budget, columns=dec._list_names
                     )
-                except CorruptRecordError:
-                    fast[i] = False  # the slow path finds the reference's error
+            except CorruptRecordError:
+                fast[i] = False  # the slow path finds the reference's error
+                self.budget.batch_left = mark  # and counts the record again
+                for plan in zstd:
+                    self.extra[plan.name].pop(i, None)
+        if dec._list_names:
             for name in dec._list_names:
                 self.extra[name] = {i: v[name] for i, v in values.items()}
         for i in np.flatnonzero(~fast).tolist():
             self._reference(i)
 
-    def _decompress(self, plan: _Plan, fast: np.ndarray) -> dict[int, Any]:
-        spans, out = self.spans, {}
-        for i in np.flatnonzero(fast).tolist():
-            _, _, start, nbytes = spans[i, plan.key].tolist()
-            try:
-                out[i] = zstd_decompress(
-                    self._read(i, start, nbytes),
-                    expected_size=plan.row_bytes,
-                    max_size=self.dec.max_size,
-                )
-            except CorruptRecordError:
-                fast[i] = False
-        return out
+    def _decompress(self, plan: _Plan, i: int) -> bytes | bytearray:
+        _, _, start, nbytes = self.spans[i, plan.key].tolist()
+        return self.budget.decompress(plan.name, self._read(i, start, nbytes), plan.row_bytes)
 
     def _reference(self, i: int) -> None:
         dec = self.dec
@@ -528,8 +530,9 @@ class _Run:
             )
             data = guard.read(payload, 0, len(payload), offset=offset, check=False)  # a copy
             del payload
+            self.budget.start_record()
             self.slow[i] = dec.schema.decode(
-                data, copy=True, max_size=dec.max_size, columns=dec._columns_arg
+                data, copy=True, budget=self.budget, columns=dec._columns_arg
             )
         except CorruptRecordError as err:
             self.bad.append((i, _unlocated(err)))

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..codec.schema import Schema
-from ..errors import CorruptRecordError, RecordkitError
+from ..errors import CorruptRecordError, LoaderTimeoutError, RecordkitError
 from .buffers import BufferPool
 from .decode import BatchDecoder
 from .pipeline import Chunk, OnError, ReaderStats, RecordReader, _Done
@@ -58,6 +58,11 @@ log = logging.getLogger(__name__)
 _ALIGN = 64
 _POLL_SECONDS = 1.0
 _JOIN_SECONDS = 5.0
+# The default progress deadline. A hard NFS mount reports "server not responding"
+# after one major timeout (timeo=600 deciseconds x retrans=2: about 180 s) and
+# then recovers on its own when the server is back; 300 s lets a loader ride out
+# one such stall and still turns a stopped or wedged loader into an error.
+DEFAULT_PROGRESS_TIMEOUT = 300.0
 
 
 def _address(shm: SharedMemory) -> int:
@@ -345,6 +350,11 @@ class ProcessReader:
             and skip counts arrive in this process.
         slots: shared-memory segments (one chunk each) between the processes.
         stats: counters to update in this process.
+        progress_timeout: seconds this process may wait for the loader's next
+            message (a chunk, or a request) before the loader is killed and
+            :class:`~recordkit.errors.LoaderTimeoutError` raised; ``None``:
+            wait forever. Time while every slot is held by this process's
+            batches does not count (that is a ``RuntimeError`` at once).
     """
 
     def __init__(
@@ -359,9 +369,13 @@ class ProcessReader:
         on_error: OnError = "raise",
         slots: int = 4,
         stats: ReaderStats | None = None,
+        progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT,
     ) -> None:
         if slots < 2:
             raise ValueError(f"slots must be >= 2, got {slots}")
+        if progress_timeout is not None and not progress_timeout > 0:
+            raise ValueError(f"progress_timeout must be > 0 or None, got {progress_timeout!r}")
+        self.progress_timeout = progress_timeout
         self.path = path
         self.schema = schema
         self.fingerprint = fingerprint
@@ -435,7 +449,17 @@ class ProcessReader:
             ctrl_send.close()
 
     def _receive(self, conn: Connection, proc: Any, slots: _Slots) -> tuple[Any, ...]:
-        while not conn.poll(_POLL_SECONDS):
+        limit = self.progress_timeout
+        poll = _POLL_SECONDS if limit is None else min(_POLL_SECONDS, limit / 4)
+        start = time.monotonic()
+        while not conn.poll(poll):
+            if limit is not None and time.monotonic() - start > limit:
+                _kill(proc)
+                raise LoaderTimeoutError(
+                    f"the loader process made no progress for {limit:g} s (pid {proc.pid}); "
+                    "it was killed. Stopped, or stuck in I/O (a network file system)? "
+                    "Raise loader_timeout if its chunks take this long"
+                )
             if proc.poll() is not None and not conn.poll(0):
                 raise RecordkitError(
                     f"the loader process exited (code {proc.returncode}) before the epoch ended"
@@ -476,6 +500,16 @@ class ProcessReader:
                 log.debug("skipped corrupt record: %s", err)
 
 
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a loader that stopped making progress (SIGKILL also ends a stopped process)."""
+    log.warning("loader process %s made no progress: killing", proc.pid)
+    proc.kill()
+    try:
+        proc.wait(_JOIN_SECONDS)
+    except subprocess.TimeoutExpired:  # in uninterruptible sleep: it dies when the I/O returns
+        log.warning("loader process %s did not die yet (uninterruptible I/O?)", proc.pid)
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(_JOIN_SECONDS)
@@ -489,6 +523,10 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             log.warning("loader process %s ignored SIGTERM: killing", proc.pid)
             proc.kill()
-            proc.wait()
+            try:
+                proc.wait(_JOIN_SECONDS)
+            except subprocess.TimeoutExpired:  # uninterruptible I/O: never block training on it
+                log.warning("loader process %s did not die: left to exit on its own", proc.pid)
+                return
     if proc.returncode != 0:
         log.debug("loader process %s exited with code %s", proc.pid, proc.returncode)

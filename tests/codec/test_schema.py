@@ -10,6 +10,7 @@ import zstandard
 
 from recordkit.codec import (
     Bytes,
+    DecodeLimits,
     Float32,
     Int64,
     Schema,
@@ -278,9 +279,9 @@ def test_zstd_tensor_limits():
     schema = Schema(t=Tensor("uint8", (None,), "zstd"))
     payload = schema.encode({"t": np.zeros(1 << 16, np.uint8)})
     assert len(payload) < 1 << 10
-    assert schema.decode(payload, max_size=1 << 16)["t"].size == 1 << 16
+    assert schema.decode(payload, limits=DecodeLimits(1 << 16))["t"].size == 1 << 16
     with pytest.raises(RecordTooLargeError, match="over the limit of 1000"):
-        schema.decode(payload, max_size=1000)
+        schema.decode(payload, limits=DecodeLimits(1000))
 
 
 def test_extra_record_features_are_ignored_and_columns_select():

@@ -4,13 +4,14 @@ import gc
 import glob
 import os
 import signal
+import time
 import warnings
 
 import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit.errors import CorruptRecordError
+from recordkit.errors import CorruptRecordError, LoaderTimeoutError
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -213,3 +214,33 @@ def test_child_killed_is_an_error(big_path):
         for _ in it:
             pass
     assert _loader_children() == []
+
+
+def test_stopped_loader_is_an_error_not_a_hang(big_path):
+    # SIGSTOP stands for a loader wedged in uninterruptible I/O on a network file
+    # system: alive, but handing nothing over.
+    ds = RecordDataset(
+        big_path, batch_size=8, reader_process=True, prefetch=1, num_threads=1, loader_timeout=1.0
+    )
+    it = iter(ds)
+    next(it)
+    (pid,) = _loader_children()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(LoaderTimeoutError, match=rf"made no progress for 1 s \(pid {pid}\)"):
+            for _ in it:
+                pass
+        assert time.monotonic() - start < 20  # the slots it had filled, then 1 s
+        assert isinstance(LoaderTimeoutError("x"), TimeoutError)
+        assert _loader_children() == []  # killed and reaped
+    finally:
+        if pid in _loader_children():  # only if the test failed: never leave it stopped
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_loader_timeout_is_validated(ds_path):
+    with pytest.raises(ValueError, match="loader_timeout must be > 0 or None"):
+        RecordDataset(ds_path, reader_process=True, loader_timeout=0)
+    ds = RecordDataset(ds_path, batch_size=64, reader_process=True, loader_timeout=None)
+    assert sum(len(b["idx"]) for b in ds) == N
