@@ -43,12 +43,15 @@ from typing import Any
 import numpy as np
 
 from ._deps import require
+from ._tftasks import PlanTasks
 from .codec import Bytes, Float32, Int64, Schema, Tensor
 from .codec.compression import zstd_decompress
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
 from .reader.epochs import CacheEpochs
+from .reader.plan import PlanOptions
+from .reader.shards import open_shards
 from .storage import is_temp_name, strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
@@ -326,6 +329,8 @@ def dataset(
     batch_size: int | None = None,
     shuffle: bool = False,
     seed: int = 0,
+    epoch: int = 0,
+    epochs: int | None = 1,
     shuffle_buffer: int = 10_000,
     drop_remainder: bool = False,
     columns: Sequence[str] | None = None,
@@ -340,26 +345,44 @@ def dataset(
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
+    The order of every epoch is the epoch plan's
+    (:class:`recordkit.reader.plan.EpochPlan`, the one ``recordkit.torch``
+    reads): a pure function of ``seed``, the epoch number and the position,
+    never of TensorFlow's random state, so ``tf.random.set_seed`` does not
+    change it, and an iterator saved with ``tf.train.Checkpoint(iterator=it)``
+    continues the same stream, mid-epoch and across epochs, in a new process.
+    One unshuffled pipeline reads through TensorFlow's own ``TFRecordDataset``;
+    ``docs/tensorflow.md`` says which path reads what.
+
     Args:
         path_or_url: a dataset directory (with ``recordkit.json``), a folder of
             TFRecord files, one file, or a ``gs://`` URL of any of these.
         batch_size: batch this many records (``parse_example`` on whole batches);
             ``None`` yields single records.
-        shuffle: reshuffle every epoch: the shard order (a seeded permutation,
-            new each time the dataset is iterated), records alternating between
-            the shards being read, and a buffer of ``shuffle_buffer`` records.
-            The same seed gives the same orders.
-        seed: the shuffle seed.
-        shuffle_buffer: records in the shuffle buffer (memory: this many records).
-        drop_remainder: drop a last, smaller batch.
+        shuffle: a new order every epoch, mixed like a uniform permutation on
+            sorted data too (blocks of records in a keyed order, then records
+            within windows of many blocks).
+        seed: the shuffle seed (0 to 2**63 - 1).
+        epoch: the number of the first epoch this dataset yields (the plan's
+            epoch: with ``shuffle``, each epoch number has its own order).
+        epochs: epochs one pass over the dataset yields, numbered ``epoch``,
+            ``epoch + 1``, ...; ``None`` repeats without end. Iterating the
+            dataset again starts again at ``epoch``: keep one iterator (and
+            checkpoint it), or build the dataset with the next ``epoch``.
+        shuffle_buffer: records in TensorFlow's shuffle buffer, used only where
+            the plan is not (a shard cache, ``gs://``).
+        drop_remainder: drop the last, smaller batch; with ``input_context``
+            the shuffled epoch is cut to a multiple of the global batch
+            (``batch_size`` times the number of pipelines), so every pipeline
+            yields the same number of full batches.
         columns: decode only these features (default: all).
-        input_context: a ``tf.distribute.InputContext``: this pipeline reads
-            whole shards (every ``num_input_pipelines``-th) when there are at
-            least as many shards as pipelines, else every
-            ``num_input_pipelines``-th record. Each record is read by exactly one
-            pipeline per epoch.
-        deterministic: keep the interleave order fixed (a pure function of the
-            seed and the shard set); ``False`` lets TensorFlow trade order for speed.
+        input_context: a ``tf.distribute.InputContext``: pipelines split each
+            epoch by global batch, as ``torch.distributed`` ranks do: pipeline
+            *i* takes the *i*-th ``batch_size`` slice of each global batch.
+            Each record is read by exactly one pipeline per epoch (the last,
+            partial global batch is shared evenly unless ``drop_remainder``).
+        deterministic: keep the order fixed; ``False`` lets TensorFlow trade
+            order for speed where it interleaves files (the native path).
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
         cache: read through this started :class:`recordkit.cache.ShardCache`:
@@ -368,20 +391,20 @@ def dataset(
             starts, so epochs grow as the cache fills. ``path_or_url`` is then
             only a label. With a cache, ``input_context`` splits by shard only
             (pipeline *i* takes shards *i*, *i + n*, ... of each epoch's set),
-            and the length is unknown.
+            the length is unknown, and the order is not the plan's.
         cache_dir: instead of ``cache``: cache the remote ``path_or_url`` here,
             within ``cache_limit`` bytes; the fill workers start now and stop at
             interpreter exit.
         cache_limit: the disk budget for ``cache_dir`` (e.g. ``"50GiB"``).
         cache_timeout: seconds an epoch start waits for a first complete shard.
-        num_parallel_reads: shards read at once (default 4), in parallel;
-            their records (small records: chunks of up to 1024 records or 1 MiB)
-            alternate, so without ``shuffle`` the order is fixed
-            but not the dataset order. ``1`` reads shard after shard, in the
-            manifest's order.
+        num_parallel_reads: on the native path, shards read at once (default
+            4), in parallel; their records (small records: chunks of up to 1024
+            records or 1 MiB) alternate, so the order is fixed but not the
+            dataset order. ``1`` reads shard after shard, in the manifest's order.
 
-    With a manifest the dataset knows its length (``len(ds)``: batches, or
-    records, of this pipeline), so Keras knows the steps per epoch.
+    The dataset knows its length (``len(ds)``: batches, or records, of this
+    pipeline, times ``epochs``) where there is a manifest or a local folder, so
+    Keras knows the steps per epoch.
 
     Raises:
         ShardNotFoundError: no dataset at the path, or a URL TensorFlow cannot read.
@@ -391,17 +414,37 @@ def dataset(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if shuffle_buffer < 1:
         raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
-    epoch_files = None
-    epochs = CacheEpochs.open(
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
+    pipelines, pipeline = 1, 0
+    if input_context is not None:
+        pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+        shard_files([], pipelines, pipeline)  # validates them
+    cache_epochs = CacheEpochs.open(
         os.fspath(path_or_url),
         cache=cache,
         cache_dir=cache_dir,
         cache_limit=cache_limit,
         timeout=cache_timeout,
     )
-    if epochs is not None:
+    path = strip_file_scheme(os.fspath(path_or_url))
+    if cache_epochs is None and "://" not in path and (shuffle or pipelines > 1):
+        if not os.path.exists(path):
+            raise ShardNotFoundError(f"no such dataset: {path}")
+        shards = open_shards(path, schema)
+        names = _columns(shards.schema, columns)
+        options = PlanOptions(
+            shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
+        )
+        tasks = PlanTasks(shards, options, pipeline, pipelines)
+        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs)
+        return ds.prefetch(tf.data.AUTOTUNE)
+    epoch_files = None
+    if cache_epochs is not None:
         epoch_files, files, schema, manifest = _cached_files(
-            epochs, schema, seed, shuffle, input_context
+            cache_epochs, schema, seed, shuffle, input_context
         )
     else:
         files, schema, manifest = _locate(os.fspath(path_or_url), schema)
@@ -412,9 +455,110 @@ def dataset(
     if epoch_files is not None:
         counts = None  # the set changes from epoch to epoch
     elif input_context is not None:
-        files, by_record = shard_files(
-            files, input_context.num_input_pipelines, input_context.input_pipeline_id
+        files, by_record = shard_files(files, pipelines, pipeline)
+    ds = _native_pipeline(
+        files,
+        manifest,
+        schema,
+        names,
+        spec,
+        counts,
+        by_record,
+        epoch_files,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        drop_remainder=drop_remainder,
+        input_context=input_context,
+        deterministic=deterministic,
+        num_parallel_reads=num_parallel_reads,
+    )
+    if epochs != 1:
+        ds = ds.repeat(epochs)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _planned(
+    tasks: PlanTasks,
+    schema: Schema,
+    names: list[str],
+    batch_size: int | None,
+    epoch: int,
+    epochs: int | None,
+) -> Any:
+    """Epochs of the plan: epoch and task numbers from ``Dataset.range``, records per task.
+
+    The only iterator state is positions in ``range`` datasets (and the records
+    already split off a task), which ``tf.train.Checkpoint(iterator=...)``
+    saves; every task's records are a pure function of its epoch and number.
+    """
+    autotune = tf.data.AUTOTUNE
+    spec = feature_spec(schema, names)
+    fast = _fast(schema, names)
+
+    def read(e: Any, t: Any) -> Any:
+        buf, starts, lengths = tf.numpy_function(
+            tasks.read, [e, t], [tf.string, tf.int64, tf.int64], stateful=False
         )
+        records = tf.strings.substr(buf, starts, lengths)
+        records.set_shape([None])
+        return records
+
+    def one_epoch(e: Any) -> Any:
+        ds = tf.data.Dataset.range(tasks.tasks).map(
+            lambda t: read(e, t), num_parallel_calls=autotune, deterministic=True
+        )
+        if fast:
+            # tasks are whole units: only an epoch's last batch can be short
+            return ds.rebatch(batch_size) if batch_size is not None else ds
+        decode = _decoder(schema, names, batched=False)
+        ds = ds.unbatch().map(
+            lambda s: decode(tf.io.parse_single_example(s, spec)),
+            num_parallel_calls=autotune,
+            deterministic=True,
+        )
+        return ds.ragged_batch(batch_size) if batch_size is not None else ds
+
+    if epochs is None:
+        numbers = tf.data.Dataset.counter(epoch)
+    else:
+        numbers = tf.data.Dataset.range(epoch, epoch + epochs)
+    ds = numbers.flat_map(one_epoch)
+    if fast:
+        decode = _decoder(schema, names, batched=True)
+        ds = ds.map(
+            lambda s: decode(tf.io.parse_example(s, spec)),
+            num_parallel_calls=autotune,
+            deterministic=True,
+        )
+        if batch_size is None:
+            ds = ds.unbatch()
+    # batches (or records without a batch size) per epoch, times epochs; flat_map hides it
+    length = tf.data.INFINITE_CARDINALITY if epochs is None else tasks.units * epochs
+    return ds.apply(tf.data.experimental.assert_cardinality(length))
+
+
+def _native_pipeline(
+    files: list[str],
+    manifest: Manifest | None,
+    schema: Schema,
+    names: list[str],
+    spec: dict[str, Any],
+    counts: dict[str, int] | None,
+    by_record: bool,
+    epoch_files: Callable[[], Any] | None,
+    *,
+    batch_size: int | None,
+    shuffle: bool,
+    seed: int,
+    shuffle_buffer: int,
+    drop_remainder: bool,
+    input_context: Any,
+    deterministic: bool,
+    num_parallel_reads: int | None,
+) -> Any:
+    """One epoch through ``TFRecordDataset``: the order without shuffle, the cache, gs://."""
     autotune = tf.data.AUTOTUNE
     if num_parallel_reads is None:
         num_parallel_reads = 4
@@ -493,4 +637,4 @@ def dataset(
         if batch_size is not None:
             records = records // batch_size if drop_remainder else -(-records // batch_size)
         ds = ds.apply(tf.data.experimental.assert_cardinality(records))
-    return ds.prefetch(autotune)
+    return ds

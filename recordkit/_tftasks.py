@@ -1,0 +1,192 @@
+"""The records of one ``recordkit.tf`` task, read from the epoch plan (no TensorFlow here).
+
+A *task* is a run of consecutive units (batches, or single records) of one
+input pipeline's share of an epoch: :class:`PlanTasks` computes its records
+from :class:`~recordkit.reader.plan.EpochPlan` (a pure function of the seed,
+the epoch, the pipeline id and count, and the task number), verifies their
+framing and CRCs and copies their payloads into one flat buffer, so that
+TensorFlow crosses into Python once per task of thousands of records, not once
+per record. ``recordkit.tf`` splits the buffer with ``tf.strings.substr``.
+
+The copy is one native ``gather`` per shard the task touches (GIL released,
+under the SIGBUS guard): records go out in rows of ``row`` bytes, a record
+taking ``ceil(length / row)`` consecutive rows. ``row`` is the longest payload
+when lengths are alike (one row each), else about the mean length, so the
+padding is at most about the payload itself whatever the spread of sizes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from .format import guard
+from .format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD
+from .reader.plan import EpochPlan, PlanOptions, Split
+from .reader.shards import ShardSet
+
+__all__ = ["PlanTasks"]
+
+try:
+    from . import _native
+except ImportError:  # built without a C compiler: per-record reads
+    _native = None  # type: ignore[assignment]
+if guard.GUARDED is False:  # RECORDKIT_NO_NATIVE=1
+    _native = None  # type: ignore[assignment]
+
+# A task holds about this many records or bytes, in whole units.
+_TASK_RECORDS = 4096
+_TASK_BYTES = 4 << 20
+_PLANS_KEPT = 4  # epochs whose plans are kept (parallel calls overlap epoch ends)
+_MIN_ROW = 256
+
+
+class PlanTasks:
+    """One input pipeline's tasks of every epoch.
+
+    Args:
+        shards: the shard set (maps opened on demand within its budget).
+        options: the plan's options (shuffle, seed, batch size, drop_last).
+        pipeline: this pipeline's id (the plan's rank).
+        pipelines: the number of input pipelines (the plan's world size).
+    """
+
+    def __init__(
+        self, shards: ShardSet, options: PlanOptions, pipeline: int, pipelines: int
+    ) -> None:
+        self.shards = shards
+        self.options = options
+        self.split = Split(rank=pipeline, world_size=pipelines)
+        self._lock = threading.Lock()
+        self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
+        first = self.plan(0)
+        #: units (batches, or records without a batch size) this pipeline reads per epoch
+        self.units = first.unit_count(pipeline, pipelines)
+        unit = options.batch_size or 1
+        per_task = min(_TASK_RECORDS, max(1, int(_TASK_BYTES / max(shards.avg_record_bytes, 1))))
+        self.task_units = max(1, per_task // unit)
+        #: tasks per epoch (the same every epoch: the shard set is fixed)
+        self.tasks = -(-self.units // self.task_units)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The epoch's plan (the last few are kept)."""
+        with self._lock:
+            plan = self._plans.get(epoch)
+            if plan is None:
+                plan = EpochPlan(
+                    self.shards.counts,
+                    self.options,
+                    epoch,
+                    avg_record_bytes=self.shards.avg_record_bytes,
+                )
+                self._plans[epoch] = plan
+                while len(self._plans) > _PLANS_KEPT:
+                    self._plans.popitem(last=False)
+            return plan
+
+    def records(self, epoch: int, task: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard ids, record numbers)`` of a task, in stream order."""
+        plan = self.plan(int(epoch))
+        first = int(task) * self.task_units
+        units = range(first, min(self.units, first + self.task_units))
+        positions, _ = plan.unit_positions(self.split, units)
+        return plan.resolve(positions)
+
+    def read(self, epoch: Any, task: Any) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """A task's payloads: ``(buffer, starts, lengths)``.
+
+        Record ``i`` is ``buffer[starts[i] : starts[i] + lengths[i]]``.
+
+        Raises:
+            CorruptRecordError: a record's framing or CRC is bad (file, offset, record).
+            ShardChangedError: a shard shrank under the reader.
+        """
+        shard, rec = self.records(int(epoch), int(task))
+        n = len(rec)
+        src = np.empty(n, np.int64)  # payload start in its shard
+        length = np.empty(n, np.int64)
+        groups = _groups(shard)
+        maps = []
+        try:
+            for s, idx in groups:
+                m = self.shards.acquire(s)
+                maps.append(m)
+                m.check()
+                r = rec[idx]
+                _verify(m, r)
+                src[idx] = m.offsets[r] + HEADER_SIZE
+                length[idx] = m.sizes[r] - OVERHEAD
+            row = _row_bytes(length)
+            rows = -(-length // row)
+            out = np.zeros((int(rows.sum()), row), np.uint8)
+            starts = np.empty(n, np.int64)
+            at = 0  # rows are laid out shard by shard; ``starts`` says where each record went
+            for (_, idx), m in zip(groups, maps):
+                k = rows[idx]
+                starts[idx] = (at + np.cumsum(k) - k) * row
+                _gather(m, src[idx], length[idx], k, row, out[at : at + int(k.sum())])
+                at += int(k.sum())
+        finally:
+            for m in maps:
+                self.shards.release(m)
+        return out.tobytes(), starts, length
+
+
+def _groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """The positions of each shard's records, shard by shard (stable)."""
+    order = np.argsort(shard, kind="stable")
+    ids = shard[order]
+    edges = np.flatnonzero(np.diff(ids)) + 1
+    return [
+        (int(ids[lo]), order[lo:hi])
+        for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(ids)])
+        if hi > lo
+    ]
+
+
+def _row_bytes(length: np.ndarray) -> int:
+    if not len(length):
+        return 1
+    longest, mean = int(length.max()), float(length.mean())
+    if longest <= 2 * mean + _MIN_ROW:
+        return max(1, longest)
+    return max(_MIN_ROW, int(mean))
+
+
+def _verify(m: Any, r: np.ndarray) -> None:
+    """Check the framing and both CRCs of records ``r`` of a mapped shard."""
+    if _native is None or guard.map_of(m.buf) is None:
+        for i in r.tolist():
+            m.payload(i)  # read_record: raises the exact error
+        return
+    offsets, sizes = m.offsets[r], m.sizes[r]
+    try:
+        status, _ = _native.parse_batch(m.buf, offsets, sizes, (), True, DEFAULT_MAX_RECORD_BYTES)
+    except guard.MapFault:
+        raise guard.changed(m.buf, path=m.path) from None
+    bad = np.flatnonzero(np.frombuffer(status, np.intc))
+    if len(bad):
+        m.payload(int(r[bad[0]]))  # the reference read names file, offset and record
+        raise AssertionError("parse_batch and read_record disagree")  # pragma: no cover
+
+
+def _gather(
+    m: Any, src: np.ndarray, length: np.ndarray, rows: np.ndarray, row: int, out: np.ndarray
+) -> None:
+    """Copy payloads into consecutive rows of ``out``, ``rows[i]`` rows for payload ``i``."""
+    first = np.repeat(src, rows)
+    k = np.arange(len(first), dtype=np.int64) - np.repeat(np.cumsum(rows) - rows, rows)
+    starts = first + k * row
+    lengths = np.minimum(row, np.repeat(length, rows) - k * row)
+    if _native is None or guard.map_of(m.buf) is None:
+        view = np.frombuffer(m.buf, np.uint8) if len(m.buf) else np.empty(0, np.uint8)
+        for j, (s, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            out[j, :n] = view[s : s + n]
+        return
+    try:
+        _native.gather(m.buf, starts, lengths, out, row)
+    except guard.MapFault:
+        raise guard.changed(m.buf, path=m.path) from None

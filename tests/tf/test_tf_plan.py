@@ -1,0 +1,168 @@
+"""recordkit.tf reads the epoch plan: resumable through tf.train.Checkpoint, seed-only order."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import recordkit as rk
+from recordkit import Int64, Schema, Tensor
+from recordkit.reader.order import mixing
+
+tf = pytest.importorskip("tensorflow")
+rtf = pytest.importorskip("recordkit.tf")
+
+pytestmark = pytest.mark.tf
+
+RECORDS = 130
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """130 records, id k and a variable-shape tensor, in 10 shards of 13."""
+    root = tmp_path_factory.mktemp("tfplan") / "d"
+    schema = Schema(id=Int64(), x=Tensor("float32", (3,)), r=Tensor("int32", (None,)))
+    with rk.Writer(root, schema, max_records=13) as w:
+        for k in range(RECORDS):
+            w.write(
+                {"id": k, "x": np.full(3, k, np.float32), "r": np.arange(k % 4, dtype=np.int32)}
+            )
+    return root
+
+
+def _ids(ds) -> list[int]:
+    return [int(i) for b in ds for i in np.atleast_1d(b["id"].numpy())]
+
+
+# The same pipeline in both processes; the columns pick the vectorised path
+# ("id,x") or the per-record one with a ragged feature ("id,r").
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    import recordkit.tf as rtf
+
+    mode, root, ckdir, columns, global_seed = sys.argv[1:6]
+    cuts = [int(c) for c in sys.argv[6:]]
+    tf.random.set_seed(int(global_seed))  # must not matter
+    ds = rtf.dataset(root, batch_size=8, shuffle=True, seed=5, epochs=3,
+                     columns=columns.split(","))
+    ids = lambda b: [int(i) for i in b["id"].numpy()]
+    out = {}
+    if mode == "save":  # the uninterrupted stream, a checkpoint after each cut
+        it = iter(ds)
+        ckpt = tf.train.Checkpoint(iterator=it)
+        stream = []
+        for n in range(len(ds)):
+            if n in cuts:
+                ckpt.write(f"{ckdir}/at{n}/ck")
+            stream.append(ids(next(it)))
+        out["stream"] = stream
+    else:  # each checkpoint restored into a fresh iterator, the rest read to the end
+        for n in cuts:
+            it = iter(ds)
+            tf.train.Checkpoint(iterator=it).read(f"{ckdir}/at{n}/ck").assert_consumed()
+            out[str(n)] = [ids(b) for b in it]
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def _run(*args: object) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("columns", ["id,x", "id,r"])
+def test_checkpoint_resumes_the_same_stream_in_a_new_process(data, tmp_path, columns):
+    # 17 batches an epoch (16 of 8, one of 2): 5 is mid-epoch 0, 17 the first batch
+    # of epoch 1, 16 the short last batch of epoch 0, 40 mid-epoch 2.
+    cuts = [5, 16, 17, 40]
+    full = _run("save", data, tmp_path, columns, 1, *cuts)["stream"]
+    assert len(full) == 51 and [len(b) for b in full[:17]] == [8] * 16 + [2]
+    epochs = [[i for b in full[e * 17 : (e + 1) * 17] for i in b] for e in range(3)]
+    assert all(sorted(e) == list(range(RECORDS)) for e in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]
+    resumed = _run("load", data, tmp_path, columns, 999, *cuts)  # another global seed
+    for n in cuts:
+        assert resumed[str(n)] == full[n:], f"resumed after {n} batches"
+
+
+def test_order_does_not_depend_on_tensorflows_seed(data):
+    streams = []
+    for global_seed in (None, 1234, 7):
+        if global_seed is not None:
+            tf.random.set_seed(global_seed)
+        ds = rtf.dataset(data, batch_size=8, shuffle=True, seed=11, columns=["id"], epochs=2)
+        streams.append(_ids(ds))
+    assert streams[0] == streams[1] == streams[2]
+    assert sorted(streams[0]) == sorted(list(range(RECORDS)) * 2)
+
+
+@pytest.mark.parametrize("batch_size", [4, None])
+def test_drop_remainder_gives_every_pipeline_the_same_batches(data, batch_size):
+    per = []
+    for i in range(3):
+        ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=i)
+        ds = rtf.dataset(
+            data,
+            batch_size=batch_size,
+            shuffle=True,
+            drop_remainder=True,
+            input_context=ctx,
+            columns=["id"],
+        )
+        batches = [np.atleast_1d(b["id"].numpy()).tolist() for b in ds]
+        assert len(ds) == len(batches)
+        per.append(batches)
+    unit = batch_size or 1
+    kept = RECORDS // (3 * unit) * (3 * unit)  # the shuffled tail of 130 % 12 = 10 is dropped
+    assert [len(b) for b in per] == [kept // (3 * unit)] * 3
+    assert all(len(x) == unit for b in per for x in b)
+    seen = [i for b in per for x in b for i in x]
+    assert len(seen) == len(set(seen)) == kept
+
+
+def test_pipelines_without_drop_read_every_record_once(data):
+    seen, counts = [], []
+    for i in range(3):
+        ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=i)
+        ds = rtf.dataset(data, batch_size=4, input_context=ctx, columns=["id"])
+        ids = _ids(ds)
+        counts.append(len(ds))
+        seen += ids
+    assert sorted(seen) == list(range(RECORDS))
+    assert max(counts) - min(counts) <= 1
+
+
+@pytest.mark.timeout(300)
+def test_sorted_labels_are_mixed_like_a_uniform_permutation(tmp_path):
+    # 100,000 records sorted by label, 10 classes, 11 shards, batch 64.
+    n, classes = 100_000, 10
+    root = tmp_path / "sorted"
+    with rk.Writer(root, Schema(label=Int64()), max_records=-(-n // 11)) as w:
+        for k in range(n):
+            w.write({"label": k * classes // n})
+    assert len(list(root.glob("*.tfrecord"))) == 11
+    ds = rtf.dataset(root, batch_size=64, shuffle=True, seed=0)
+    labels = np.concatenate([b["label"].numpy() for b in ds])
+    assert sorted(labels.tolist()) == sorted(k * classes // n for k in range(n))
+    m = mixing(labels, 64, classes)
+    assert m["distinct"] >= 9.9 and m["distinct_p1"] >= 9, m
+    assert m["dispersion"] <= 1.1, m
