@@ -62,6 +62,7 @@ class PlanTasks:
         self.split = Split(rank=pipeline, world_size=pipelines)
         self._lock = threading.Lock()
         self._plans: OrderedDict[int, EpochPlan] = OrderedDict()
+        self._local = threading.local()  # each calling thread's output buffer
         first = self.plan(0)
         #: units (batches, or records without a batch size) this pipeline reads per epoch
         self.units = first.unit_count(pipeline, pipelines)
@@ -95,10 +96,14 @@ class PlanTasks:
         positions, _ = plan.unit_positions(self.split, units)
         return plan.resolve(positions)
 
-    def read(self, epoch: Any, task: Any) -> tuple[bytes, np.ndarray, np.ndarray]:
+    def read(self, epoch: Any, task: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A task's payloads: ``(buffer, starts, lengths)``.
 
-        Record ``i`` is ``buffer[starts[i] : starts[i] + lengths[i]]``.
+        ``buffer`` is a one-element ``S`` array (it becomes a ``tf.string`` of
+        shape ``[1]`` without a copy in NumPy), and record ``i`` is
+        ``buffer[0][starts[i] : starts[i] + lengths[i]]``. Its memory is this
+        thread's and is reused by its next call: TensorFlow copies a string
+        result before the call returns.
 
         Raises:
             CorruptRecordError: a record's framing or CRC is bad (file, offset, record).
@@ -121,7 +126,11 @@ class PlanTasks:
                 length[idx] = m.sizes[r] - OVERHEAD
             row = _row_bytes(length)
             rows = -(-length // row)
-            out = np.zeros((int(rows.sum()), row), np.uint8)
+            total = int(rows.sum()) * row
+            flat = self._buffer(total + 1)
+            # NumPy's S type drops trailing NULs: a nonzero last byte keeps the padding
+            flat[total] = 0xFF
+            out = flat[:total].reshape(-1, row)
             starts = np.empty(n, np.int64)
             at = 0  # rows are laid out shard by shard; ``starts`` says where each record went
             for (_, idx), m in zip(groups, maps):
@@ -132,7 +141,18 @@ class PlanTasks:
         finally:
             for m in maps:
                 self.shards.release(m)
-        return out.tobytes(), starts, length
+        return flat[: total + 1].view(f"S{total + 1}"), starts, length
+
+    def _buffer(self, size: int) -> np.ndarray:
+        """This thread's output buffer, of at least ``size`` bytes.
+
+        Reused, not made anew: first-touching fresh pages costs ~2.6 µs per 4 KiB.
+        """
+        buf: np.ndarray | None = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < size:
+            grown = max(size, 2 * len(buf)) if buf is not None else size
+            buf = self._local.buf = np.empty(grown, np.uint8)
+        return buf
 
 
 def _groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:

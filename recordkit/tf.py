@@ -501,7 +501,7 @@ def _planned(
         buf, starts, lengths = tf.numpy_function(
             tasks.read, [e, t], [tf.string, tf.int64, tf.int64], stateful=False
         )
-        records = tf.strings.substr(buf, starts, lengths)
+        records = tf.strings.substr(buf[0], starts, lengths)
         records.set_shape([None])
         return records
 
