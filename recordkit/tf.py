@@ -1,8 +1,15 @@
-"""TensorFlow: read recordkit datasets through ``tf.data``'s own C++ reader.
+"""TensorFlow: read recordkit datasets into ``tf.data``, in the epoch plan's order.
 
 :func:`dataset` builds a ``tf.data.Dataset`` from a dataset's manifest (or a
 folder of foreign TFRecords plus a schema) with no Python in the per-record
-path: ``TFRecordDataset`` over the shard list with a parallel interleave,
+path. Shuffled, or split over input pipelines, the records come in the order of
+:class:`~recordkit.reader.plan.EpochPlan` (the one ``recordkit.torch`` reads):
+epoch and task numbers from ``Dataset.range`` (positions that
+``tf.train.Checkpoint`` saves), one stateless ``tf.numpy_function`` per task of
+thousands of records that verifies and gathers them natively
+(:mod:`recordkit._tftasks`), and ``tf.strings.substr`` to split them. One
+unshuffled pipeline (and the shard cache, and ``gs://``) reads with
+``TFRecordDataset`` over the shard list with a parallel interleave. Then
 ``tf.io.parse_example`` with a feature spec derived from the schema,
 ``tf.io.decode_raw`` for :class:`~recordkit.codec.Tensor` features, and
 ``prefetch(AUTOTUNE)``. :func:`feature_spec` gives that spec to users who build

@@ -166,3 +166,18 @@ def test_sorted_labels_are_mixed_like_a_uniform_permutation(tmp_path):
     m = mixing(labels, 64, classes)
     assert m["distinct"] >= 9.9 and m["distinct_p1"] >= 9, m
     assert m["dispersion"] <= 1.1, m
+
+
+def test_a_corrupt_record_names_file_offset_and_record(tmp_path):
+    root = tmp_path / "bad"
+    with rk.Writer(root, Schema(id=Int64(), s=Tensor("uint8", (64,))), max_records=10) as w:
+        for k in range(30):
+            w.write({"id": k, "s": np.full(64, k, np.uint8)})
+    shard = sorted(root.glob("*.tfrecord"))[1]
+    data = bytearray(shard.read_bytes())
+    data[-20] ^= 1  # inside the last record's payload
+    shard.write_bytes(bytes(data))
+    offset = int((shard.parent / (shard.name + ".idx")).read_text().split("\n")[-2].split()[0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="CorruptRecordError") as info:
+        _ids(rtf.dataset(root, batch_size=4, shuffle=True))
+    assert f"{shard}:{offset}:9" in str(info.value)
