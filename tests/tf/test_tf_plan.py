@@ -181,3 +181,27 @@ def test_a_corrupt_record_names_file_offset_and_record(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError, match="CorruptRecordError") as info:
         _ids(rtf.dataset(root, batch_size=4, shuffle=True))
     assert f"{shard}:{offset}:9" in str(info.value)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_tensorflow_pipelines_read_what_torch_ranks_read(data, drop):
+    """One order for every reader: pipeline i of n is rank i of n, epoch for epoch."""
+    rkt = pytest.importorskip("recordkit.torch")
+    for i in range(3):
+        ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=i)
+        ds = rtf.dataset(
+            data,
+            batch_size=4,
+            shuffle=True,
+            seed=9,
+            epoch=2,
+            drop_remainder=drop,
+            input_context=ctx,
+            columns=["id"],
+        )
+        torch_ds = rkt.RecordDataset(
+            data, batch_size=4, shuffle=True, seed=9, drop_last=drop, rank=i, world_size=3
+        )
+        torch_ds.set_epoch(2)
+        ranks = [int(x) for b in torch_ds for x in b["id"]]
+        assert _ids(ds) == ranks, f"pipeline {i}"
