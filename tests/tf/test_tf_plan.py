@@ -205,3 +205,57 @@ def test_tensorflow_pipelines_read_what_torch_ranks_read(data, drop):
         torch_ds.set_epoch(2)
         ranks = [int(x) for b in torch_ds for x in b["id"]]
         assert _ids(ds) == ranks, f"pipeline {i}"
+
+
+_MIRRORED = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+    import recordkit.tf as rtf
+
+    root = sys.argv[1]
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])
+    mode = tf.distribute.InputReplicationMode.PER_REPLICA
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=mode, experimental_fetch_to_device=False
+    )
+    out = {}
+    for drop in (True, False):
+        def make(ctx):
+            return rtf.dataset(root, batch_size=ctx.get_per_replica_batch_size(96),
+                               shuffle=True, drop_remainder=drop, input_context=ctx)
+        seen, steps = [], 0
+        for batch in strategy.distribute_datasets_from_function(make, options):
+            steps += 1
+            for value in strategy.experimental_local_results(batch["id"]):
+                seen += value.numpy().tolist()
+        out[str(drop)] = [steps, seen]
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_mirrored_strategy_per_replica_drops_only_the_counted_tail(tmp_path):
+    """3 replicas, global batch 96, 1,000 records: 10 steps and 40 records dropped, or all."""
+    root = tmp_path / "m"
+    with rk.Writer(root, Schema(id=Int64()), max_records=97) as w:
+        for k in range(1000):
+            w.write({"id": k})
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", _MIRRORED, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    out = json.loads(line[len("RESULT") :])
+    steps, seen = out["True"]
+    assert steps == 10 and len(seen) == len(set(seen)) == 960  # 1000 mod 96 = 40 dropped
+    steps, seen = out["False"]
+    assert steps == 11 and sorted(seen) == list(range(1000))
