@@ -9,10 +9,12 @@ TensorFlow crosses into Python once per task of thousands of records, not once
 per record. ``recordkit.tf`` splits the buffer with ``tf.strings.substr``.
 
 The copy is one native ``gather`` per shard the task touches (GIL released,
-under the SIGBUS guard): records go out in rows of ``row`` bytes, a record
-taking ``ceil(length / row)`` consecutive rows. ``row`` is the longest payload
-when lengths are alike (one row each), else about the mean length, so the
-padding is at most about the payload itself whatever the spread of sizes.
+under the SIGBUS guard), one shard held at a time, so a task stays within the
+shard set's map budget however many shards it touches. Records go out in rows
+of ``row`` bytes, a record taking ``ceil(length / row)`` consecutive rows;
+``row`` is the dataset's mean payload (at least 64 bytes): records of one size
+take one row each, and whatever the spread of sizes the padding is under one
+row per record.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ if guard.GUARDED is False:  # RECORDKIT_NO_NATIVE=1
 # A task holds about this many records or bytes, in whole units.
 _TASK_RECORDS = 4096
 _TASK_BYTES = 4 << 20
-_PLANS_KEPT = 4  # epochs whose plans are kept (parallel calls overlap epoch ends)
-_MIN_ROW = 256
+_PLANS_KEPT = 4
+# Rows are at least this long: a dataset of tiny records with a few big ones
+# would otherwise cut the big ones into very many rows.
+_MIN_ROW = 64  # epochs whose plans are kept (parallel calls overlap epoch ends)
 
 
 class PlanTasks:
@@ -71,6 +75,8 @@ class PlanTasks:
         self.task_units = max(1, per_task // unit)
         #: tasks per epoch (the same every epoch: the shard set is fixed)
         self.tasks = -(-self.units // self.task_units)
+        #: bytes per row of a task's buffer (see the module docs)
+        self.row = max(_MIN_ROW, round(shards.avg_record_bytes) - OVERHEAD)
 
     def plan(self, epoch: int) -> EpochPlan:
         """The epoch's plan (the last few are kept)."""
@@ -110,48 +116,41 @@ class PlanTasks:
             ShardChangedError: a shard shrank under the reader.
         """
         shard, rec = self.records(int(epoch), int(task))
-        n = len(rec)
-        src = np.empty(n, np.int64)  # payload start in its shard
+        n, row = len(rec), self.row
+        starts = np.empty(n, np.int64)  # where each record went in the buffer
         length = np.empty(n, np.int64)
-        groups = _groups(shard)
-        maps = []
-        try:
-            for s, idx in groups:
-                m = self.shards.acquire(s)
-                maps.append(m)
+        at = 0  # rows filled: records are laid out shard by shard
+        # One shard held at a time, so a task never holds more maps than the budget.
+        for s, idx in _groups(shard):
+            with self.shards.use(s) as m:
                 m.check()
                 r = rec[idx]
                 _verify(m, r)
-                src[idx] = m.offsets[r] + HEADER_SIZE
-                length[idx] = m.sizes[r] - OVERHEAD
-            row = _row_bytes(length)
-            rows = -(-length // row)
-            total = int(rows.sum()) * row
-            flat = self._buffer(total + 1)
-            # NumPy's S type drops trailing NULs: a nonzero last byte keeps the padding
-            flat[total] = 0xFF
-            out = flat[:total].reshape(-1, row)
-            starts = np.empty(n, np.int64)
-            at = 0  # rows are laid out shard by shard; ``starts`` says where each record went
-            for (_, idx), m in zip(groups, maps):
-                k = rows[idx]
-                starts[idx] = (at + np.cumsum(k) - k) * row
-                _gather(m, src[idx], length[idx], k, row, out[at : at + int(k.sum())])
-                at += int(k.sum())
-        finally:
-            for m in maps:
-                self.shards.release(m)
+                size = m.sizes[r] - OVERHEAD
+                rows = -(-size // row)
+                end = at + int(rows.sum())
+                flat = self._buffer(end * row + 1, keep=at * row)
+                out = flat[at * row : end * row].reshape(-1, row)
+                _gather(m, m.offsets[r] + HEADER_SIZE, size, rows, row, out)
+            starts[idx] = (at + np.cumsum(rows) - rows) * row
+            length[idx] = size
+            at = end
+        total = at * row
+        flat = self._buffer(total + 1, keep=total)
+        flat[total] = 0xFF  # NumPy's S type drops trailing NULs: a nonzero last byte keeps them
         return flat[: total + 1].view(f"S{total + 1}"), starts, length
 
-    def _buffer(self, size: int) -> np.ndarray:
-        """This thread's output buffer, of at least ``size`` bytes.
+    def _buffer(self, size: int, keep: int) -> np.ndarray:
+        """This thread's output buffer, of at least ``size`` bytes, its first ``keep`` kept.
 
         Reused, not made anew: first-touching fresh pages costs ~2.6 µs per 4 KiB.
         """
         buf: np.ndarray | None = getattr(self._local, "buf", None)
         if buf is None or len(buf) < size:
-            grown = max(size, 2 * len(buf)) if buf is not None else size
-            buf = self._local.buf = np.empty(grown, np.uint8)
+            grown = np.empty(max(size, 2 * len(buf)) if buf is not None else size, np.uint8)
+            if buf is not None and keep:
+                grown[:keep] = buf[:keep]
+            buf = self._local.buf = grown
         return buf
 
 
@@ -165,15 +164,6 @@ def _groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
         for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(ids)])
         if hi > lo
     ]
-
-
-def _row_bytes(length: np.ndarray) -> int:
-    if not len(length):
-        return 1
-    longest, mean = int(length.max()), float(length.mean())
-    if longest <= 2 * mean + _MIN_ROW:
-        return max(1, longest)
-    return max(_MIN_ROW, int(mean))
 
 
 def _verify(m: Any, r: np.ndarray) -> None:

@@ -259,3 +259,43 @@ def test_mirrored_strategy_per_replica_drops_only_the_counted_tail(tmp_path):
     assert steps == 10 and len(seen) == len(set(seen)) == 960  # 1000 mod 96 = 40 dropped
     steps, seen = out["False"]
     assert steps == 11 and sorted(seen) == list(range(1000))
+
+
+def test_tasks_split_into_rows_exactly_and_within_the_map_budget(tmp_path, monkeypatch):
+    """Payloads of very different sizes (several rows each, empty ones) come back whole,
+    and a task over more shards than the map budget holds one shard at a time."""
+    from recordkit._tftasks import PlanTasks
+    from recordkit.reader.plan import PlanOptions
+    from recordkit.reader.shards import open_shards
+
+    root = tmp_path / "sizes"
+    rng = np.random.default_rng(0)
+    sizes = [0, 1, 5000, 3, 64, 65, 0, 20_000, *rng.integers(0, 300, 192).tolist()]
+    with rk.Writer(root, Schema(id=Int64(), b=rk.Bytes()), max_records=5) as w:
+        for k, n in enumerate(sizes):
+            w.write({"id": k, "b": bytes([k % 251]) * n})
+    monkeypatch.setenv("RECORDKIT_MAX_OPEN_SHARDS", "4")
+    shards = open_shards(root)
+    assert len(shards) == 40 and shards.max_open == 4
+    tasks = PlanTasks(shards, PlanOptions(shuffle=True, seed=1, batch_size=8), 0, 1)
+    peak = []
+    acquire = shards.acquire
+
+    def counted(i):
+        shard = acquire(i)
+        peak.append(shards.open_count)
+        return shard
+
+    monkeypatch.setattr(shards, "acquire", counted)
+    seen = []
+    for t in range(tasks.tasks):
+        buf, starts, lengths = tasks.read(0, t)
+        data = buf[0]
+        shard, rec = tasks.records(0, t)
+        for i in range(len(rec)):
+            payload = data[starts[i] : starts[i] + lengths[i]]
+            with shards.use(int(shard[i])) as m:
+                assert payload == bytes(m.payload(int(rec[i])))
+            seen.append(int(shards.schema.decode(payload)["id"]))
+    assert sorted(seen) == list(range(len(sizes)))
+    assert max(peak) <= 4  # tasks touch up to 8 shards, one held at a time
