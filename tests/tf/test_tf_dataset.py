@@ -136,6 +136,24 @@ def test_batches_equal_records(written, batch_size):
     assert [_empty_as_one(r) for r in rows] == [_empty_as_one(_expected(s)) for s in samples]
 
 
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_every_feature_type_through_the_plan(written, batch_size):
+    """Ragged, zstd, bool and float16 features read the same through the epoch plan."""
+    root, samples = written
+    ds = rtf.dataset(root, batch_size=batch_size, shuffle=True, seed=2)
+    rows = []
+    for batch in ds:
+        if batch_size is None:
+            rows.append({n: _norm(n, v) for n, v in batch.items()})
+            continue
+        for i in range(int(batch["id"].shape[0])):
+            rows.append({n: _norm(n, v[i]) for n, v in batch.items()})
+    ids = [int(np.frombuffer(r["id"][1], np.int64)[0]) for r in rows]
+    assert sorted(ids) == list(range(N)) and ids != list(range(N))
+    for k, row in zip(ids, rows):
+        assert _empty_as_one(row) == _empty_as_one(_expected(samples[k]))
+
+
 def _empty_as_one(row: dict) -> dict:
     """A ragged row with no elements cannot carry the sizes of its inner dims
     (a (0, 2) record reads back as shape (0,)): compare empty values as equal."""
