@@ -451,6 +451,8 @@ def _planned(
         )
         return ds.ragged_batch(batch_size) if batch_size is not None else ds
 
+    if not tasks.tasks:  # nothing to read: endless empty epochs would never yield
+        epochs = 0
     if epochs is None:
         numbers = tf.data.Dataset.counter(epoch)
     else:

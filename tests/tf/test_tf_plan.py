@@ -299,3 +299,12 @@ def test_tasks_split_into_rows_exactly_and_within_the_map_budget(tmp_path, monke
             seen.append(int(shards.schema.decode(payload)["id"]))
     assert sorted(seen) == list(range(len(sizes)))
     assert max(peak) <= 4  # tasks touch up to 8 shards, one held at a time
+
+
+@pytest.mark.timeout(60)
+def test_an_empty_dataset_ends_even_without_an_epoch_count(tmp_path):
+    with rk.Writer(tmp_path / "e", Schema(id=Int64())):
+        pass
+    for epochs in (1, 3, None):
+        ds = rtf.dataset(tmp_path / "e", batch_size=4, shuffle=True, epochs=epochs)
+        assert len(ds) == 0 and list(ds) == []
