@@ -1,8 +1,15 @@
-"""TensorFlow: read recordkit datasets through ``tf.data``'s own C++ reader.
+"""TensorFlow: read recordkit datasets into ``tf.data``, in the epoch plan's order.
 
 :func:`dataset` builds a ``tf.data.Dataset`` from a dataset's manifest (or a
 folder of foreign TFRecords plus a schema) with no Python in the per-record
-path: ``TFRecordDataset`` over the shard list with a parallel interleave,
+path. Shuffled, or split over input pipelines, the records come in the order of
+:class:`~recordkit.reader.plan.EpochPlan` (the one ``recordkit.torch`` reads):
+epoch and task numbers from ``Dataset.range`` (positions that
+``tf.train.Checkpoint`` saves), one stateless ``tf.numpy_function`` per task of
+thousands of records that verifies and gathers them natively
+(:mod:`recordkit._tftasks`), and ``tf.strings.substr`` to split them. One
+unshuffled pipeline (and the shard cache, and ``gs://``) reads with
+``TFRecordDataset`` over the shard list with a parallel interleave. Then
 ``tf.io.parse_example`` with a feature spec derived from the schema,
 ``tf.io.decode_raw`` for :class:`~recordkit.codec.Tensor` features, and
 ``prefetch(AUTOTUNE)``. :func:`feature_spec` gives that spec to users who build
@@ -35,7 +42,6 @@ they are read.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,13 +49,19 @@ from typing import Any
 import numpy as np
 
 from ._deps import require
+from ._tfdecode import COMPANION as _COMPANION
+from ._tfdecode import decoder as _decoder
+from ._tfdecode import fast as _fast
+from ._tftasks import PlanTasks
 from .codec import Bytes, Float32, Int64, Schema, Tensor
-from .codec.limits import DecodeBudget, DecodeLimits
+from .codec.limits import DecodeLimits
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
 from .reader.epochs import CacheEpochs
+from .reader.plan import PlanOptions
+from .reader.shards import open_shards
 from .storage import is_temp_name, strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
@@ -58,7 +70,6 @@ __all__ = ["dataset", "feature_spec", "shard_files"]
 
 # URL schemes TensorFlow's file system layer reads by itself.
 _TF_NATIVE = ("gs://",)
-_COMPANION = "/shape"
 # Records read as one chunk (one element between the reader threads and the
 # rest of the pipeline): up to this many records or bytes; records of at least
 # _CHUNK_MIN_RECORD bytes (mean) are not chunked.
@@ -67,13 +78,6 @@ _CHUNK_BYTES = 1 << 20
 _CHUNK_MIN_RECORD = 64 << 10
 # Read-ahead per open shard (TFRecordDataset's buffer_size): big sequential reads.
 _READ_BUFFER = 8 << 20
-
-
-def _tf_dtype(np_dtype: Any) -> Any:
-    dtype = np.dtype(np_dtype)
-    if dtype.name == "bool":
-        return tf.bool
-    return tf.as_dtype(dtype.newbyteorder("="))
 
 
 def feature_spec(schema: Schema, columns: Sequence[str] | None = None) -> dict[str, Any]:
@@ -271,77 +275,6 @@ def _cached_files(
     return epoch_files, first.paths, schema, manifest
 
 
-# -- decoding ----------------------------------------------------------------------------------
-
-
-def _decoder(
-    schema: Schema, names: list[str], *, batched: bool, limits: DecodeLimits | None = None
-) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """Turn parsed features into the output element (one record, or a parsed batch)."""
-    cap = (limits or DecodeLimits()).record_limit(schema, names)
-
-    def shape_of(name: str, ftype: Any, parsed: dict[str, Any], count: Any) -> Any:
-        if ftype.shape_feature:
-            return parsed[name + _COMPANION]
-        known = math.prod(d for d in ftype.shape if d is not None)
-        return [count // known if d is None else d for d in ftype.shape]
-
-    def one(name: str, ftype: Any, parsed: dict[str, Any]) -> Any:
-        value = parsed[name]
-        if isinstance(ftype, Tensor):
-            dtype = _tf_dtype(ftype.dtype)
-            if ftype.compression:
-                value = _zstd(value, ftype, name, cap)
-            else:
-                value = tf.io.decode_raw(value, dtype, little_endian=True)
-            if None not in ftype.shape:
-                return tf.reshape(value, list(ftype.shape))
-            count = tf.size(value, out_type=tf.int64)
-            return tf.reshape(value, shape_of(name, ftype, parsed, count))
-        if None not in ftype.shape or isinstance(ftype, Bytes):
-            return value
-        count = tf.size(value, out_type=tf.int64)
-        return tf.reshape(value, shape_of(name, ftype, parsed, count))
-
-    def per_record(parsed: dict[str, Any]) -> dict[str, Any]:
-        return {n: one(n, schema[n], parsed) for n in names}
-
-    def per_batch(parsed: dict[str, Any]) -> dict[str, Any]:
-        out = {}
-        for n in names:
-            ftype, value = schema[n], parsed[n]
-            if isinstance(ftype, Tensor):
-                value = tf.io.decode_raw(value, _tf_dtype(ftype.dtype), little_endian=True)
-                value = tf.reshape(value, [-1, *ftype.shape])
-            out[n] = value
-        return out
-
-    return per_batch if batched else per_record
-
-
-def _zstd(value: Any, ftype: Tensor, name: str, cap: int) -> Any:
-    dtype = np.dtype(ftype.dtype)
-    size = None if None in ftype.shape else math.prod(ftype.shape) * dtype.itemsize  # type: ignore[arg-type]
-
-    def decompress(frame: bytes) -> np.ndarray:
-        # TensorFlow decodes the features one by one: each value within the record limit.
-        raw = DecodeBudget(cap, cap).decompress(name, frame, size)
-        return np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="), copy=False)
-
-    out = tf.numpy_function(decompress, [value], _tf_dtype(dtype), stateful=False)
-    out.set_shape([None])
-    return out
-
-
-def _fast(schema: Schema, names: list[str]) -> bool:
-    """Whether a whole batch decodes with vectorised ops (no per-record shapes, no zstd)."""
-    for n in names:
-        ftype = schema[n]
-        if None in ftype.shape or (isinstance(ftype, Tensor) and ftype.compression):
-            return False
-    return True
-
-
 # -- the pipeline ------------------------------------------------------------------------------
 
 
@@ -351,6 +284,8 @@ def dataset(
     batch_size: int | None = None,
     shuffle: bool = False,
     seed: int = 0,
+    epoch: int = 0,
+    epochs: int | None = 1,
     shuffle_buffer: int = 10_000,
     drop_remainder: bool = False,
     columns: Sequence[str] | None = None,
@@ -367,26 +302,44 @@ def dataset(
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
+    The order of every epoch is the epoch plan's
+    (:class:`recordkit.reader.plan.EpochPlan`, the one ``recordkit.torch``
+    reads): a pure function of ``seed``, the epoch number and the position,
+    never of TensorFlow's random state, so ``tf.random.set_seed`` does not
+    change it, and an iterator saved with ``tf.train.Checkpoint(iterator=it)``
+    continues the same stream, mid-epoch and across epochs, in a new process.
+    One unshuffled pipeline reads through TensorFlow's own ``TFRecordDataset``;
+    ``docs/tensorflow.md`` says which path reads what.
+
     Args:
         path_or_url: a dataset directory (with ``recordkit.json``), a folder of
             TFRecord files, one file, or a ``gs://`` URL of any of these.
         batch_size: batch this many records (``parse_example`` on whole batches);
             ``None`` yields single records.
-        shuffle: reshuffle every epoch: the shard order (a seeded permutation,
-            new each time the dataset is iterated), records alternating between
-            the shards being read, and a buffer of ``shuffle_buffer`` records.
-            The same seed gives the same orders.
-        seed: the shuffle seed.
-        shuffle_buffer: records in the shuffle buffer (memory: this many records).
-        drop_remainder: drop a last, smaller batch.
+        shuffle: a new order every epoch, mixed like a uniform permutation on
+            sorted data too (blocks of records in a keyed order, then records
+            within windows of many blocks).
+        seed: the shuffle seed (0 to 2**63 - 1).
+        epoch: the number of the first epoch this dataset yields (the plan's
+            epoch: with ``shuffle``, each epoch number has its own order).
+        epochs: epochs one pass over the dataset yields, numbered ``epoch``,
+            ``epoch + 1``, ...; ``None`` repeats without end. Iterating the
+            dataset again starts again at ``epoch``: keep one iterator (and
+            checkpoint it), or build the dataset with the next ``epoch``.
+        shuffle_buffer: records in TensorFlow's shuffle buffer, used only where
+            the plan is not (a shard cache, ``gs://``).
+        drop_remainder: drop the last, smaller batch; with ``input_context``
+            the shuffled epoch is cut to a multiple of the global batch
+            (``batch_size`` times the number of pipelines), so every pipeline
+            yields the same number of full batches.
         columns: decode only these features (default: all).
-        input_context: a ``tf.distribute.InputContext``: this pipeline reads
-            whole shards (every ``num_input_pipelines``-th) when there are at
-            least as many shards as pipelines, else every
-            ``num_input_pipelines``-th record. Each record is read by exactly one
-            pipeline per epoch.
-        deterministic: keep the interleave order fixed (a pure function of the
-            seed and the shard set); ``False`` lets TensorFlow trade order for speed.
+        input_context: a ``tf.distribute.InputContext``: pipelines split each
+            epoch by global batch, as ``torch.distributed`` ranks do: pipeline
+            *i* takes the *i*-th ``batch_size`` slice of each global batch.
+            Each record is read by exactly one pipeline per epoch (the last,
+            partial global batch is shared evenly unless ``drop_remainder``).
+        deterministic: keep the order fixed; ``False`` lets TensorFlow trade
+            order for speed where it interleaves files (the native path).
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
         cache: read through this started :class:`recordkit.cache.ShardCache`:
@@ -395,17 +348,16 @@ def dataset(
             starts, so epochs grow as the cache fills. ``path_or_url`` is then
             only a label. With a cache, ``input_context`` splits by shard only
             (pipeline *i* takes shards *i*, *i + n*, ... of each epoch's set),
-            and the length is unknown.
+            the length is unknown, and the order is not the plan's.
         cache_dir: instead of ``cache``: cache the remote ``path_or_url`` here,
             within ``cache_limit`` bytes; the fill workers start now and stop at
             interpreter exit.
         cache_limit: the disk budget for ``cache_dir`` (e.g. ``"50GiB"``).
         cache_timeout: seconds an epoch start waits for a first complete shard.
-        num_parallel_reads: shards read at once (default 4), in parallel;
-            their records (small records: chunks of up to 1024 records or 1 MiB)
-            alternate, so without ``shuffle`` the order is fixed
-            but not the dataset order. ``1`` reads shard after shard, in the
-            manifest's order.
+        num_parallel_reads: on the native path, shards read at once (default
+            4), in parallel; their records (small records: chunks of up to 1024
+            records or 1 MiB) alternate, so the order is fixed but not the
+            dataset order. ``1`` reads shard after shard, in the manifest's order.
         partial: read a directory where a write of ours did not finish (the
             shards it published, with a WARNING) instead of raising
             :class:`~recordkit.errors.IncompleteDatasetError`.
@@ -414,8 +366,9 @@ def dataset(
             derived from the schema); a value over it fails the pipeline with
             :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
 
-    With a manifest the dataset knows its length (``len(ds)``: batches, or
-    records, of this pipeline), so Keras knows the steps per epoch.
+    The dataset knows its length (``len(ds)``: batches, or records, of this
+    pipeline, times ``epochs``) where there is a manifest or a local folder, so
+    Keras knows the steps per epoch.
 
     Raises:
         ShardNotFoundError: no dataset at the path, or a URL TensorFlow cannot read.
@@ -425,17 +378,37 @@ def dataset(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if shuffle_buffer < 1:
         raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
-    epoch_files = None
-    epochs = CacheEpochs.open(
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
+    pipelines, pipeline = 1, 0
+    if input_context is not None:
+        pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+        shard_files([], pipelines, pipeline)  # validates them
+    cache_epochs = CacheEpochs.open(
         os.fspath(path_or_url),
         cache=cache,
         cache_dir=cache_dir,
         cache_limit=cache_limit,
         timeout=cache_timeout,
     )
-    if epochs is not None:
+    path = strip_file_scheme(os.fspath(path_or_url))
+    if cache_epochs is None and "://" not in path and (shuffle or pipelines > 1):
+        if not os.path.exists(path):
+            raise ShardNotFoundError(f"no such dataset: {path}")
+        shards = open_shards(path, schema, partial=partial)
+        names = _columns(shards.schema, columns)
+        options = PlanOptions(
+            shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
+        )
+        tasks = PlanTasks(shards, options, pipeline, pipelines)
+        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits)
+        return ds.prefetch(tf.data.AUTOTUNE)
+    epoch_files = None
+    if cache_epochs is not None:
         epoch_files, files, schema, manifest = _cached_files(
-            epochs, schema, seed, shuffle, input_context
+            cache_epochs, schema, seed, shuffle, input_context
         )
     else:
         _check_complete(strip_file_scheme(os.fspath(path_or_url)), partial)
@@ -447,9 +420,115 @@ def dataset(
     if epoch_files is not None:
         counts = None  # the set changes from epoch to epoch
     elif input_context is not None:
-        files, by_record = shard_files(
-            files, input_context.num_input_pipelines, input_context.input_pipeline_id
+        files, by_record = shard_files(files, pipelines, pipeline)
+    ds = _native_pipeline(
+        files,
+        manifest,
+        schema,
+        names,
+        spec,
+        counts,
+        by_record,
+        epoch_files,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        shuffle_buffer=shuffle_buffer,
+        drop_remainder=drop_remainder,
+        input_context=input_context,
+        deterministic=deterministic,
+        num_parallel_reads=num_parallel_reads,
+        limits=limits,
+    )
+    if epochs != 1:
+        ds = ds.repeat(epochs)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _planned(
+    tasks: PlanTasks,
+    schema: Schema,
+    names: list[str],
+    batch_size: int | None,
+    epoch: int,
+    epochs: int | None,
+    limits: DecodeLimits | None,
+) -> Any:
+    """Epochs of the plan: epoch and task numbers from ``Dataset.range``, records per task.
+
+    The only iterator state is positions in ``range`` datasets (and the records
+    already split off a task), which ``tf.train.Checkpoint(iterator=...)``
+    saves; every task's records are a pure function of its epoch and number.
+    """
+    autotune = tf.data.AUTOTUNE
+    spec = feature_spec(schema, names)
+    fast = _fast(schema, names)
+
+    def read(e: Any, t: Any) -> Any:
+        buf, starts, lengths = tf.numpy_function(
+            tasks.read, [e, t], [tf.string, tf.int64, tf.int64], stateful=False
         )
+        records = tf.strings.substr(buf[0], starts, lengths)
+        records.set_shape([None])
+        return records
+
+    def one_epoch(e: Any) -> Any:
+        ds = tf.data.Dataset.range(tasks.tasks).map(
+            lambda t: read(e, t), num_parallel_calls=autotune, deterministic=True
+        )
+        if fast:
+            # tasks are whole units: only an epoch's last batch can be short
+            return ds.rebatch(batch_size) if batch_size is not None else ds
+        decode = _decoder(schema, names, batched=False, limits=limits)
+        ds = ds.unbatch().map(
+            lambda s: decode(tf.io.parse_single_example(s, spec)),
+            num_parallel_calls=autotune,
+            deterministic=True,
+        )
+        return ds.ragged_batch(batch_size) if batch_size is not None else ds
+
+    if not tasks.tasks:  # nothing to read: endless empty epochs would never yield
+        epochs = 0
+    if epochs is None:
+        numbers = tf.data.Dataset.counter(epoch)
+    else:
+        numbers = tf.data.Dataset.range(epoch, epoch + epochs)
+    ds = numbers.flat_map(one_epoch)
+    if fast:
+        decode = _decoder(schema, names, batched=True, limits=limits)
+        ds = ds.map(
+            lambda s: decode(tf.io.parse_example(s, spec)),
+            num_parallel_calls=autotune,
+            deterministic=True,
+        )
+        if batch_size is None:
+            ds = ds.unbatch()
+    # batches (or records without a batch size) per epoch, times epochs; flat_map hides it
+    length = tf.data.INFINITE_CARDINALITY if epochs is None else tasks.units * epochs
+    return ds.apply(tf.data.experimental.assert_cardinality(length))
+
+
+def _native_pipeline(
+    files: list[str],
+    manifest: Manifest | None,
+    schema: Schema,
+    names: list[str],
+    spec: dict[str, Any],
+    counts: dict[str, int] | None,
+    by_record: bool,
+    epoch_files: Callable[[], Any] | None,
+    *,
+    batch_size: int | None,
+    shuffle: bool,
+    seed: int,
+    shuffle_buffer: int,
+    drop_remainder: bool,
+    input_context: Any,
+    deterministic: bool,
+    num_parallel_reads: int | None,
+    limits: DecodeLimits | None,
+) -> Any:
+    """One epoch through ``TFRecordDataset``: the order without shuffle, the cache, gs://."""
     autotune = tf.data.AUTOTUNE
     if num_parallel_reads is None:
         num_parallel_reads = 4
@@ -528,4 +607,4 @@ def dataset(
         if batch_size is not None:
             records = records // batch_size if drop_remainder else -(-records // batch_size)
         ds = ds.apply(tf.data.experimental.assert_cardinality(records))
-    return ds.prefetch(autotune)
+    return ds

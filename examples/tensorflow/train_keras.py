@@ -57,10 +57,13 @@ def main() -> None:
         image = tf.cast(batch["image"], tf.float32) / 255.0
         return image, batch["label"]
 
+    # One endless dataset (epochs=None): epoch e comes in the plan's order for epoch e,
+    # and Keras keeps one iterator over all epochs when given the steps of one.
     train = recordkit.tf.dataset(
-        args.data, batch_size=64, shuffle=True, seed=0, columns=["image", "label"]
+        args.data, batch_size=64, shuffle=True, seed=0, epochs=None, columns=["image", "label"]
     ).map(to_xy)
-    print(f"{len(train)} batches per epoch")  # known from the manifest
+    steps = len(recordkit.tf.dataset(args.data, batch_size=64))  # known from the manifest
+    print(f"{steps} batches per epoch")
 
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential(
@@ -75,8 +78,8 @@ def main() -> None:
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    # shuffle=False: the dataset already reshuffles itself every epoch.
-    history = model.fit(train, epochs=args.epochs, shuffle=False, verbose=2)
+    # shuffle=False: the dataset orders itself, a new order every epoch.
+    history = model.fit(train, epochs=args.epochs, steps_per_epoch=steps, shuffle=False, verbose=2)
     for epoch, (loss, acc) in enumerate(zip(history.history["loss"], history.history["accuracy"])):
         print(f"epoch {epoch}: loss {loss:.3f}, accuracy {acc:.3f}")
 

@@ -7,6 +7,8 @@ import pytest
 
 import recordkit as rk
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
+from recordkit.reader.plan import EpochPlan, PlanOptions
+from recordkit.reader.shards import open_shards
 
 tf = pytest.importorskip("tensorflow")
 rtf = pytest.importorskip("recordkit.tf")
@@ -134,6 +136,24 @@ def test_batches_equal_records(written, batch_size):
     assert [_empty_as_one(r) for r in rows] == [_empty_as_one(_expected(s)) for s in samples]
 
 
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_every_feature_type_through_the_plan(written, batch_size):
+    """Ragged, zstd, bool and float16 features read the same through the epoch plan."""
+    root, samples = written
+    ds = rtf.dataset(root, batch_size=batch_size, shuffle=True, seed=2)
+    rows = []
+    for batch in ds:
+        if batch_size is None:
+            rows.append({n: _norm(n, v) for n, v in batch.items()})
+            continue
+        for i in range(int(batch["id"].shape[0])):
+            rows.append({n: _norm(n, v[i]) for n, v in batch.items()})
+    ids = [int(np.frombuffer(r["id"][1], np.int64)[0]) for r in rows]
+    assert sorted(ids) == list(range(N)) and ids != list(range(N))
+    for k, row in zip(ids, rows):
+        assert _empty_as_one(row) == _empty_as_one(_expected(samples[k]))
+
+
 def _empty_as_one(row: dict) -> dict:
     """A ragged row with no elements cannot carry the sizes of its inner dims
     (a (0, 2) record reads back as shape (0,)): compare empty values as equal."""
@@ -200,15 +220,31 @@ def test_parallel_reads_give_a_fixed_order(written, batch_size):
         assert sizes[:-1] == [batch_size] * (len(sizes) - 1)  # only the last is short
 
 
-def test_shuffle_is_seeded_and_new_each_epoch(fixed):
-    ds = rtf.dataset(fixed, batch_size=8, shuffle=True, seed=3, shuffle_buffer=50)
-    e1, e2 = _ids(ds), _ids(ds)
+def _plan_order(root, epoch: int, **options) -> list[int]:
+    """The epoch plan's order of a dataset whose record k has id k."""
+    shards = open_shards(root)
+    plan = EpochPlan(
+        shards.counts, PlanOptions(**options), epoch, avg_record_bytes=shards.avg_record_bytes
+    )
+    return plan.order(np.arange(shards.records)).tolist()
+
+
+def test_shuffle_is_the_plan_seeded_and_new_each_epoch(fixed):
+    ds = rtf.dataset(fixed, batch_size=8, shuffle=True, seed=3, epochs=2)
+    assert len(ds) == 2 * 17
+    ids = _ids(ds)
+    e1, e2 = ids[:130], ids[130:]
     assert sorted(e1) == sorted(e2) == list(range(130))
     assert e1 != e2 and e1 != list(range(130))
-    again = rtf.dataset(fixed, batch_size=8, shuffle=True, seed=3, shuffle_buffer=50)
-    assert [_ids(again), _ids(again)] == [e1, e2]
-    other = rtf.dataset(fixed, batch_size=8, shuffle=True, seed=4, shuffle_buffer=50)
+    assert e1 == _plan_order(fixed, 0, shuffle=True, seed=3, batch_size=8)
+    assert e2 == _plan_order(fixed, 1, shuffle=True, seed=3, batch_size=8)
+    assert _ids(ds) == ids  # a new pass is the same stream: the epoch numbers say the order
+    assert _ids(rtf.dataset(fixed, batch_size=8, shuffle=True, seed=3, epoch=1)) == e2
+    other = rtf.dataset(fixed, batch_size=8, shuffle=True, seed=4)
     assert _ids(other) != e1
+    forever = rtf.dataset(fixed, batch_size=8, shuffle=True, seed=3, epochs=None)
+    assert forever.cardinality() == tf.data.INFINITE_CARDINALITY
+    assert _ids(forever.take(34)) == ids
 
 
 @pytest.mark.parametrize("pipelines", [2, 3, 16])
