@@ -4,8 +4,8 @@ Every record's length and payload CRC is checked as it streams by, and (by
 default) every payload is decoded against the schema, so what comes out is
 verified; payloads are copied byte for byte, not re-encoded. The output is
 re-sharded to the requested shard size and gets ``.idx`` files and a manifest.
-GZIP-compressed TFRecord files (``TFRecordOptions(compression_type="GZIP")``)
-are recognised by their magic bytes.
+GZIP- and ZLIB-compressed TFRecord files (``TFRecordOptions(compression_type=
+"GZIP" | "ZLIB")``) are recognised by their first bytes and read as streams.
 
 The schema is inferred from the first records (``recordkit.Schema.infer``)
 unless given.
@@ -18,7 +18,6 @@ Options:
 
 from __future__ import annotations
 
-import gzip
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, ClassVar
@@ -26,7 +25,7 @@ from typing import Any, BinaryIO, ClassVar
 from recordkit import Schema
 from recordkit.codec import decode_example
 from recordkit.errors import CorruptRecordError
-from recordkit.format import OVERHEAD, read_stream
+from recordkit.format import OVERHEAD, open_stream, read_stream, sniff_compression
 
 from .base import Item, Source, source_errors
 
@@ -69,9 +68,9 @@ class TFRecordSource(Source):
         rel = item.ref[0]
         path = self.location.join(rel)
         with source_errors(item.key), self.location.open(rel, block_size=8 << 20) as raw:
-            magic = raw.read(2)
+            head = raw.read(12)
             raw.seek(0)
-            f = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw
+            f = open_stream(raw, sniff_compression(head))
             yield from read_records(
                 f, path=path, max_record_bytes=int(self.options["max_record_bytes"])
             )

@@ -105,6 +105,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify(args.dataset, decode=not args.no_decode)
     for problem in report.problems:
         print(problem)
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)"
     print(
         f"verified {report.shards} shard(s), {report.records} record(s), "

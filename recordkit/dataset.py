@@ -45,7 +45,10 @@ class Dataset:
             ``.tfrecord`` files without one, or one ``.tfrecord`` file.
         schema: overrides the manifest's schema; required for nothing, but for
             foreign data it saves inferring one from the first records.
-        write_index: write rebuilt indexes beside foreign shards (best effort).
+        write_index: write indexes rebuilt for foreign shards beside them (best
+            effort). By default they go to the per-user index cache
+            (``RECORDKIT_INDEX_CACHE``), so reading never writes into a folder
+            recordkit did not write.
 
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
@@ -58,7 +61,7 @@ class Dataset:
         path: str | os.PathLike[str],
         schema: Schema | None = None,
         *,
-        write_index: bool = True,
+        write_index: bool = False,
     ) -> None:
         self._set = open_shards(path, schema, write_index=write_index)
         self.root = self._set.root

@@ -7,6 +7,7 @@ that only know the standard library can still catch it sensibly::
     ├── CorruptRecordError (ValueError)      bad framing, CRC mismatch, bad payload
     │   ├── TruncatedRecordError             a record cut short (also in the length field)
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
+    ├── CompressedTFRecordError (ValueError) a GZIP/ZLIB TFRecord where random access is needed
     ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
     ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
     ├── ShardChangedError (OSError)          a shard that changed (shrank) after it was opened
@@ -25,6 +26,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 __all__ = [
+    "CompressedTFRecordError",
     "CorruptRecordError",
     "DatasetExistsError",
     "InvalidIndexError",
@@ -126,6 +128,30 @@ class TruncatedRecordError(CorruptRecordError):
 
 class RecordTooLargeError(CorruptRecordError):
     """A length field or a compressed frame that claims more than the limit allows."""
+
+
+class CompressedTFRecordError(_LocatedError, ValueError):
+    """A GZIP- or ZLIB-compressed TFRecord file where a reader needs random access.
+
+    Not corruption: the file is whole, but it is one compressed stream with no
+    record offsets. The message gives the ``recordkit convert`` command that
+    makes an indexed copy.
+
+    Attributes:
+        compression: ``"GZIP"`` or ``"ZLIB"``.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        record: int | None = None,
+        compression: str = "GZIP",
+    ) -> None:
+        self.compression = compression
+        super().__init__(reason, path=path, offset=offset, record=record)
 
 
 class InvalidIndexError(_LocatedError, ValueError):

@@ -5,6 +5,7 @@ Also the atomic-publish helpers every local writer uses (``atomic_write_bytes``,
 """
 
 from ._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir
+from .compressed import detect_compression, open_stream, sniff_compression
 from .crc import crc32c, mask, masked_crc32c, unmask
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -38,6 +39,7 @@ __all__ = [
     "ShardInfo",
     "atomic_write_bytes",
     "crc32c",
+    "detect_compression",
     "ensure_index",
     "frame",
     "frame_header",
@@ -48,12 +50,14 @@ __all__ = [
     "mask",
     "masked_crc32c",
     "open_map",
+    "open_stream",
     "parse_index",
     "read_header",
     "read_manifest",
     "read_record",
     "read_stream",
     "scan_index",
+    "sniff_compression",
     "unmask",
     "validate_index",
     "write_index",

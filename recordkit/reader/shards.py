@@ -113,7 +113,7 @@ class MappedShard:
     __slots__ = ("buf", "info", "nbytes", "offsets", "path", "pins", "sizes")
 
     def __init__(
-        self, root: str, info: ShardInfo, *, write_index: bool = True, listed: bool = True
+        self, root: str, info: ShardInfo, *, write_index: bool = False, listed: bool = True
     ) -> None:
         self.info = info
         self.path = os.path.join(root, info.path)
@@ -125,7 +125,9 @@ class MappedShard:
         try:
             if info.bytes != self.nbytes:
                 raise mismatch(f"shard is {self.nbytes} bytes, {what} {info.bytes}", path=self.path)
-            entries = ensure_index(self.path, buf=self.buf, write=write_index)
+            # A manifest's shards are ours: a lost index goes back beside them. A foreign
+            # shard's goes to the per-user cache unless the user asked for it beside.
+            entries = ensure_index(self.path, buf=self.buf, write=write_index or listed)
             if len(entries) != info.records:
                 raise mismatch(
                     f"shard has {len(entries)} records, {what} {info.records}", path=self.path
@@ -193,7 +195,9 @@ class ShardSet:
         infos: the shards in dataset order, with their record counts and sizes
             (from the manifest, a cache, or counting).
         schema: the schema (given, from the manifest, or inferred).
-        write_index: write an index rebuilt for a shard beside it.
+        write_index: write an index rebuilt for a foreign shard beside it (default:
+            the per-user cache, :mod:`recordkit.format.index_cache`; a manifest's
+            shards always get theirs back beside them).
         max_open: maps kept open at most (default :func:`max_open_shards`).
 
     Attributes:
@@ -208,7 +212,7 @@ class ShardSet:
         infos: Sequence[ShardInfo],
         schema: Schema | None = None,
         *,
-        write_index: bool = True,
+        write_index: bool = False,
         max_open: int | None = None,
     ) -> None:
         self.root = root
@@ -356,11 +360,12 @@ class ShardSet:
         self._pid = os.getpid()
 
 
-def count_shards(root: str, names: Sequence[str], *, write_index: bool = True) -> list[ShardInfo]:
+def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) -> list[ShardInfo]:
     """Shard infos for files without a manifest: each shard's index read (or rebuilt).
 
     O(records): every index is loaded and validated (a missing or stale one is
-    rebuilt by a CRC-checked scan), then dropped; only the counts are kept.
+    rebuilt by a CRC-checked scan, and kept in the per-user index cache unless
+    ``write_index`` puts it beside the shard), then dropped; only the counts are kept.
     """
     infos = []
     for name in names:
@@ -391,7 +396,7 @@ def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, li
 
 
 def open_shards(
-    path: str | os.PathLike[str], schema: Schema | None = None, *, write_index: bool = True
+    path: str | os.PathLike[str], schema: Schema | None = None, *, write_index: bool = False
 ) -> ShardSet:
     """The shard set of a dataset directory, a folder of TFRecords, or one file.
 

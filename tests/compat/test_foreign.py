@@ -1,0 +1,251 @@
+"""Other people's TFRecords, written by TensorFlow itself (issue 15, items 3 and 4).
+
+Compressed files are refused by name (never "corrupt"), verified as streams, and
+converted to an indexed copy whose every value matches TensorFlow's own reader.
+Reading a foreign folder writes nothing into it: indexes go to the per-user cache
+(pointed at a temporary directory by ``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import recordkit as rk
+from recordkit.cli import main
+from recordkit.errors import CompressedTFRecordError, CorruptRecordError
+from recordkit.format import index_cache
+
+pytestmark = pytest.mark.tf
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def tf() -> ModuleType:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TensorFlow's import-time deprecation noise
+        return pytest.importorskip("tensorflow")
+
+
+def _write(tf: ModuleType, path: Path, compression: str = "", n: int = N) -> Path:
+    """``n`` Examples (id, name, vec) through ``tf.io.TFRecordWriter``."""
+    options = tf.io.TFRecordOptions(compression_type=compression)
+    with tf.io.TFRecordWriter(str(path), options=options) as w:
+        for i in range(n):
+            feature = {
+                "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "name": tf.train.Feature(bytes_list=tf.train.BytesList(value=[f"r{i}".encode()])),
+                "vec": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i / 2, -i])),
+            }
+            ex = tf.train.Example(features=tf.train.Features(feature=feature))
+            w.write(ex.SerializeToString())
+    return path
+
+
+def _tf_values(tf: ModuleType, path: Path, compression: str = "") -> list[dict[str, object]]:
+    """TensorFlow's own reading of the file, as plain Python values."""
+    spec = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "name": tf.io.FixedLenFeature([], tf.string),
+        "vec": tf.io.FixedLenFeature([3], tf.float32),
+    }
+    out = []
+    for raw in tf.data.TFRecordDataset(str(path), compression_type=compression):
+        parsed = tf.io.parse_single_example(raw, spec)
+        out.append({k: v.numpy() for k, v in parsed.items()})
+    return out
+
+
+def _same(ours: list[dict[str, object]], theirs: list[dict[str, object]]) -> None:
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert int(a["id"]) == int(b["id"])  # type: ignore[call-overload]
+        assert a["name"] == b["name"]
+        np.testing.assert_array_equal(np.asarray(a["vec"], np.float32), b["vec"])
+
+
+# ------------------------------------------------------------------ compressed files
+
+
+@pytest.mark.parametrize("kind", ["GZIP", "ZLIB"])
+def test_compressed_is_refused_by_name_never_corrupt(tf: ModuleType, tmp_path: Path, kind: str):
+    path = _write(tf, tmp_path / "data.tfrecord", kind)
+    with pytest.raises(CompressedTFRecordError) as info:
+        rk.Dataset(path)
+    assert not isinstance(info.value, CorruptRecordError)
+    message = str(info.value)
+    assert f"{kind}-compressed TFRecord" in message
+    assert f"recordkit convert --from tfrecord {path} DEST" in message
+    assert "corrupt" not in message.lower() and "CRC" not in message
+    assert info.value.compression == kind and info.value.path == str(path)
+    with pytest.raises(CompressedTFRecordError, match=f"{kind}-compressed TFRecord"):
+        rk.Dataset(tmp_path)  # the folder too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.tfrecord"]
+
+
+@pytest.mark.parametrize("kind", ["GZIP", "ZLIB"])
+def test_verify_checks_compressed_as_a_stream(
+    tf: ModuleType, tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+):
+    path = _write(tf, tmp_path / "data.tfrecord", kind)
+    report = rk.verify(tmp_path)
+    assert report.ok, str(report)
+    assert report.records == N
+    assert any(f"{kind}-compressed TFRecord" in n.message for n in report.notes)
+    assert main(["verify", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert f"{kind}-compressed TFRecord" in err and "recordkit convert --from tfrecord" in err
+    assert "corrupt" not in err.lower()
+
+
+def test_verify_finds_damage_inside_a_gzip_stream(tf: ModuleType, tmp_path: Path):
+    # Written uncompressed by TF, one payload byte flipped, then gzipped: the stream
+    # decompresses cleanly and the record's CRC catches the flip.
+    import gzip
+
+    plain = _write(tf, tmp_path / "plain.bin")
+    data = bytearray(plain.read_bytes())
+    data[20] ^= 0xFF  # inside record 0's payload
+    plain.unlink()
+    (tmp_path / "data.tfrecord").write_bytes(gzip.compress(bytes(data)))
+    report = rk.verify(tmp_path)
+    assert not report.ok
+    message = report.problems[0].message
+    assert message.startswith("payload CRC mismatch") and message.endswith("(GZIP stream)")
+    assert report.problems[0].record == 0
+
+
+@pytest.mark.parametrize("kind", ["GZIP", "ZLIB"])
+def test_convert_makes_an_indexed_copy(tf: ModuleType, tmp_path: Path, kind: str):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write(tf, src / "data.tfrecord", kind)
+    dst = tmp_path / "dst"
+    assert main(["convert", "--from", "tfrecord", str(src), str(dst)]) == 0
+    ds = rk.Dataset(dst)
+    _same(list(ds), _tf_values(tf, src / "data.tfrecord", kind))
+    assert rk.verify(dst).ok
+
+
+# ------------------------------------------------------- no side effects on foreign data
+
+
+def _foreign(tf: ModuleType, root: Path) -> Path:
+    root.mkdir()
+    _write(tf, root / "train.tfrecord-00000-of-00002", n=25)
+    _write(tf, root / "train.tfrecord-00001-of-00002", n=15)
+    return root
+
+
+def _listing(root: Path) -> list[tuple[str, int, int]]:
+    return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in root.iterdir())
+
+
+def test_reading_writes_nothing_beside_foreign_shards(tf: ModuleType, tmp_path: Path):
+    root = _foreign(tf, tmp_path / "tfds")
+    before = _listing(root)
+    ds = rk.Dataset(root)
+    theirs = _tf_values(tf, root / "train.tfrecord-00000-of-00002")
+    theirs += _tf_values(tf, root / "train.tfrecord-00001-of-00002")
+    _same(list(ds), theirs)
+    _same([ds[i] for i in range(len(ds))], theirs)
+    assert _listing(root) == before
+    cached = sorted(Path(index_cache.cache_dir() or "").iterdir())
+    assert len(cached) == 2 and all(p.suffix == ".idx" for p in cached)
+    # The cached index is the one `recordkit index` would write.
+    rk.build_index(root)
+    beside = sorted(p.read_bytes() for p in root.glob("*.idx"))
+    assert sorted(p.read_bytes() for p in cached) == beside
+
+
+def test_torch_reader_writes_nothing_beside_foreign_shards(tf: ModuleType, tmp_path: Path):
+    pytest.importorskip("torch")
+    from recordkit.torch import RecordDataset
+
+    root = _foreign(tf, tmp_path / "tfds")
+    before = _listing(root)
+    ids = sorted(int(s["id"]) for s in RecordDataset(root, batch_size=None))
+    assert ids == sorted(list(range(25)) + list(range(15)))
+    assert _listing(root) == before
+
+
+def test_cached_index_is_validated_not_trusted(
+    tf: ModuleType, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    root = _foreign(tf, tmp_path / "tfds")
+    rk.Dataset(root)
+    directory = Path(index_cache.cache_dir() or "")
+    entries = sorted(directory.iterdir())
+    for p in entries:  # a lying index: contiguous, but the wrong record sizes
+        lines = p.read_text().splitlines()
+        p.write_text("".join(f"{i * 16} 16\n" for i in range(len(lines))))
+    with caplog.at_level("WARNING", logger="recordkit.format.index_cache"):
+        ds = rk.Dataset(root)
+    assert len(ds) == 40 and [int(ds[i]["id"]) for i in (0, 24, 25, 39)] == [0, 24, 0, 14]
+    assert "dropping cached index" in caplog.text
+    assert all(
+        p.read_text().startswith("0 ") and not p.read_text().startswith("0 16\n")
+        for p in directory.iterdir()
+    )
+
+
+def test_cache_key_follows_size_and_mtime(tf: ModuleType, tmp_path: Path):
+    root = _foreign(tf, tmp_path / "tfds")
+    rk.Dataset(root)
+    directory = Path(index_cache.cache_dir() or "")
+    first = {p.name for p in directory.iterdir()}
+    _write(tf, root / "train.tfrecord-00001-of-00002", n=7)  # rewritten in place
+    assert len(rk.Dataset(root)) == 32
+    assert len({p.name for p in directory.iterdir()} - first) == 1
+
+
+def test_cache_is_bounded(tf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    root = _foreign(tf, tmp_path / "tfds")
+    directory = Path(index_cache.cache_dir() or "")
+    rk.Dataset(root)
+    sizes = {p.name: p.stat().st_size for p in directory.iterdir()}
+    for p in directory.iterdir():
+        p.unlink()
+    # Room for the larger index alone: writing the second drops the first.
+    monkeypatch.setenv(index_cache.ENV_INDEX_CACHE_BYTES, str(max(sizes.values())))
+    rk.Dataset(root)
+    left = [p.name for p in directory.iterdir()]
+    assert len(left) == 1 and sum(sizes[n] for n in left) <= max(sizes.values())
+
+
+def test_cache_off_keeps_indexes_in_memory(
+    tf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    root = _foreign(tf, tmp_path / "tfds")
+    directory = Path(index_cache.cache_dir() or "")
+    monkeypatch.setenv(index_cache.ENV_INDEX_CACHE, "off")
+    before = _listing(root)
+    assert len(rk.Dataset(root)) == 40
+    assert _listing(root) == before
+    assert not any(directory.iterdir())
+
+
+def test_write_index_puts_it_beside_when_asked(tf: ModuleType, tmp_path: Path):
+    root = _foreign(tf, tmp_path / "tfds")
+    rk.Dataset(root, write_index=True)
+    assert len(list(root.glob("*.idx"))) == 2
+
+
+def test_verify_clean_unindexed_folder_exits_0_with_a_note(
+    tf: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    root = _foreign(tf, tmp_path / "tfds")
+    report = rk.verify(root)
+    assert report.ok and report.records == 40
+    assert [n.message.startswith("no index beside this shard") for n in report.notes] == [True] * 2
+    assert main(["verify", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert "note: " in err and "recordkit index" in err and ": OK" in err
+    assert not list(root.glob("*.idx"))
