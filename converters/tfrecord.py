@@ -18,7 +18,6 @@ Options:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, ClassVar
 
@@ -77,8 +76,22 @@ class TFRecordSource(Source):
 
     def infer_schema(self, items: Sequence[Item]) -> Schema:
         limit = int(self.options["infer_records"])
-        payloads = itertools.islice((p for it in items for p in self._payloads(it)), limit)
-        return Schema.infer(decode_example(p) for p in payloads)
+        examples: list[dict[str, Any]] = []
+        where: list[str] = []  # file:offset:record of each, for inference's messages
+        for item in items:
+            path, offset = self.location.join(item.ref[0]), 0
+            for record, payload in enumerate(self._payloads(item)):
+                if len(examples) >= limit:
+                    break
+                try:
+                    examples.append(decode_example(payload))
+                except CorruptRecordError as exc:
+                    raise exc.located(path, offset, record) from exc
+                where.append(f"{path}:{offset}:{record}")
+                offset += len(payload) + OVERHEAD
+            if len(examples) >= limit:
+                break
+        return Schema.infer(examples, where=where)
 
     def records(self, item: Item, schema: Schema) -> Iterator[bytes]:
         check = bool(self.options["check_payloads"])

@@ -61,6 +61,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from ._units import format_size
 
     with Dataset(args.dataset) as ds:
+        schema = ds.schema
+        assert schema is not None  # only raw=True reading has none
         shards = ds.shards
         total_bytes = sum(s.bytes for s in shards)
         if args.json:
@@ -72,7 +74,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 "shards": [
                     {"path": s.path, "records": s.records, "bytes": s.bytes} for s in shards
                 ],
-                "schema": ds.schema.to_json(),
+                "schema": schema.to_json(),
                 "metadata": ds.metadata,
                 "versions": {"recordkit": __version__, **_versions()},
             }
@@ -88,7 +90,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         if len(shards) > args.max_shards:
             print(f"    ... {len(shards) - args.max_shards} more")
         print("  schema")
-        for name, ftype in ds.schema.features.items():
+        for name, ftype in schema.features.items():
             print(f"    {name}: {ftype!r}")
         if ds.metadata:
             print(f"  metadata {json.dumps(ds.metadata)[:200]}")
@@ -141,7 +143,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
     from . import Dataset
 
-    with Dataset(args.dataset) as ds:
+    with Dataset(args.dataset, raw=args.raw) as ds:
         for i, sample in enumerate(islice(ds, args.n)):
             print(f"[{i}]")
             for name, value in sample.items():
@@ -205,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
     p.add_argument("-n", type=int, default=5, help="number of samples (default 5)")
     p.add_argument("--width", type=int, default=32, help="bytes shown per value (default 32)")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="each record's features as it holds them, no schema (records that differ)",
+    )
     p.set_defaults(func=_cmd_head)
 
     from .convert._cli import add_parser as add_convert  # stdlib-only module

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .codec.example import decode_example
 from .codec.schema import Schema
 from .errors import CorruptRecordError
 from .format import guard
@@ -28,6 +29,21 @@ from .reader.shards import MappedShard, find_shards, open_shards
 __all__ = ["Dataset", "find_shards"]
 
 log = logging.getLogger(__name__)
+
+
+def _as_stored(record: dict[str, tuple[str | None, Any]]) -> dict[str, Any]:
+    """A decoded Example's features as owned values, each list typed as stored."""
+    out: dict[str, Any] = {}
+    for name, (kind, values) in record.items():
+        if kind == "bytes":
+            out[name] = [bytes(v) for v in values]
+        elif kind == "int64":
+            out[name] = np.array(values, dtype=np.int64)
+        elif kind == "float":
+            out[name] = np.array(values, dtype=np.float32)
+        else:  # a Feature with no list set: TensorFlow reads it as an empty list
+            out[name] = []
+    return out
 
 
 class Dataset:
@@ -45,6 +61,12 @@ class Dataset:
             ``.tfrecord`` files without one, or one ``.tfrecord`` file.
         schema: overrides the manifest's schema; required for nothing, but for
             foreign data it saves inferring one from the first records.
+        raw: return each record's features as that record holds them, without a
+            schema: its own keys, ``bytes`` lists as ``list[bytes]``, ``int64``
+            and ``float`` lists as 1-d ``int64`` / ``float32`` arrays (empty
+            ones kept, typed as stored), a feature with no list set as ``[]``.
+            For foreign data whose records differ (optional keys, a key of
+            different kinds); ``schema`` is then ``None``.
         write_index: write indexes rebuilt for foreign shards beside them (best
             effort). By default they go to the per-user index cache
             (``RECORDKIT_INDEX_CACHE``), so reading never writes into a folder
@@ -61,12 +83,18 @@ class Dataset:
         path: str | os.PathLike[str],
         schema: Schema | None = None,
         *,
+        raw: bool = False,
         write_index: bool = False,
     ) -> None:
-        self._set = open_shards(path, schema, write_index=write_index)
+        if raw and schema is not None:
+            raise ValueError("Dataset: pass a schema or raw=True, not both")
+        # Raw reading needs no schema: an empty one spares inference (which would
+        # refuse records that differ, the very data raw reading is for).
+        self._set = open_shards(path, Schema({}) if raw else schema, write_index=write_index)
+        self.raw = raw
         self.root = self._set.root
         self.manifest = self._set.manifest
-        self.schema: Schema = self._set.schema
+        self.schema: Schema | None = None if raw else self._set.schema
         self._starts = np.concatenate(([0], np.cumsum(self._set.counts)))
 
     @property
@@ -93,6 +121,8 @@ class Dataset:
             shard.payload(i)  # read from the map: the exact error, or ShardChangedError
             raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
+            if self.schema is None:
+                return _as_stored(decode_example(payload))
             return self.schema.decode(payload, copy=True)
         except CorruptRecordError as exc:
             raise exc.located(shard.path, offset, i) from exc

@@ -5,6 +5,7 @@ that only know the standard library can still catch it sensibly::
 
     RecordkitError (Exception)
     ├── CorruptRecordError (ValueError)      bad framing, CRC mismatch, bad payload
+    │   ├── SequenceExampleError             a SequenceExample where an Example is read
     │   ├── TruncatedRecordError             a record cut short (also in the length field)
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
     ├── CompressedTFRecordError (ValueError) a GZIP/ZLIB TFRecord where random access is needed
@@ -35,6 +36,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecordkitError",
     "SchemaError",
+    "SequenceExampleError",
     "ShardChangedError",
     "ShardNotFoundError",
     "TruncatedRecordError",
@@ -120,6 +122,14 @@ class CorruptRecordError(_LocatedError, ValueError):
         if expected_crc is not None and actual_crc is not None:
             reason = f"{reason} (stored {expected_crc:#010x}, computed {actual_crc:#010x})"
         super().__init__(reason, path=path, offset=offset, record=record)
+
+
+class SequenceExampleError(CorruptRecordError):
+    """A ``tf.train.SequenceExample`` payload where a ``tf.train.Example`` is read.
+
+    Its context parses as an Example's features; its feature lists would be
+    dropped. recordkit refuses it rather than return a partial sample.
+    """
 
 
 class TruncatedRecordError(CorruptRecordError):

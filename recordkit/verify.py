@@ -283,6 +283,9 @@ def _walk(
             offset = int(entries[record, 0])  # type: ignore[index]
         try:
             payload = read_record(buf, offset, path=path, record=record)
+            # The framing is sound: a payload that does not decode still tells where
+            # the next record starts, index or not.
+            next_offset = offset + len(payload) + 16
             if schema is not None:
                 data = guard.read(
                     payload, 0, len(payload), path=path, offset=offset, record=record, check=False
@@ -290,8 +293,7 @@ def _walk(
                 try:
                     schema.decode(data)
                 except CorruptRecordError as exc:
-                    raise exc.located(path, offset, record) from exc
-            next_offset = offset + len(payload) + 16
+                    yield Problem(path, offset, record, exc.reason)
             del payload
         except CorruptRecordError as exc:
             yield Problem(path, offset, record, exc.reason)

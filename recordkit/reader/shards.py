@@ -34,7 +34,13 @@ import numpy as np
 
 from ..codec.example import decode_example
 from ..codec.schema import Schema
-from ..errors import ManifestError, RecordkitError, ShardChangedError, ShardNotFoundError
+from ..errors import (
+    CorruptRecordError,
+    ManifestError,
+    RecordkitError,
+    ShardChangedError,
+    ShardNotFoundError,
+)
 from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
@@ -230,16 +236,23 @@ class ShardSet:
     def _schema(self) -> Schema:
         if self.manifest is not None:
             return Schema.from_json(self.manifest.schema)
-        examples = []
+        examples: list[dict[str, Any]] = []
+        where: list[str] = []  # file:offset:record of each, for inference's messages
         for i in range(len(self.infos)):
             if len(examples) >= _INFER_RECORDS:
                 break
             with self.use(i) as shard:
                 take = min(shard.records, _INFER_RECORDS - len(examples))
-                examples.extend(decode_example(shard.payload(j)) for j in range(take))
+                for j in range(take):
+                    offset = int(shard.offsets[j])
+                    try:
+                        examples.append(decode_example(shard.payload(j)))
+                    except CorruptRecordError as exc:
+                        raise exc.located(shard.path, offset, j) from exc
+                    where.append(f"{shard.path}:{offset}:{j}")
         if not examples:
             raise RecordkitError(f"cannot infer a schema from {self.root}: it has no records")
-        schema = Schema.infer(examples)
+        schema = Schema.infer(examples, where=where)
         log.info("inferred schema from %d records: %r", len(examples), schema)
         return schema
 

@@ -249,3 +249,162 @@ def test_verify_clean_unindexed_folder_exits_0_with_a_note(
     err = capsys.readouterr().err
     assert "note: " in err and "recordkit index" in err and ": OK" in err
     assert not list(root.glob("*.idx"))
+
+
+# -------------------------------------------------- records whose features differ
+
+
+def _write_varying(tf: ModuleType, path: Path, n: int = 60) -> Path:
+    """Crawled-metadata style: 'v' int64 in even records and bytes in odd ones,
+    'opt' only in every third, 'empty' an empty float list, 'unset' a Feature with no list."""
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i in range(n):
+            f = tf.train.Feature
+            feature = {
+                "id": f(int64_list=tf.train.Int64List(value=[i])),
+                "v": f(int64_list=tf.train.Int64List(value=[i, -i]))
+                if i % 2 == 0
+                else f(bytes_list=tf.train.BytesList(value=[b"x" * i])),
+                "empty": f(float_list=tf.train.FloatList(value=[])),
+                "unset": f(),
+            }
+            if i % 3 == 0:
+                feature["opt"] = f(float_list=tf.train.FloatList(value=[i / 4] * (i % 5)))
+            ex = tf.train.Example(features=tf.train.Features(feature=feature))
+            w.write(ex.SerializeToString())
+    return path
+
+
+def _tf_as_stored(tf: ModuleType, path: Path) -> list[dict[str, object]]:
+    """TensorFlow's own protobuf, each feature as it is stored."""
+    out = []
+    for raw in tf.data.TFRecordDataset(str(path)):
+        ex = tf.train.Example.FromString(raw.numpy())
+        record: dict[str, object] = {}
+        for name, feature in ex.features.feature.items():
+            kind = feature.WhichOneof("kind")
+            record[name] = (kind, list(getattr(feature, kind).value) if kind else [])
+        out.append(record)
+    return out
+
+
+def test_raw_reading_returns_each_record_as_stored(tf: ModuleType, tmp_path: Path):
+    path = _write_varying(tf, tmp_path / "meta.tfrecord")
+    ds = rk.Dataset(path, raw=True)
+    assert ds.schema is None
+    theirs = _tf_as_stored(tf, path)
+    ours = list(ds)
+    assert len(ours) == len(theirs) == 60
+    dtypes = {"int64_list": np.int64, "float_list": np.float32}
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.keys() == b.keys()
+        for name, (kind, values) in b.items():  # type: ignore[misc]
+            if kind == "bytes_list":
+                assert a[name] == values
+            elif kind is None:
+                assert a[name] == []
+            else:
+                assert a[name].dtype == dtypes[kind] and a[name].ndim == 1
+                np.testing.assert_array_equal(a[name], np.asarray(values, dtypes[kind]))
+    assert ours[0]["empty"].dtype == np.float32 and ours[0]["empty"].shape == (0,)
+    assert ds[7]["v"] == [b"x" * 7] and list(ds[8]["v"]) == [8, -8]
+    with pytest.raises(ValueError, match="not both"):
+        rk.Dataset(path, rk.Schema(id=rk.Int64()), raw=True)
+
+
+def test_inference_reports_a_conflict_whole(tf: ModuleType, tmp_path: Path):
+    path = _write_varying(tf, tmp_path / "meta.tfrecord")
+    with pytest.raises(rk.errors.SchemaError) as info:
+        rk.Dataset(path)
+    offset = len(_tf_payload(tf, path, 0)) + 16  # record 1, the first bytes 'v'
+    assert str(info.value) == (
+        f"feature 'v' is int64 in 30 records and bytes in 30 (first: {path}:{offset}:1); "
+        "read it raw (rk.Dataset(path, raw=True)), or pass a schema"
+    )
+
+
+def _tf_payload(tf: ModuleType, path: Path, i: int) -> bytes:
+    return [r.numpy() for r in tf.data.TFRecordDataset(str(path))][i]
+
+
+def test_inference_names_an_optional_key(tf: ModuleType, tmp_path: Path):
+    path = _write_varying(tf, tmp_path / "meta.tfrecord")
+    schema_without_v = tmp_path / "nov"
+    schema_without_v.mkdir()
+    # Keep only records whose 'v' is int64, so 'opt' is the first disagreement.
+    with tf.io.TFRecordWriter(str(schema_without_v / "a.tfrecord")) as w:
+        for payload in [r.numpy() for r in tf.data.TFRecordDataset(str(path))][::2]:
+            w.write(payload)
+    with pytest.raises(
+        rk.errors.SchemaError,
+        match=r"feature 'opt' is in 10 of 30 records "
+        r"\(first without it: .*a\.tfrecord:\d+:1\); read it raw",
+    ):
+        rk.Dataset(schema_without_v)
+
+
+def test_convert_stops_with_the_whole_conflict(tf: ModuleType, tmp_path: Path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_varying(tf, src / "meta.tfrecord")
+    code = main(["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "feature 'v' is int64 in 30 records and bytes in 30" in err
+    assert f"{src / 'meta.tfrecord'}:" in err
+
+
+# ------------------------------------------------------------------ SequenceExamples
+
+
+def _write_sequences(tf: ModuleType, path: Path, n: int = 6) -> Path:
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i in range(n):
+            ctx = tf.train.Features(
+                feature={"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+            )
+            steps = [
+                tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(s + 1))))
+                for s in range(i % 3 + 1)
+            ]
+            lists = tf.train.FeatureLists(
+                feature_list={"tokens": tf.train.FeatureList(feature=steps)}
+            )
+            w.write(tf.train.SequenceExample(context=ctx, feature_lists=lists).SerializeToString())
+    return path
+
+
+def test_sequence_example_is_refused_never_read_in_part(tf: ModuleType, tmp_path: Path):
+    path = _write_sequences(tf, tmp_path / "seq.tfrecord")
+    with pytest.raises(
+        rk.errors.SequenceExampleError, match=rf"{path}:0:0: payload is a tf.train.SequenceExample"
+    ):
+        rk.Dataset(path)
+    ds = rk.Dataset(path, rk.Schema(id=rk.Int64()))  # a schema of its context alone
+    with pytest.raises(rk.errors.SequenceExampleError, match="drop every feature list"):
+        ds[0]
+    with pytest.raises(rk.errors.SequenceExampleError):
+        rk.Dataset(path, raw=True)[3]
+    report = rk.verify(path, schema=rk.Schema(id=rk.Int64()))
+    assert len(report.problems) == 6
+    assert all("SequenceExample" in p.message for p in report.problems)
+
+
+def test_sequence_example_batch_path_refuses(tf: ModuleType, tmp_path: Path):
+    pytest.importorskip("torch")
+    from recordkit.torch import RecordDataset
+
+    path = _write_sequences(tf, tmp_path / "seq.tfrecord")
+    ds = RecordDataset(path, schema=rk.Schema(id=rk.Int64()), batch_size=3)
+    with pytest.raises(rk.errors.SequenceExampleError, match="SequenceExample"):
+        next(iter(ds))
+
+
+def test_convert_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_sequences(tf, src / "seq.tfrecord")
+    code = main(["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")])
+    assert code != 0
+    assert "payload is a tf.train.SequenceExample" in capsys.readouterr().err
+    assert not (tmp_path / "dst" / "recordkit.json").exists()
