@@ -307,7 +307,7 @@ def ensure_index(
     """Return a validated index for ``shard_path``, rebuilding it when missing or stale.
 
     An index beside the shard is used when it validates. Otherwise one from the
-    per-user cache (:mod:`recordkit.format.index_cache`), validated the same way;
+    per-user cache (``recordkit.format.index_cache``), validated the same way;
     else a CRC-checked scan builds it.
 
     Args:

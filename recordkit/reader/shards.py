@@ -202,7 +202,7 @@ class ShardSet:
             (from the manifest, a cache, or counting).
         schema: the schema (given, from the manifest, or inferred).
         write_index: write an index rebuilt for a foreign shard beside it (default:
-            the per-user cache, :mod:`recordkit.format.index_cache`; a manifest's
+            the per-user cache, ``recordkit.format.index_cache``; a manifest's
             shards always get theirs back beside them).
         max_open: maps kept open at most (default :func:`max_open_shards`).
 
