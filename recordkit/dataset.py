@@ -20,6 +20,7 @@ import numpy as np
 
 from .codec.example import decode_example
 from .codec.schema import Schema
+from .codec.sequence import decode_sequence_example
 from .errors import CorruptRecordError
 from .format import guard
 from .format.framing import read_record
@@ -31,23 +32,33 @@ __all__ = ["Dataset", "find_shards"]
 log = logging.getLogger(__name__)
 
 
+def _stored(kind: str | None, values: Any) -> Any:
+    """One decoded feature as an owned value, its list typed as stored."""
+    if kind == "bytes":
+        return [bytes(v) for v in values]
+    if kind == "int64":
+        return np.array(values, dtype=np.int64)
+    if kind == "float":
+        return np.array(values, dtype=np.float32)
+    return []  # a Feature with no list set: TensorFlow reads it as an empty list
+
+
 def _as_stored(record: dict[str, tuple[str | None, Any]]) -> dict[str, Any]:
     """A decoded Example's features as owned values, each list typed as stored."""
-    out: dict[str, Any] = {}
-    for name, (kind, values) in record.items():
-        if kind == "bytes":
-            out[name] = [bytes(v) for v in values]
-        elif kind == "int64":
-            out[name] = np.array(values, dtype=np.int64)
-        elif kind == "float":
-            out[name] = np.array(values, dtype=np.float32)
-        else:  # a Feature with no list set: TensorFlow reads it as an empty list
-            out[name] = []
-    return out
+    return {name: _stored(kind, values) for name, (kind, values) in record.items()}
+
+
+def _sequence_as_stored(payload: memoryview | bytes) -> dict[str, Any]:
+    """A SequenceExample whole: its context and each feature list's steps, as stored."""
+    context, lists = decode_sequence_example(payload)
+    return {
+        "context": _as_stored(context),
+        "feature_lists": {n: [_stored(k, v) for k, v in steps] for n, steps in lists.items()},
+    }
 
 
 class Dataset:
-    """Read a recordkit dataset, a folder of foreign TFRecords, or a single shard.
+    r"""Read a recordkit dataset, a folder of foreign TFRecords, or a single shard.
 
     ``len(ds)`` is the number of records, ``ds[i]`` decodes record ``i`` (global
     over shards in dataset order, negative indices count from the end), and
@@ -67,6 +78,12 @@ class Dataset:
             ones kept, typed as stored), a feature with no list set as ``[]``.
             For foreign data whose records differ (optional keys, a key of
             different kinds); ``schema`` is then ``None``.
+        sequence_example: the payloads are ``tf.train.SequenceExample``\ s:
+            read each whole, as ``{"context": {...}, "feature_lists": {name:
+            [step, ...]}}`` with every value as ``raw`` gives it (steps may
+            differ in length). Implies ``raw``. Without it, a SequenceExample
+            is a :class:`~recordkit.errors.SequenceExampleError`, never its
+            context alone.
         write_index: write indexes rebuilt for foreign shards beside them (best
             effort). By default they go to the per-user index cache
             (``RECORDKIT_INDEX_CACHE``), so reading never writes into a folder
@@ -84,10 +101,13 @@ class Dataset:
         schema: Schema | None = None,
         *,
         raw: bool = False,
+        sequence_example: bool = False,
         write_index: bool = False,
     ) -> None:
+        raw = raw or sequence_example
         if raw and schema is not None:
-            raise ValueError("Dataset: pass a schema or raw=True, not both")
+            raise ValueError("Dataset: pass a schema or raw=True (sequence_example=True), not both")
+        self.sequence_example = sequence_example
         # Raw reading needs no schema: an empty one spares inference (which would
         # refuse records that differ, the very data raw reading is for).
         self._set = open_shards(path, Schema({}) if raw else schema, write_index=write_index)
@@ -121,6 +141,8 @@ class Dataset:
             shard.payload(i)  # read from the map: the exact error, or ShardChangedError
             raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
+            if self.sequence_example:
+                return _sequence_as_stored(payload)
             if self.schema is None:
                 return _as_stored(decode_example(payload))
             return self.schema.decode(payload, copy=True)

@@ -3,6 +3,7 @@
 from .compression import zstd_compress, zstd_decompress
 from .example import KINDS, decode_example, encode_example
 from .schema import Bytes, FeatureType, Float32, Int64, Schema, Tensor
+from .sequence import decode_sequence_example
 
 __all__ = [
     "KINDS",
@@ -13,6 +14,7 @@ __all__ = [
     "Schema",
     "Tensor",
     "decode_example",
+    "decode_sequence_example",
     "encode_example",
     "zstd_compress",
     "zstd_decompress",

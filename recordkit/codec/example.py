@@ -339,8 +339,8 @@ def decode_example(
                 # an Example would drop every step, silently. Never a partial sample.
                 raise SequenceExampleError(
                     "payload is a tf.train.SequenceExample (it has feature_lists), not a "
-                    "tf.train.Example: recordkit reads Examples only, and reading its context "
-                    "alone would drop every feature list (tf.io.parse_sequence_example reads it)"
+                    "tf.train.Example, and reading its context alone would drop every feature "
+                    "list; read it whole with rk.Dataset(path, sequence_example=True)"
                 )
             else:
                 pos = _skip(buf, pos, end, tag)

@@ -358,20 +358,67 @@ def test_convert_stops_with_the_whole_conflict(tf: ModuleType, tmp_path: Path, c
 
 
 def _write_sequences(tf: ModuleType, path: Path, n: int = 6) -> Path:
+    """Per-step ragged lists: 'tokens' int64 steps of 1..3 values (one empty step in
+    record 4), 'words' bytes steps, 'scores' float steps; the context holds 'id'."""
+    f = tf.train.Feature
     with tf.io.TFRecordWriter(str(path)) as w:
         for i in range(n):
-            ctx = tf.train.Features(
-                feature={"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
-            )
-            steps = [
-                tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(s + 1))))
+            ctx = tf.train.Features(feature={"id": f(int64_list=tf.train.Int64List(value=[i]))})
+            tokens = [
+                f(int64_list=tf.train.Int64List(value=[] if i == 4 and s == 0 else range(s + 1)))
                 for s in range(i % 3 + 1)
             ]
+            words = [f(bytes_list=tf.train.BytesList(value=[b"w%d" % s] * s)) for s in range(i)]
+            scores = [f(float_list=tf.train.FloatList(value=[i / 8, -s])) for s in range(2)]
             lists = tf.train.FeatureLists(
-                feature_list={"tokens": tf.train.FeatureList(feature=steps)}
+                feature_list={
+                    "tokens": tf.train.FeatureList(feature=tokens),
+                    "words": tf.train.FeatureList(feature=words),
+                    "scores": tf.train.FeatureList(feature=scores),
+                }
             )
             w.write(tf.train.SequenceExample(context=ctx, feature_lists=lists).SerializeToString())
     return path
+
+
+def _tf_value(feature: object) -> tuple[str | None, list[object]]:
+    kind = feature.WhichOneof("kind")  # type: ignore[attr-defined]
+    return kind, list(getattr(feature, kind).value) if kind else []
+
+
+def _same_as_stored(ours: object, kind: str | None, values: list[object]) -> None:
+    if kind == "bytes_list" or kind is None:
+        assert ours == values
+    else:
+        dtype = np.int64 if kind == "int64_list" else np.float32
+        assert isinstance(ours, np.ndarray) and ours.dtype == dtype and ours.ndim == 1
+        np.testing.assert_array_equal(ours, np.asarray(values, dtype))
+
+
+def test_sequence_example_read_whole(tf: ModuleType, tmp_path: Path):
+    path = _write_sequences(tf, tmp_path / "seq.tfrecord")
+    ours = list(rk.Dataset(path, sequence_example=True))
+    theirs = [
+        tf.train.SequenceExample.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))
+    ]
+    assert len(ours) == len(theirs) == 6
+    for a, b in zip(ours, theirs, strict=True):
+        assert set(a["context"]) == set(b.context.feature)
+        for name, feature in b.context.feature.items():
+            _same_as_stored(a["context"][name], *_tf_value(feature))
+        assert set(a["feature_lists"]) == set(b.feature_lists.feature_list)
+        for name, flist in b.feature_lists.feature_list.items():
+            assert len(a["feature_lists"][name]) == len(flist.feature)
+            for step, feature in zip(a["feature_lists"][name], flist.feature, strict=True):
+                _same_as_stored(step, *_tf_value(feature))
+    assert ours[4]["feature_lists"]["tokens"][0].shape == (0,)  # an empty step, kept
+    # TensorFlow's own parser agrees on the ragged steps too.
+    _, lists = tf.io.parse_single_sequence_example(
+        _tf_payload(tf, path, 5), sequence_features={"tokens": tf.io.RaggedFeature(tf.int64)}
+    )
+    assert [s.tolist() for s in ours[5]["feature_lists"]["tokens"]] == lists["tokens"].to_list()
+    with pytest.raises(ValueError, match="not both"):
+        rk.Dataset(path, rk.Schema(id=rk.Int64()), sequence_example=True)
 
 
 def test_sequence_example_is_refused_never_read_in_part(tf: ModuleType, tmp_path: Path):
@@ -381,7 +428,10 @@ def test_sequence_example_is_refused_never_read_in_part(tf: ModuleType, tmp_path
     ):
         rk.Dataset(path)
     ds = rk.Dataset(path, rk.Schema(id=rk.Int64()))  # a schema of its context alone
-    with pytest.raises(rk.errors.SequenceExampleError, match="drop every feature list"):
+    with pytest.raises(
+        rk.errors.SequenceExampleError,
+        match=r"feature list; read it whole with rk.Dataset\(path, sequence_example=True\)",
+    ):
         ds[0]
     with pytest.raises(rk.errors.SequenceExampleError):
         rk.Dataset(path, raw=True)[3]
