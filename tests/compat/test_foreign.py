@@ -458,3 +458,32 @@ def test_convert_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsy
     assert code != 0
     assert "payload is a tf.train.SequenceExample" in capsys.readouterr().err
     assert not (tmp_path / "dst" / "recordkit.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["GZIP", "ZLIB"])
+def test_stream_reader_names_a_compressed_file(tf: ModuleType, tmp_path: Path, kind: str):
+    from recordkit.format import open_stream, read_stream, sniff_compression
+
+    path = _write(tf, tmp_path / "data.tfrecord", kind)
+    with open(path, "rb") as f, pytest.raises(CompressedTFRecordError, match=f"{kind}-compressed"):
+        next(read_stream(f, path=str(path)))
+    empty = _write(tf, tmp_path / "empty.tfrecord", kind, n=0)  # 8 bytes for ZLIB
+    with open(empty, "rb") as f, pytest.raises(CompressedTFRecordError):
+        next(read_stream(f, path=str(empty)))
+    with pytest.raises(CompressedTFRecordError):
+        rk.Dataset(empty)
+    with open(path, "rb") as f:
+        head = f.read(12)
+        f.seek(0)
+        payloads = list(read_stream(open_stream(f, sniff_compression(head)), path=str(path)))
+    assert payloads == [
+        r.numpy() for r in tf.data.TFRecordDataset(str(path), compression_type=kind)
+    ]
+
+
+def test_recordkit_tf_names_a_compressed_file(tf: ModuleType, tmp_path: Path):
+    import recordkit.tf
+
+    _write(tf, tmp_path / "data.tfrecord", "GZIP")
+    with pytest.raises(CompressedTFRecordError, match="GZIP-compressed TFRecord"):
+        recordkit.tf.dataset(tmp_path, batch_size=4)
