@@ -14,10 +14,12 @@ Entries are the ordinary index text (the ``.idx`` format), written atomically
 (temp file, fsync, rename), and never trusted blindly: a hit is validated
 against the shard like any index, and one that fails is rebuilt.
 
-Bounded: after each write, least-recently-used entries (by mtime; a hit
-touches its entry) are removed until the directory holds at most
-``$RECORDKIT_INDEX_CACHE_BYTES`` (default 1 GiB, about 50 million records'
-worth of index lines).
+Bounded: when a write takes the directory past ``$RECORDKIT_INDEX_CACHE_BYTES``
+(default 1 GiB, about 50 million records' worth of index lines), the least
+recently used entries (by mtime; a hit touches its entry) are removed until it
+fits. Each process lists the directory once and then adds what it writes, so
+opening 100k foreign shards costs O(shards), not a listing per shard; a
+process that sees the estimate pass the limit lists it again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import threading
 
 import numpy as np
 
@@ -51,6 +54,11 @@ ENV_INDEX_CACHE_BYTES = "RECORDKIT_INDEX_CACHE_BYTES"
 # by a scan when next needed). Small against the data it indexes.
 _DEFAULT_LIMIT = 1 << 30
 _OFF = "off"
+
+# directory -> bytes it holds, as far as this process knows (listed once, then
+# what this process wrote added); guarded by _LOCK.
+_KNOWN: dict[str, int] = {}
+_LOCK = threading.Lock()
 
 
 def cache_dir() -> str | None:
@@ -127,7 +135,16 @@ def store_index(path: str, entries: np.ndarray) -> str | None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         entry = _entry(directory, path, os.stat(path))
         write_index(entry, entries)
-        _trim(directory, cache_limit(), keep=entry)
+        limit = cache_limit()
+        with _LOCK:
+            known = _KNOWN.get(directory)
+            if known is None:  # first write here from this process: list it (and trim)
+                known = _trim(directory, limit, keep=entry)
+            else:
+                known += os.stat(entry).st_size
+                if known > limit:
+                    known = _trim(directory, limit, keep=entry)
+            _KNOWN[directory] = known
     except OSError as exc:
         log.info(
             "could not cache the index of %s in %s (%s); using it in memory", path, directory, exc
@@ -136,8 +153,9 @@ def store_index(path: str, entries: np.ndarray) -> str | None:
     return entry
 
 
-def _trim(directory: str, limit: int, *, keep: str) -> None:
-    """Remove least-recently-used entries until the directory holds at most ``limit`` bytes."""
+def _trim(directory: str, limit: int, *, keep: str) -> int:
+    """Remove least-recently-used entries until the directory holds at most ``limit``
+    bytes (``keep`` stays); return the bytes it holds then."""
     files = []
     total = 0
     with os.scandir(directory) as it:
@@ -155,10 +173,11 @@ def _trim(directory: str, limit: int, *, keep: str) -> None:
     files.sort()
     for _, size, p in files:
         if total <= limit:
-            return
+            break
         if p == keep:
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(p)
         log.debug("index cache over %d bytes: removed %s", limit, p)
         total -= size
+    return total

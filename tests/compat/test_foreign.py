@@ -487,3 +487,23 @@ def test_recordkit_tf_names_a_compressed_file(tf: ModuleType, tmp_path: Path):
     _write(tf, tmp_path / "data.tfrecord", "GZIP")
     with pytest.raises(CompressedTFRecordError, match="GZIP-compressed TFRecord"):
         recordkit.tf.dataset(tmp_path, batch_size=4)
+
+
+def test_cache_lists_its_directory_once_per_process(
+    tf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # 100k foreign shards must not cost a directory listing per shard.
+    root = _foreign(tf, tmp_path / "tfds")
+    for i in range(2, 12):
+        _write(tf, root / f"train.tfrecord-{i:05d}-of-00012", n=3)
+    listings = []
+    real_scandir = os.scandir
+
+    def counting_scandir(path):  # type: ignore[no-untyped-def]
+        listings.append(os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(index_cache.os, "scandir", counting_scandir)
+    assert len(rk.Dataset(root)) == 70
+    assert [p for p in listings if p == index_cache.cache_dir()] == [index_cache.cache_dir()]
+    assert len(list(Path(index_cache.cache_dir() or "").iterdir())) == 12
