@@ -143,9 +143,11 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
     from . import Dataset
 
-    with Dataset(args.dataset, raw=args.raw) as ds:
+    with Dataset(args.dataset, raw=args.raw, sequence_example=args.sequence_example) as ds:
         for i, sample in enumerate(islice(ds, args.n)):
             print(f"[{i}]")
+            if args.sequence_example:  # one line per feature: context/..., feature_lists/...
+                sample = {f"{part}/{k}": v for part in sample for k, v in sample[part].items()}
             for name, value in sample.items():
                 print(f"  {name}: {_show(value, args.width)}")
     return 0
@@ -211,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--raw",
         action="store_true",
         help="each record's features as it holds them, no schema (records that differ)",
+    )
+    p.add_argument(
+        "--sequence-example",
+        action="store_true",
+        help="the records are tf.train.SequenceExamples: show context and feature lists",
     )
     p.set_defaults(func=_cmd_head)
 

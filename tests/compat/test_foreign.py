@@ -507,3 +507,17 @@ def test_cache_lists_its_directory_once_per_process(
     assert len(rk.Dataset(root)) == 70
     assert [p for p in listings if p == index_cache.cache_dir()] == [index_cache.cache_dir()]
     assert len(list(Path(index_cache.cache_dir() or "").iterdir())) == 12
+
+
+def test_head_shows_raw_and_sequence_records(
+    tf: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    meta = _write_varying(tf, tmp_path / "meta.tfrecord")
+    assert main(["head", "--raw", "-n", "2", str(meta)]) == 0
+    out = capsys.readouterr().out
+    assert "v: int64[2] [0, 0]" in out and "v: [bytes[1] b'x']" in out and "unset: []" in out
+    seq = _write_sequences(tf, tmp_path / "seq.tfrecord")
+    assert main(["head", "--sequence-example", "-n", "3", str(seq)]) == 0
+    out = capsys.readouterr().out
+    assert "context/id: int64[1] [2]" in out
+    assert "feature_lists/tokens: [int64[1] [0], int64[2] [0, 1], int64[3] [0, 1, 2]]" in out
