@@ -4,8 +4,8 @@ Every record's length and payload CRC is checked as it streams by, and (by
 default) every payload is decoded against the schema, so what comes out is
 verified; payloads are copied byte for byte, not re-encoded. The output is
 re-sharded to the requested shard size and gets ``.idx`` files and a manifest.
-GZIP-compressed TFRecord files (``TFRecordOptions(compression_type="GZIP")``)
-are recognised by their magic bytes.
+GZIP- and ZLIB-compressed TFRecord files (``TFRecordOptions(compression_type=
+"GZIP" | "ZLIB")``) are recognised by their first bytes and read as streams.
 
 The schema is inferred from the first records (``recordkit.Schema.infer``)
 unless given.
@@ -22,15 +22,13 @@ Options:
 
 from __future__ import annotations
 
-import gzip
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, ClassVar
 
 from recordkit import DecodeLimits, Schema
 from recordkit.codec import decode_example
 from recordkit.errors import CorruptRecordError
-from recordkit.format import OVERHEAD, read_stream
+from recordkit.format import OVERHEAD, open_stream, read_stream, sniff_compression
 
 from .base import Item, Source, source_errors
 
@@ -74,17 +72,31 @@ class TFRecordSource(Source):
         rel = item.ref[0]
         path = self.location.join(rel)
         with source_errors(item.key), self.location.open(rel, block_size=8 << 20) as raw:
-            magic = raw.read(2)
+            head = raw.read(12)
             raw.seek(0)
-            f = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw
+            f = open_stream(raw, sniff_compression(head))
             yield from read_records(
                 f, path=path, max_record_bytes=int(self.options["max_record_bytes"])
             )
 
     def infer_schema(self, items: Sequence[Item]) -> Schema:
         limit = int(self.options["infer_records"])
-        payloads = itertools.islice((p for it in items for p in self._payloads(it)), limit)
-        return Schema.infer(decode_example(p) for p in payloads)
+        examples: list[dict[str, Any]] = []
+        where: list[str] = []  # file:offset:record of each, for inference's messages
+        for item in items:
+            path, offset = self.location.join(item.ref[0]), 0
+            for record, payload in enumerate(self._payloads(item)):
+                if len(examples) >= limit:
+                    break
+                try:
+                    examples.append(decode_example(payload))
+                except CorruptRecordError as exc:
+                    raise exc.located(path, offset, record) from exc
+                where.append(f"{path}:{offset}:{record}")
+                offset += len(payload) + OVERHEAD
+            if len(examples) >= limit:
+                break
+        return Schema.infer(examples, where=where)
 
     def records(self, item: Item, schema: Schema) -> Iterator[bytes]:
         check = bool(self.options["check_payloads"])

@@ -883,6 +883,10 @@ static int parse_example(const uint8_t *p, const uint8_t *end, Ctx *cx) {
             if (!(p = rd_len(p, end, &len))) return -1;
             if (parse_features(p, p + len, cx) < 0) return -1;
             p += len;
+        } else if (tag == 0x12) {
+            /* SequenceExample.feature_lists: never read its context alone; the
+               Python reference raises SequenceExampleError for this record. */
+            return -1;
         } else if (!(p = skip_field(p, end, tag))) {
             return -1;
         }

@@ -66,6 +66,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from ._units import format_size
 
     with Dataset(args.dataset, partial=args.partial) as ds:
+        schema = ds.schema
+        assert schema is not None  # only raw=True reading has none
         shards = ds.shards
         total_bytes = sum(s.bytes for s in shards)
         if args.json:
@@ -77,7 +79,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 "shards": [
                     {"path": s.path, "records": s.records, "bytes": s.bytes} for s in shards
                 ],
-                "schema": ds.schema.to_json(),
+                "schema": schema.to_json(),
                 "metadata": ds.metadata,
                 "versions": {"recordkit": __version__, **_versions()},
             }
@@ -95,7 +97,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         if len(shards) > args.max_shards:
             print(f"    ... {len(shards) - args.max_shards} more")
         print("  schema")
-        for name, ftype in ds.schema.features.items():
+        for name, ftype in schema.features.items():
             print(f"    {name}: {ftype!r}")
         if ds.metadata:
             print(f"  metadata {json.dumps(ds.metadata)[:200]}")
@@ -115,6 +117,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify(args.dataset, decode=not args.no_decode, partial=args.partial, limits=limits)
     for problem in report.problems:
         print(problem)
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)"
     print(
         f"verified {report.shards} shard(s), {report.records} record(s), "
@@ -149,9 +153,13 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
     from . import Dataset
 
-    with Dataset(args.dataset, partial=args.partial) as ds:
+    with Dataset(
+        args.dataset, partial=args.partial, raw=args.raw, sequence_example=args.sequence_example
+    ) as ds:
         for i, sample in enumerate(islice(ds, args.n)):
             print(f"[{i}]")
+            if args.sequence_example:  # one line per feature: context/..., feature_lists/...
+                sample = {f"{part}/{k}": v for part in sample for k, v in sample[part].items()}
             for name, value in sample.items():
                 print(f"  {name}: {_show(value, args.width)}")
     return 0
@@ -223,6 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", type=int, default=5, help="number of samples (default 5)")
     p.add_argument("--width", type=int, default=32, help="bytes shown per value (default 32)")
     p.add_argument("--partial", action="store_true", help=_PARTIAL_HELP)
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="each record's features as it holds them, no schema (records that differ)",
+    )
+    p.add_argument(
+        "--sequence-example",
+        action="store_true",
+        help="the records are tf.train.SequenceExamples: show context and feature lists",
+    )
     p.set_defaults(func=_cmd_head)
 
     from .convert._cli import add_parser as add_convert  # stdlib-only module

@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from .codec.example import decode_example
 from .codec.limits import DecodeLimits
 from .codec.schema import Schema
+from .codec.sequence import decode_sequence_example
 from .errors import CorruptRecordError
 from .format import guard
 from .format.framing import read_record
@@ -31,8 +33,33 @@ __all__ = ["Dataset", "find_shards"]
 log = logging.getLogger(__name__)
 
 
+def _stored(kind: str | None, values: Any) -> Any:
+    """One decoded feature as an owned value, its list typed as stored."""
+    if kind == "bytes":
+        return [bytes(v) for v in values]
+    if kind == "int64":
+        return np.array(values, dtype=np.int64)
+    if kind == "float":
+        return np.array(values, dtype=np.float32)
+    return []  # a Feature with no list set: TensorFlow reads it as an empty list
+
+
+def _as_stored(record: dict[str, tuple[str | None, Any]]) -> dict[str, Any]:
+    """A decoded Example's features as owned values, each list typed as stored."""
+    return {name: _stored(kind, values) for name, (kind, values) in record.items()}
+
+
+def _sequence_as_stored(payload: memoryview | bytes) -> dict[str, Any]:
+    """A SequenceExample whole: its context and each feature list's steps, as stored."""
+    context, lists = decode_sequence_example(payload)
+    return {
+        "context": _as_stored(context),
+        "feature_lists": {n: [_stored(k, v) for k, v in steps] for n, steps in lists.items()},
+    }
+
+
 class Dataset:
-    """Read a recordkit dataset, a folder of foreign TFRecords, or a single shard.
+    r"""Read a recordkit dataset, a folder of foreign TFRecords, or a single shard.
 
     ``len(ds)`` is the number of records, ``ds[i]`` decodes record ``i`` (global
     over shards in dataset order, negative indices count from the end), and
@@ -46,12 +73,27 @@ class Dataset:
             ``.tfrecord`` files without one, or one ``.tfrecord`` file.
         schema: overrides the manifest's schema; required for nothing, but for
             foreign data it saves inferring one from the first records.
-        write_index: write rebuilt indexes beside foreign shards (best effort).
         partial: read a directory where a write of ours did not finish (the
             shards it published, with a WARNING) instead of refusing it.
         limits: the bytes one record's zstd values may decompress to (default:
             derived from the schema, 256 MiB for variable shapes; see
             :class:`~recordkit.codec.DecodeLimits`).
+        raw: return each record's features as that record holds them, without a
+            schema: its own keys, ``bytes`` lists as ``list[bytes]``, ``int64``
+            and ``float`` lists as 1-d ``int64`` / ``float32`` arrays (empty
+            ones kept, typed as stored), a feature with no list set as ``[]``.
+            For foreign data whose records differ (optional keys, a key of
+            different kinds); ``schema`` is then ``None``.
+        sequence_example: the payloads are ``tf.train.SequenceExample``\ s:
+            read each whole, as ``{"context": {...}, "feature_lists": {name:
+            [step, ...]}}`` with every value as ``raw`` gives it (steps may
+            differ in length). Implies ``raw``. Without it, a SequenceExample
+            is a :class:`~recordkit.errors.SequenceExampleError`, never its
+            context alone.
+        write_index: write indexes rebuilt for foreign shards beside them (best
+            effort). By default they go to the per-user index cache
+            (``RECORDKIT_INDEX_CACHE``), so reading never writes into a folder
+            recordkit did not write.
 
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
@@ -66,17 +108,28 @@ class Dataset:
         path: str | os.PathLike[str],
         schema: Schema | None = None,
         *,
-        write_index: bool = True,
+        raw: bool = False,
+        sequence_example: bool = False,
+        write_index: bool = False,
         partial: bool = False,
         limits: DecodeLimits | None = None,
     ) -> None:
         if limits is not None and not isinstance(limits, DecodeLimits):
             raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
         self.limits = limits or DecodeLimits()
-        self._set = open_shards(path, schema, write_index=write_index, partial=partial)
+        raw = raw or sequence_example
+        if raw and schema is not None:
+            raise ValueError("Dataset: pass a schema or raw=True (sequence_example=True), not both")
+        self.sequence_example = sequence_example
+        # Raw reading needs no schema: an empty one spares inference (which would
+        # refuse records that differ, the very data raw reading is for).
+        self._set = open_shards(
+            path, Schema({}) if raw else schema, write_index=write_index, partial=partial
+        )
+        self.raw = raw
         self.root = self._set.root
         self.manifest = self._set.manifest
-        self.schema: Schema = self._set.schema
+        self.schema: Schema | None = None if raw else self._set.schema
         self._starts = np.concatenate(([0], np.cumsum(self._set.counts)))
 
     @property
@@ -103,6 +156,10 @@ class Dataset:
             shard.payload(i)  # read from the map: the exact error, or ShardChangedError
             raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
+            if self.sequence_example:
+                return _sequence_as_stored(payload)
+            if self.schema is None:
+                return _as_stored(decode_example(payload))
             return self.schema.decode(payload, copy=True, limits=self.limits)
         except CorruptRecordError as exc:
             raise exc.located(shard.path, offset, i) from exc

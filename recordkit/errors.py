@@ -5,8 +5,10 @@ that only know the standard library can still catch it sensibly::
 
     RecordkitError (Exception)
     ├── CorruptRecordError (ValueError)      bad framing, CRC mismatch, bad payload
+    │   ├── SequenceExampleError             a SequenceExample where an Example is read
     │   ├── TruncatedRecordError             a record cut short (also in the length field)
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
+    ├── CompressedTFRecordError (ValueError) a GZIP/ZLIB TFRecord where random access is needed
     ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
     ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
     ├── IncompleteDatasetError (ValueError)  a folder where a write of ours did not finish
@@ -27,6 +29,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 __all__ = [
+    "CompressedTFRecordError",
     "CorruptRecordError",
     "DatasetExistsError",
     "IncompleteDatasetError",
@@ -37,6 +40,7 @@ __all__ = [
     "RecordTooLargeError",
     "RecordkitError",
     "SchemaError",
+    "SequenceExampleError",
     "ShardChangedError",
     "ShardNotFoundError",
     "TruncatedRecordError",
@@ -124,12 +128,44 @@ class CorruptRecordError(_LocatedError, ValueError):
         super().__init__(reason, path=path, offset=offset, record=record)
 
 
+class SequenceExampleError(CorruptRecordError):
+    """A ``tf.train.SequenceExample`` payload where a ``tf.train.Example`` is read.
+
+    Its context parses as an Example's features; its feature lists would be
+    dropped. recordkit refuses it rather than return a partial sample.
+    """
+
+
 class TruncatedRecordError(CorruptRecordError):
     """A record that the end of the file cuts short (a partial header included)."""
 
 
 class RecordTooLargeError(CorruptRecordError):
     """A length field or a compressed frame that claims more than the limit allows."""
+
+
+class CompressedTFRecordError(_LocatedError, ValueError):
+    """A GZIP- or ZLIB-compressed TFRecord file where a reader needs random access.
+
+    Not corruption: the file is whole, but it is one compressed stream with no
+    record offsets. The message gives the ``recordkit convert`` command that
+    makes an indexed copy.
+
+    Attributes:
+        compression: ``"GZIP"`` or ``"ZLIB"``.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        record: int | None = None,
+        compression: str = "GZIP",
+    ) -> None:
+        self.compression = compression
+        super().__init__(reason, path=path, offset=offset, record=record)
 
 
 class InvalidIndexError(_LocatedError, ValueError):

@@ -303,6 +303,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self._resume: tuple[int, int] | None = None  # (epoch, units consumed)
         self._next_unit = 0
         self._init_cache(cache, cache_dir, cache_limit, cache_timeout, reader_process)
+        if schema is not None:  # opening with it: foreign data is not inferred (and refused)
+            self.schema = schema
         shards = self._open()  # fail early, in the main process, on a bad path or schema
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
@@ -729,6 +731,8 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.verify = verify
+        if schema is not None:  # opening with it: foreign data is not inferred (and refused)
+            self.schema = schema
         shards = self._open()
         self.schema = schema or shards.schema
         self._starts = np.concatenate(([0], np.cumsum(shards.counts)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -23,7 +24,8 @@ from .errors import (
 )
 from .format import guard
 from .format.complete import MARKER_NAME, check_complete
-from .format.framing import read_record
+from .format.compressed import compressed_error, open_stream, sniff_compression
+from .format.framing import read_record, read_stream
 from .format.index import (
     index_path,
     load_index,
@@ -79,6 +81,8 @@ class VerifyReport:
         records: records whose CRCs (and payloads, with a schema) were checked.
         bytes: bytes of shard data checked.
         problems: everything found wrong, in file order.
+        notes: what is worth knowing but not wrong (a foreign shard without an
+            index, a compressed TFRecord checked as a stream), in file order.
     """
 
     root: str
@@ -86,6 +90,7 @@ class VerifyReport:
     records: int = 0
     bytes: int = 0
     problems: list[Problem] = field(default_factory=list)
+    notes: list[Problem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -100,7 +105,8 @@ class VerifyReport:
             f"{self.root}: {self.shards} shards, {self.records} records, {self.bytes} bytes: "
             + ("OK" if self.ok else f"{len(self.problems)} problem(s)")
         )
-        return "\n".join([head, *map(str, self.problems)])
+        notes = [f"note: {n}" for n in self.notes]
+        return "\n".join([head, *map(str, self.problems), *notes])
 
 
 def _shard_list(root: str) -> tuple[list[ShardInfo], Schema | None, list[Problem]]:
@@ -204,11 +210,27 @@ def _verify_map(
     limits: DecodeLimits,
 ) -> Iterator[Problem]:
     listed = info.crc32c is not None  # listed by a manifest, not found by scanning
+    kind = sniff_compression(buf[:12])
+    if kind is not None and not listed:
+        yield from _verify_stream(path, buf, kind, schema, report)
+        return
     if listed and len(buf) != info.bytes:
         yield Problem(path, None, None, f"size {len(buf)} != manifest {info.bytes}")
     if listed and _file_crc(buf, path) != info.crc32c:
         yield Problem(path, None, None, "whole-file CRC32C differs from the manifest")
     entries, index_problems = _check_index(path, buf)
+    if not listed and entries is None and index_problems and not os.path.lexists(index_path(path)):
+        # A foreign shard need not have an index: note it, check it by a walk.
+        report.notes.append(
+            Problem(
+                index_path(path),
+                None,
+                None,
+                "no index beside this shard (readers build one in memory or the per-user "
+                "cache; `recordkit index` writes it here)",
+            )
+        )
+        index_problems = []
     yield from index_problems
     count = 0
     for problem_or_count in _walk(path, buf, entries, schema, limits):
@@ -219,6 +241,30 @@ def _verify_map(
     report.records += count
     if listed and entries is not None and len(entries) != info.records:
         yield Problem(path, None, None, f"{len(entries)} records != manifest {info.records}")
+
+
+def _verify_stream(
+    path: str, buf: bytes | mmap.mmap, kind: str, schema: Schema | None, report: VerifyReport
+) -> Iterator[Problem]:
+    """Check a GZIP/ZLIB TFRecord as a stream: every CRC (offsets in the uncompressed stream)."""
+    report.notes.append(Problem(path, 0, None, compressed_error(path, kind).reason))
+    offset, record = 0, 0
+    with open(path, "rb") as raw:
+        stream = open_stream(raw, kind)
+        try:
+            for payload in read_stream(stream, path=path):
+                if schema is not None:
+                    try:
+                        schema.decode(payload)
+                    except CorruptRecordError as exc:
+                        raise exc.located(path, offset, record) from exc
+                offset += len(payload) + 16
+                record += 1
+        except CorruptRecordError as exc:
+            yield Problem(path, exc.offset, exc.record, f"{exc.reason} ({kind} stream)")
+        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+            yield Problem(path, None, record, f"{kind} stream unreadable: {exc}")
+    report.records += record
 
 
 def _file_crc(buf: bytes | mmap.mmap, path: str) -> int:
@@ -270,6 +316,9 @@ def _walk(
             offset = int(entries[record, 0])  # type: ignore[index]
         try:
             payload = read_record(buf, offset, path=path, record=record)
+            # The framing is sound: a payload that does not decode still tells where
+            # the next record starts, index or not.
+            next_offset = offset + len(payload) + 16
             if schema is not None:
                 data = guard.read(
                     payload, 0, len(payload), path=path, offset=offset, record=record, check=False
@@ -277,8 +326,7 @@ def _walk(
                 try:
                     schema.decode(data, limits=limits)
                 except CorruptRecordError as exc:
-                    raise exc.located(path, offset, record) from exc
-            next_offset = offset + len(payload) + 16
+                    yield Problem(path, offset, record, exc.reason)
             del payload
         except CorruptRecordError as exc:
             yield Problem(path, offset, record, exc.reason)

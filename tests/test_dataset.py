@@ -34,7 +34,7 @@ def test_single_file(ds_path):
     assert [int(s["x"]) for s in ds] == [4, 5, 6, 7]
 
 
-def test_foreign_folder_infers_schema_and_builds_index(ds_path, tmp_path):
+def test_foreign_folder_infers_schema_and_leaves_the_folder_alone(ds_path, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     for name in ("a.tfrecord", "b.tfrecord"):
@@ -43,6 +43,8 @@ def test_foreign_folder_infers_schema_and_builds_index(ds_path, tmp_path):
     assert ds.manifest is None
     assert set(ds.schema.names) == {"x", "name"}
     assert len(ds) == 8
+    assert sorted(p.name for p in foreign.iterdir()) == ["a.tfrecord", "b.tfrecord"]
+    rk.Dataset(foreign, write_index=True)  # asked for: beside the data
     assert (foreign / "a.tfrecord.idx").exists()
 
 

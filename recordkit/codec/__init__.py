@@ -4,6 +4,7 @@ from .compression import zstd_compress, zstd_decompress
 from .example import KINDS, decode_example, encode_example
 from .limits import DEFAULT_BATCH_BYTES, DEFAULT_RECORD_BYTES, DecodeBudget, DecodeLimits
 from .schema import Bytes, FeatureType, Float32, Int64, Schema, Tensor
+from .sequence import decode_sequence_example
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -18,6 +19,7 @@ __all__ = [
     "Schema",
     "Tensor",
     "decode_example",
+    "decode_sequence_example",
     "encode_example",
     "zstd_compress",
     "zstd_decompress",

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptRecordError, SchemaError
+from ..errors import CorruptRecordError, SchemaError, SequenceExampleError
 
 __all__ = ["KINDS", "decode_example", "encode_example"]
 
@@ -334,6 +334,14 @@ def decode_example(
                 size, pos = _read_len(buf, pos, end)
                 _parse_features(buf, pos, pos + size, spans)
                 pos += size
+            elif tag == _LEN2:
+                # SequenceExample.feature_lists: reading field 1 (its context) alone as
+                # an Example would drop every step, silently. Never a partial sample.
+                raise SequenceExampleError(
+                    "payload is a tf.train.SequenceExample (it has feature_lists), not a "
+                    "tf.train.Example, and reading its context alone would drop every feature "
+                    "list; read it whole with rk.Dataset(path, sequence_example=True)"
+                )
             else:
                 pos = _skip(buf, pos, end, tag)
         for name, (kind, runs) in spans.items():

@@ -218,37 +218,68 @@ class Schema:
         return cls(features)
 
     @classmethod
-    def infer(cls, examples: Iterable[Mapping[str, tuple[str | None, Any]]]) -> Schema:
+    def infer(
+        cls,
+        examples: Iterable[Mapping[str, tuple[str | None, Any]]],
+        *,
+        where: Sequence[str] | None = None,
+    ) -> Schema:
         """Guess a schema from decoded records (:func:`decode_example` output).
 
         For TFRecords written without one. Per key: the kind it holds; a length
         that is always 1 gives shape ``()``, always ``n > 1`` gives ``(n,)``, and
         anything else ``(None,)``. Keys never set in any record are dropped.
 
+        Args:
+            examples: the decoded records.
+            where: each record's ``file:offset:record``, for the error message.
+
         Raises:
-            SchemaError: a key missing from some records, or holding different kinds.
+            SchemaError: a key missing from some records, or holding different
+                kinds; the message says it whole (how many records of each kind,
+                and where the first record that disagrees is).
         """
-        seen: dict[str, list[Any]] = {}  # name -> [kind, min length, max length, records]
+        seen: dict[str, list[Any]] = {}  # name -> [min length, max length, records, first]
+        kinds: dict[str, dict[str, list[int]]] = {}  # name -> kind -> [records, first]
+        missing_first: dict[str, int] = {}  # name -> first record without it
         count = 0
         for record in examples:
-            count += 1
             for name, (kind, values) in record.items():
                 size = 0 if kind is None else len(values)
-                stat = seen.setdefault(name, [kind, size, size, 0])
-                if kind is not None and stat[0] is not None and kind != stat[0]:
-                    raise SchemaError(f"feature {name!r} holds both {stat[0]} and {kind} lists")
-                stat[0] = stat[0] or kind
-                stat[1], stat[2] = min(stat[1], size), max(stat[2], size)
-                stat[3] += 1
+                stat = seen.setdefault(name, [size, size, 0, count])
+                stat[0], stat[1] = min(stat[0], size), max(stat[1], size)
+                stat[2] += 1
+                if kind is not None:
+                    kinds.setdefault(name, {}).setdefault(kind, [0, count])[0] += 1
+            for name in seen.keys() - record.keys():
+                missing_first.setdefault(name, count)
+            count += 1
+        for name, stat in seen.items():  # a key that first appears after records without it
+            if stat[3] > 0:
+                missing_first[name] = 0
+
+        def at(i: int) -> str:
+            return where[i] if where is not None and i < len(where) else f"record {i}"
+
+        advice = "read it raw (rk.Dataset(path, raw=True)), or pass a schema"
         features: dict[str, FeatureType] = {}
-        for name, (kind, low, high, present) in seen.items():
-            if kind is None:
+        for name, (low, high, present, _) in seen.items():
+            held = kinds.get(name)
+            if not held:
                 continue
+            if len(held) > 1:
+                counts = " and ".join(
+                    f"{k} in {n} records" if i == 0 else f"{k} in {n}"
+                    for i, (k, (n, _)) in enumerate(held.items())
+                )
+                first = sorted(f for n, f in held.values())[1]  # where a second kind appears
+                raise SchemaError(f"feature {name!r} is {counts} (first: {at(first)}); {advice}")
             if present != count:
                 raise SchemaError(
-                    f"feature {name!r} is in {present} of {count} records; "
-                    "a schema needs it in every record"
+                    f"feature {name!r} is in {present} of {count} records (first without "
+                    f"it: {at(missing_first[name])}); {advice}"
                 )
+            kind = next(iter(held))
             shape: Shape = () if low == high == 1 else (low,) if low == high > 1 else (None,)
             ftype_cls: type[Bytes | Int64 | Float32] = _INFERRED[kind]
             features[name] = ftype_cls(shape)

@@ -14,6 +14,7 @@ from .complete import (
     mark_finished,
     mark_started,
 )
+from .compressed import detect_compression, open_stream, sniff_compression
 from .crc import crc32c, mask, masked_crc32c, unmask
 from .framing import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -50,6 +51,7 @@ __all__ = [
     "atomic_write_bytes",
     "check_complete",
     "crc32c",
+    "detect_compression",
     "ensure_index",
     "find_incomplete",
     "frame",
@@ -63,12 +65,14 @@ __all__ = [
     "mask",
     "masked_crc32c",
     "open_map",
+    "open_stream",
     "parse_index",
     "read_header",
     "read_manifest",
     "read_record",
     "read_stream",
     "scan_index",
+    "sniff_compression",
     "unmask",
     "validate_index",
     "write_index",

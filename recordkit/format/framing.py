@@ -22,6 +22,7 @@ from typing import BinaryIO
 
 from ..errors import CorruptRecordError, RecordTooLargeError, TruncatedRecordError
 from . import guard
+from .compressed import compressed_error, sniff_compression
 from .crc import mask, masked_crc32c
 
 __all__ = [
@@ -278,13 +279,19 @@ def read_stream(
 
     For files that cannot be mapped (remote objects, gzip streams): the same
     checks as :func:`read_record`, and the same errors, with offsets counted in
-    the (uncompressed) stream.
+    the (uncompressed) stream. A file that is itself GZIP/ZLIB-compressed (not
+    opened through :func:`~recordkit.format.open_stream`) raises
+    :class:`~recordkit.errors.CompressedTFRecordError`.
     """
     offset = 0
     for record in itertools.count():
         header = _read_exact(f, HEADER_SIZE)
         if not header:
             return
+        if record == 0:
+            kind = sniff_compression(header)
+            if kind is not None:  # a GZIP/ZLIB file read as plain: say so, never "corrupt"
+                raise compressed_error(str(path), kind)
         if len(header) < HEADER_SIZE:
             raise TruncatedRecordError(
                 f"partial record header: {len(header)} of {HEADER_SIZE} bytes before end of file",

@@ -25,6 +25,7 @@ from ..errors import CorruptRecordError, InvalidIndexError, ShardNotFoundError
 from . import guard
 from ._atomic import atomic_write_bytes
 from ._files import open_regular, read_regular
+from .compressed import compressed_error, sniff_compression
 from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD, read_header, read_record
 
 __all__ = [
@@ -97,6 +98,7 @@ def scan_index(
 
     Raises:
         CorruptRecordError: a record is corrupt or truncated (names file, offset, record).
+        CompressedTFRecordError: the file is a GZIP- or ZLIB-compressed TFRecord.
     """
     path = os.fspath(shard_path)
     buf = open_map(path)
@@ -111,6 +113,8 @@ def _scan(buf: mmap.mmap | bytes, path: str, verify: bool, max_record_bytes: int
     offsets: list[int] = []
     sizes: list[int] = []
     offset, record, end = 0, 0, len(buf)
+    if end:
+        _refuse_compressed(buf, path)
     while offset < end:
         if verify:
             length = len(
@@ -130,6 +134,13 @@ def _scan(buf: mmap.mmap | bytes, path: str, verify: bool, max_record_bytes: int
     out[:, 0] = offsets
     out[:, 1] = sizes
     return out
+
+
+def _refuse_compressed(buf: mmap.mmap | bytes, path: str) -> None:
+    """Raise :class:`CompressedTFRecordError` for a GZIP/ZLIB file, never "corrupt"."""
+    kind = sniff_compression(buf[:12])
+    if kind is not None:
+        raise compressed_error(path, kind)
 
 
 def format_index(entries: np.ndarray) -> bytes:
@@ -291,16 +302,26 @@ def ensure_index(
     buf: bytes | mmap.mmap | None = None,
     write: bool = True,
     verify: bool = True,
+    cache: bool = True,
 ) -> np.ndarray:
     """Return a validated index for ``shard_path``, rebuilding it when missing or stale.
+
+    An index beside the shard is used when it validates. Otherwise one from the
+    per-user cache (``recordkit.format.index_cache``), validated the same way;
+    else a CRC-checked scan builds it.
 
     Args:
         shard_path: the shard file.
         buf: the shard already mapped (saves a second mmap).
-        write: write a rebuilt index beside the shard (skipped, with a log line,
-            when the directory is read-only).
+        write: write a rebuilt index beside the shard (for shards recordkit
+            wrote, or when the user asks). When it is ``False``, or the
+            directory is read-only, the index goes to the per-user cache.
         verify: check payload CRCs while rebuilding.
+        cache: use the per-user cache (``False``: the index lives in memory only
+            unless written beside the shard).
     """
+    from . import index_cache  # the cache reads and writes indexes with this module
+
     path = os.fspath(shard_path)
     own = buf is None
     if buf is None:
@@ -317,14 +338,18 @@ def ensure_index(
                 log.warning("rebuilding index: %s", exc)
                 # Never replace a FIFO or a device someone put there; use the index in memory.
                 regular = not os.path.exists(idx) or os.path.isfile(idx)
-        entries = _scan(buf, path, verify, DEFAULT_MAX_RECORD_BYTES)
+        found = index_cache.cached_index(path, buf) if cache else None
+        entries = found if found is not None else _scan(buf, path, verify, DEFAULT_MAX_RECORD_BYTES)
         if write and not regular:
             log.info("not writing index %s over something that is not a file", idx)
         elif write:
             try:
                 write_index(idx, entries)
+                return entries
             except OSError as exc:
-                log.info("could not write index %s (%s); using it in memory", idx, exc)
+                log.info("could not write index %s (%s); using the per-user cache", idx, exc)
+        if cache and found is None:
+            index_cache.store_index(path, entries)
         return entries
     finally:
         if own and isinstance(buf, mmap.mmap):

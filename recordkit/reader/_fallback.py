@@ -249,6 +249,8 @@ def _parse_record(
             size, pos = _read_len(payload, pos, end)
             _parse_features(payload, pos, pos + size, entries)
             pos += size
+        elif tag == 0x12:  # a SequenceExample's feature_lists: the reference says so
+            raise CorruptRecordError("SequenceExample")
         else:
             pos = _skip(payload, pos, end, tag)
     out = [_NO_SPANS] * nkeys

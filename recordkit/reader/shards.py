@@ -34,7 +34,13 @@ import numpy as np
 
 from ..codec.example import decode_example
 from ..codec.schema import Schema
-from ..errors import ManifestError, RecordkitError, ShardChangedError, ShardNotFoundError
+from ..errors import (
+    CorruptRecordError,
+    ManifestError,
+    RecordkitError,
+    ShardChangedError,
+    ShardNotFoundError,
+)
 from ..format.complete import check_complete
 from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
@@ -114,7 +120,7 @@ class MappedShard:
     __slots__ = ("buf", "info", "nbytes", "offsets", "path", "pins", "sizes")
 
     def __init__(
-        self, root: str, info: ShardInfo, *, write_index: bool = True, listed: bool = True
+        self, root: str, info: ShardInfo, *, write_index: bool = False, listed: bool = True
     ) -> None:
         self.info = info
         self.path = os.path.join(root, info.path)
@@ -126,7 +132,9 @@ class MappedShard:
         try:
             if info.bytes != self.nbytes:
                 raise mismatch(f"shard is {self.nbytes} bytes, {what} {info.bytes}", path=self.path)
-            entries = ensure_index(self.path, buf=self.buf, write=write_index)
+            # A manifest's shards are ours: a lost index goes back beside them. A foreign
+            # shard's goes to the per-user cache unless the user asked for it beside.
+            entries = ensure_index(self.path, buf=self.buf, write=write_index or listed)
             if len(entries) != info.records:
                 raise mismatch(
                     f"shard has {len(entries)} records, {what} {info.records}", path=self.path
@@ -194,7 +202,9 @@ class ShardSet:
         infos: the shards in dataset order, with their record counts and sizes
             (from the manifest, a cache, or counting).
         schema: the schema (given, from the manifest, or inferred).
-        write_index: write an index rebuilt for a shard beside it.
+        write_index: write an index rebuilt for a foreign shard beside it (default:
+            the per-user cache, ``recordkit.format.index_cache``; a manifest's
+            shards always get theirs back beside them).
         max_open: maps kept open at most (default :func:`max_open_shards`).
 
     Attributes:
@@ -209,7 +219,7 @@ class ShardSet:
         infos: Sequence[ShardInfo],
         schema: Schema | None = None,
         *,
-        write_index: bool = True,
+        write_index: bool = False,
         max_open: int | None = None,
     ) -> None:
         self.root = root
@@ -228,15 +238,22 @@ class ShardSet:
         if self.manifest is not None:
             return Schema.from_json(self.manifest.schema)
         examples: list[dict[str, Any]] = []
+        where: list[str] = []  # file:offset:record of each, for inference's messages
         for i in range(len(self.infos)):
             if len(examples) >= _INFER_RECORDS:
                 break
             with self.use(i) as shard:
                 take = min(shard.records, _INFER_RECORDS - len(examples))
-                examples.extend(decode_example(shard.payload(j)) for j in range(take))
+                for j in range(take):
+                    offset = int(shard.offsets[j])
+                    try:
+                        examples.append(decode_example(shard.payload(j)))
+                    except CorruptRecordError as exc:
+                        raise exc.located(shard.path, offset, j) from exc
+                    where.append(f"{shard.path}:{offset}:{j}")
         if not examples:
             raise RecordkitError(f"cannot infer a schema from {self.root}: it has no records")
-        schema = Schema.infer(examples)
+        schema = Schema.infer(examples, where=where)
         log.info("inferred schema from %d records: %r", len(examples), schema)
         return schema
 
@@ -357,11 +374,12 @@ class ShardSet:
         self._pid = os.getpid()
 
 
-def count_shards(root: str, names: Sequence[str], *, write_index: bool = True) -> list[ShardInfo]:
+def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) -> list[ShardInfo]:
     """Shard infos for files without a manifest: each shard's index read (or rebuilt).
 
     O(records): every index is loaded and validated (a missing or stale one is
-    rebuilt by a CRC-checked scan), then dropped; only the counts are kept.
+    rebuilt by a CRC-checked scan, and kept in the per-user index cache unless
+    ``write_index`` puts it beside the shard), then dropped; only the counts are kept.
     """
     infos = []
     for name in names:
@@ -395,7 +413,7 @@ def open_shards(
     path: str | os.PathLike[str],
     schema: Schema | None = None,
     *,
-    write_index: bool = True,
+    write_index: bool = False,
     partial: bool = False,
 ) -> ShardSet:
     """The shard set of a dataset directory, a folder of TFRecords, or one file.

@@ -397,10 +397,21 @@ def test_infer():
         }
     )
     assert Schema.infer([]) == Schema()
-    with pytest.raises(SchemaError, match="feature 'label' is in 1 of 2 records"):
+    with pytest.raises(
+        SchemaError, match=r"feature 'label' is in 1 of 2 records \(first without it: record 1\)"
+    ):
         Schema.infer([{"label": ("int64", [1])}, {}])
-    with pytest.raises(SchemaError, match="feature 'x' holds both int64 and float"):
-        Schema.infer([{"x": ("int64", [1])}, {"x": ("float", [1.0])}])
+    with pytest.raises(
+        SchemaError, match=r"feature 'late' is in 1 of 2 records \(first without it: record 0\)"
+    ):
+        Schema.infer([{}, {"late": ("int64", [1])}])
+    many = [{"x": ("int64", [1])}] * 3 + [{"x": ("float", [1.0])}, {"x": ("int64", [2])}]
+    with pytest.raises(SchemaError) as info:
+        Schema.infer(many, where=[f"f.tfrecord:{10 * i}:{i}" for i in range(5)])
+    assert str(info.value) == (
+        "feature 'x' is int64 in 4 records and float in 1 (first: f.tfrecord:30:3); "
+        "read it raw (rk.Dataset(path, raw=True)), or pass a schema"
+    )
 
 
 @pytest.mark.tf

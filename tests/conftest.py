@@ -1,0 +1,15 @@
+"""Fixtures for the whole suite."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _index_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the per-user index cache at a fresh temporary directory for each test.
+
+    So the suite never writes into the real home directory, and no test sees
+    an index another test cached. Subprocesses inherit it through the environment.
+    """
+    monkeypatch.setenv("RECORDKIT_INDEX_CACHE", str(tmp_path_factory.mktemp("index-cache")))
