@@ -262,11 +262,9 @@ class Schema:
             return where[i] if where is not None and i < len(where) else f"record {i}"
 
         advice = "read it raw (rk.Dataset(path, raw=True)), or pass a schema"
-        features: dict[str, FeatureType] = {}
-        for name, (low, high, present, _) in seen.items():
-            held = kinds.get(name)
-            if not held:
-                continue
+        # Kinds that differ first, then keys that are missing, so the message does not
+        # depend on the order a writer put a record's features in (a protobuf map).
+        for name, held in kinds.items():
             if len(held) > 1:
                 counts = " and ".join(
                     f"{k} in {n} records" if i == 0 else f"{k} in {n}"
@@ -274,6 +272,11 @@ class Schema:
                 )
                 first = sorted(f for n, f in held.values())[1]  # where a second kind appears
                 raise SchemaError(f"feature {name!r} is {counts} (first: {at(first)}); {advice}")
+        features: dict[str, FeatureType] = {}
+        for name, (low, high, present, _) in seen.items():
+            held = kinds.get(name)
+            if not held:
+                continue
             if present != count:
                 raise SchemaError(
                     f"feature {name!r} is in {present} of {count} records (first without "
