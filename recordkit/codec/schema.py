@@ -264,13 +264,13 @@ class Schema:
         advice = "read it raw (rk.Dataset(path, raw=True)), or pass a schema"
         # Kinds that differ first, then keys that are missing, so the message does not
         # depend on the order a writer put a record's features in (a protobuf map).
-        for name, held in kinds.items():
-            if len(held) > 1:
+        for name, several in kinds.items():
+            if len(several) > 1:
                 counts = " and ".join(
                     f"{k} in {n} records" if i == 0 else f"{k} in {n}"
-                    for i, (k, (n, _)) in enumerate(held.items())
+                    for i, (k, (n, _)) in enumerate(several.items())
                 )
-                first = sorted(f for n, f in held.values())[1]  # where a second kind appears
+                first = sorted(f for n, f in several.values())[1]  # where a second kind appears
                 raise SchemaError(f"feature {name!r} is {counts} (first: {at(first)}); {advice}")
         features: dict[str, FeatureType] = {}
         for name, (low, high, present, _) in seen.items():

@@ -26,6 +26,7 @@ import os
 import resource
 import stat
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -232,6 +233,7 @@ class ShardSet:
         self._lock = threading.Lock()
         self._open: OrderedDict[int, MappedShard] = OrderedDict()  # least recently used first
         self._pid = os.getpid()
+        _LIVE.add(self)
         self.schema: Schema = schema if schema is not None else self._schema()
 
     def _schema(self) -> Schema:
@@ -372,6 +374,22 @@ class ShardSet:
         self._lock = threading.Lock()
         self._open = OrderedDict()
         self._pid = os.getpid()
+        _LIVE.add(self)
+
+
+# A fork (DataLoader workers) copies a lock that a reader thread of the parent may hold
+# at that moment; the child's copy would stay locked for ever. Give every set a fresh
+# one in the child (its maps are dropped by _forked on first use).
+_LIVE: weakref.WeakSet[ShardSet] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for shards in list(_LIVE):
+        shards._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) -> list[ShardInfo]:
