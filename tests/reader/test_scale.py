@@ -305,3 +305,25 @@ def test_batches_wider_than_the_budget_are_read_in_pieces(tmp_path, monkeypatch,
     monkeypatch.setenv("RECORDKIT_MAX_OPEN_SHARDS", "1000")
     wide = rkt.RecordDataset(tmp_path / "ds", batch_size=32, shuffle=True, seed=3)
     assert [b["idx"].tolist() for b in plain] == [b["idx"].tolist() for b in wide]
+
+
+def test_a_forked_child_reads_although_the_parent_held_the_lock(many):
+    """DataLoader workers are forked while a parent's reader thread may hold the lock."""
+    out = run_limited(
+        """
+        from recordkit.reader.shards import open_shards
+        s = open_shards(sys.argv[1])
+        s._lock.acquire()  # as a reader thread of the parent would, at the fork
+        pid = os.fork()
+        if pid == 0:
+            with s.use(3) as shard:
+                os.write(1, str(shard.records).encode())
+            os._exit(0)
+        s._lock.release()
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, status
+        """,
+        many,
+        timeout=60,
+    )
+    assert out == str(RECORDS)
