@@ -5,6 +5,9 @@ Options:
         each) that different partitions read in parallel; 64 MiB by default.
         Gzipped files (``*.gz``) are read whole.
     infer_rows: how many leading rows type inference looks at (default 1000).
+    columns, drop, fill, nulls: which keys to convert and what nulls become
+        (see :class:`converters._tabular.TabularOptions`). A JSON ``null`` and
+        a key that a row does not have are both nulls.
 
 Inferred types: ints and bools -> ``Int64``, floats -> ``Float32``, strings ->
 ``Bytes`` (UTF-8), objects -> ``Bytes`` holding their JSON text, lists of those
@@ -21,19 +24,31 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from recordkit import Schema
-from recordkit.errors import SchemaError
 
-from ._tabular import byte_range_lines, convert_value, files_as_items, infer_columns, open_text
-from .base import Item, Source, SourceError, source_errors
+from ._tabular import (
+    TABULAR_OPTIONS,
+    SkipCount,
+    TabularSource,
+    byte_range_lines,
+    files_as_items,
+    infer_columns,
+    open_text,
+    shape_row,
+)
+from .base import Item, SourceError, source_errors
 
 __all__ = ["JsonlSource"]
 
 
-class JsonlSource(Source):
+class JsonlSource(TabularSource):
     """JSON Lines (``*.jsonl``, ``*.ndjson``, ``*.json``, optionally ``.gz``) -> records."""
 
     name: ClassVar[str] = "jsonl"
-    defaults: ClassVar[Mapping[str, Any]] = {"chunk_bytes": 64 << 20, "infer_rows": 1000}
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "chunk_bytes": 64 << 20,
+        "infer_rows": 1000,
+        **TABULAR_OPTIONS,
+    }
     suffixes = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz")
 
     def list_items(self) -> list[Item]:
@@ -67,13 +82,13 @@ class JsonlSource(Source):
         limit = int(self.options["infer_rows"])
         rows = itertools.islice((r for it in items for _, r in self._rows(it)), limit)
         where = items[0].key if items else self.location.url
-        return infer_columns(rows, where=where, strings=False)
+        return infer_columns(rows, where=where, strings=False, opts=self.tabular)
 
-    def samples(self, item: Item, schema: Schema) -> Iterator[Mapping[str, Any]]:
-        features = schema.features
+    def shaped(self, item: Item, schema: Schema, skips: SkipCount) -> Iterator[Mapping[str, Any]]:
+        opts = self.tabular
         for where, row in self._rows(item):
-            if row.keys() != features.keys():
-                missing = sorted(set(features) - set(row))
-                extra = sorted(set(row) - set(features))
-                raise SchemaError(f"{item.key}: {where}: missing {missing}, unexpected {extra}")
-            yield {k: convert_value(k, row[k], features[k], text=False) for k in features}
+            sample = shape_row(row, schema, opts, where=f"{item.key}: {where}", text=False)
+            if sample is None:
+                skips.rows += 1
+            else:
+                yield sample

@@ -4,7 +4,14 @@ One item per row group, so large files convert in parallel. Columns become
 features: integers and bools -> ``Int64``, floats -> ``Float32``, strings and
 binary -> ``Bytes``, lists of those -> ``(None,)`` lists (``(n,)`` for
 fixed-size lists). Give a schema for anything else, or for exact float64
-(``Tensor("float64", ())``). Nulls are refused, naming the column and row group.
+(``Tensor("float64", ())``).
+
+Options:
+    columns, drop, fill, nulls: which columns to convert (only those are
+        read) and what nulls become (see
+        :class:`converters._tabular.TabularOptions`). A null is an Arrow null;
+        a list holding nulls is refused (``nulls="skip"`` leaves its row out).
+        With a schema, the schema's features are the columns read.
 """
 
 from __future__ import annotations
@@ -18,7 +25,15 @@ import numpy as np
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.errors import MissingDependencyError, SchemaError
 
-from .base import Item, Source, SourceError, source_errors
+from ._tabular import (
+    TABULAR_OPTIONS,
+    SkipCount,
+    TabularSource,
+    _count,
+    null_hint,
+    zero_value,
+)
+from .base import Item, SourceError, source_errors
 
 __all__ = ["ParquetSource"]
 
@@ -26,6 +41,7 @@ __all__ = ["ParquetSource"]
 def _pyarrow() -> Any:
     try:
         import pyarrow as pa
+        import pyarrow.compute  # registers pa.compute
         import pyarrow.parquet  # registers pa.parquet
     except ImportError as exc:
         raise MissingDependencyError(
@@ -55,11 +71,11 @@ def _feature(name: str, t: Any) -> Any:
     raise SchemaError(f"column {name!r}: arrow type {t} has no inferred feature; give a schema")
 
 
-class ParquetSource(Source):
+class ParquetSource(TabularSource):
     """Parquet files (``*.parquet``, ``*.pq``) -> records, one item per row group."""
 
     name: ClassVar[str] = "parquet"
-    defaults: ClassVar[Mapping[str, Any]] = {}
+    defaults: ClassVar[Mapping[str, Any]] = {**TABULAR_OPTIONS}
     suffixes = (".parquet", ".pq")
 
     @contextlib.contextmanager
@@ -88,24 +104,70 @@ class ParquetSource(Source):
             raise SchemaError(f"parquet: {self.location.url} has no row groups; give a schema")
         with self._file(items[0].ref[0], items[0].key) as pf:
             arrow = pf.schema_arrow
-        return Schema({f.name: _feature(f.name, f.type) for f in arrow})
+        kept = self.tabular.select(arrow.names, items[0].key)
+        return Schema({name: _feature(name, arrow.field(name).type) for name in kept})
 
-    def samples(self, item: Item, schema: Schema) -> Iterator[Mapping[str, Any]]:
+    def shaped(self, item: Item, schema: Schema, skips: SkipCount) -> Iterator[Mapping[str, Any]]:
         rel, rg = item.ref
-        with self._file(rel, item.key) as pf:
-            table = pf.read_row_group(rg)
         names = list(schema.features)
-        missing = sorted(set(names) - set(table.column_names))
-        if missing:
-            raise SourceError(f"{item.key}: columns {missing} are not in the file")
+        with self._file(rel, item.key) as pf:
+            missing = sorted(set(names) - set(pf.schema_arrow.names))
+            if missing:
+                raise SourceError(f"{item.key}: columns {missing} are not in the file")
+            table = pf.read_row_group(rg, columns=names)
+        opts = self.tabular
+        skip = np.zeros(table.num_rows, dtype=bool)
         columns = {}
         for name in names:
             column = table.column(name)
-            if column.null_count:
-                raise SourceError(f"{item.key}: column {name!r} holds {column.null_count} nulls")
             values = column.to_pylist()
-            if isinstance(schema[name], Tensor):
-                values = [np.asarray(v, dtype=schema[name].dtype) for v in values]
+            ftype = schema[name]
+            if column.null_count:
+                nulls = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+                if name in opts.fill or opts.nulls == "fill":
+                    value = opts.fill[name] if name in opts.fill else zero_value(ftype)
+                    values = [value if v is None else v for v in values]
+                elif opts.nulls == "skip":
+                    skip |= nulls
+                else:
+                    first = int(np.flatnonzero(nulls)[0])
+                    raise SourceError(
+                        f"{item.key}: column {name!r} holds {_count(column.null_count, 'null')} "
+                        f"(the first in row {first} of the row group); {null_hint(name)}"
+                    )
+            inner = _inner_nulls(column)
+            if inner is not None:
+                if opts.nulls != "skip":
+                    first = int(np.flatnonzero(inner)[0])
+                    raise SourceError(
+                        f"{item.key}: column {name!r}: the list in row {first} of the row group "
+                        "holds nulls, which a fill cannot replace; nulls='skip' (-o nulls=skip) "
+                        f"leaves such rows out, drop=[{name!r}] the column"
+                    )
+                skip |= inner
+            if isinstance(ftype, Tensor):
+                values = [v if v is None else np.asarray(v, dtype=ftype.dtype) for v in values]
             columns[name] = values
-        for i in range(table.num_rows):
+        skips.rows += int(skip.sum())
+        keep = np.flatnonzero(~skip).tolist() if skip.any() else range(table.num_rows)
+        for i in keep:
             yield {name: columns[name][i] for name in names}
+
+
+def _inner_nulls(column: Any) -> np.ndarray | None:
+    """For a list column: the rows whose list holds a null element (``None``: no such row)."""
+    pa = _pyarrow()
+    types = pa.types
+    t = column.type
+    if not (types.is_list(t) or types.is_large_list(t) or types.is_fixed_size_list(t)):
+        return None
+    flat = pa.chunked_array([c.flatten() for c in column.chunks], type=t.value_type)
+    if not flat.null_count:
+        return None
+    pc = pa.compute
+    # The row of each element: its list's index, from the lists' lengths.
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(column), 0).to_numpy(), dtype=np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    bad = np.zeros(len(lengths), dtype=bool)
+    bad[rows[np.asarray(flat.is_null().to_numpy(zero_copy_only=False), dtype=bool)]] = True
+    return bad

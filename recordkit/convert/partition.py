@@ -83,6 +83,8 @@ class PartitionResult:
         items: source items read.
         size: source bytes read (the items' sizes).
         attempts: how many attempts it took.
+        skipped: source rows the source left out on purpose (a tabular
+            converter's ``nulls="skip"``).
     """
 
     index: int
@@ -90,6 +92,7 @@ class PartitionResult:
     items: int
     size: int
     attempts: int = 1
+    skipped: int = 0
 
     @property
     def records(self) -> int:
@@ -105,6 +108,8 @@ class PartitionResult:
             "size": self.size,
             "shards": [s.to_json() for s in self.shards],
         }
+        if self.skipped:
+            doc["skipped"] = self.skipped
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -116,7 +121,13 @@ class PartitionResult:
                 ShardInfo(s["path"], int(s["records"]), int(s["bytes"]), int(s["crc32c"]))
                 for s in doc["shards"]
             )
-            result = cls(int(doc["partition"]), shards, int(doc["items"]), int(doc["size"]))
+            result = cls(
+                int(doc["partition"]),
+                shards,
+                int(doc["items"]),
+                int(doc["size"]),
+                skipped=int(doc.get("skipped", 0)),
+            )
             return str(doc["fingerprint"]), result
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
             raise ValueError(f"malformed done-marker: {exc!r}") from exc
@@ -143,16 +154,21 @@ class _Counter:
         self.report(-self.done[0], -self.done[1], -self.done[2])
 
 
-def _write(task: PartitionTask, report: Reporter) -> tuple[ShardInfo, ...]:
+def _write(task: PartitionTask, report: Reporter) -> tuple[tuple[ShardInfo, ...], int]:
+    """Write the partition's shards; return them and the source rows left out on purpose."""
     schema = Schema.from_json(task.schema)
     target = open_target(task.dst, task.storage_options)
     shards: list[ShardInfo] = []
     current: ShardWriter | None = None
+    skipped = 0
     try:
         for item in task.items:
             records = 0
             try:
-                for payload in task.source.records(item, schema):
+                # A source may return an iterator with a ``skipped`` count (rows it
+                # left out on purpose, e.g. nulls="skip"): read once it is exhausted.
+                payloads = task.source.records(item, schema)
+                for payload in payloads:
                     framed = len(payload) + 16
                     if current is not None and (
                         (current.records and current.bytes + framed > task.shard_size)
@@ -168,11 +184,15 @@ def _write(task: PartitionTask, report: Reporter) -> tuple[ShardInfo, ...]:
             except Exception as exc:
                 add_note(exc, f"while converting source item {item.key!r}")
                 raise
+            left_out = int(getattr(payloads, "skipped", 0))
+            if left_out:
+                log.info("%s: %d source row(s) left out on purpose", item.key, left_out)
+                skipped += left_out
             report(1, int(item.size), records)
         if current is not None:
             shards.append(current.publish())
             current = None
-        return tuple(shards)
+        return tuple(shards), skipped
     finally:
         if current is not None:
             current.discard()
@@ -191,7 +211,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     while True:
         counter = _Counter(report)
         try:
-            shards = _write(task, counter)
+            shards, skipped = _write(task, counter)
             break
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
@@ -221,6 +241,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         items=len(task.items),
         size=sum(int(i.size) for i in task.items),
         attempts=attempt + 1,
+        skipped=skipped,
     )
     state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
     try:

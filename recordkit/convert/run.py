@@ -58,6 +58,9 @@ class ConvertResult:
         items: source items converted in all.
         size: source bytes converted in all.
         seconds: wall time of this run.
+        skipped: source rows left out on purpose (a tabular converter's
+            ``nulls="skip"``), in all partitions; also in the manifest's
+            ``metadata["convert"]["skipped"]``.
     """
 
     dst: str
@@ -67,6 +70,7 @@ class ConvertResult:
     items: int
     size: int
     seconds: float
+    skipped: int = 0
 
     @property
     def records(self) -> int:
@@ -79,9 +83,12 @@ class ConvertResult:
 
         rate = self.size / self.seconds if self.seconds > 0 else 0.0
         resumed = f", {self.resumed} resumed" if self.resumed else ""
+        rows = "source row" if self.skipped == 1 else "source rows"
+        skipped = f" ({self.skipped} {rows} skipped)" if self.skipped else ""
         return (
             f"converted {self.items} items ({format_size(self.size)}) into {self.records} "
-            f"records in {len(self.manifest.shards)} shards ({format_size(self.manifest.bytes)}) "
+            f"records{skipped} in {len(self.manifest.shards)} shards "
+            f"({format_size(self.manifest.bytes)}) "
             f"at {self.dst}: {self.partitions} partitions{resumed}, {self.seconds:.1f} s, "
             f"{format_size(int(rate))}/s"
         )
@@ -441,6 +448,7 @@ def convert(
                 plan.items,
                 plan.size,
                 time.monotonic() - t0,
+                skipped=int(manifest.metadata.get("convert", {}).get("skipped", 0)),
             )
         _mark(dest, plan)  # before the first shard is touched
         done = _published(dest, plan) if state == "resume" else {}
@@ -517,10 +525,14 @@ def convert(
                 f"{src} to {dst}; {len(results)} are published and a rerun resumes after them",
                 failures,
             )
+        skipped = sum(r.skipped for r in results.values())
+        metadata = dict(plan.metadata)
+        if skipped:  # the dataset holds fewer rows than the source, on purpose: say so
+            metadata["convert"] = {**metadata["convert"], "skipped": skipped}
         manifest = Manifest(
             schema=plan.schema.to_json(),
             shards=tuple(s for i in sorted(results) for s in results[i].shards),
-            metadata=dict(plan.metadata),
+            metadata=metadata,
             created_by=f"recordkit {__version__}",
         )
         dest.target.write_bytes(MANIFEST_NAME, manifest.dumps())
@@ -534,6 +546,7 @@ def convert(
             plan.items,
             plan.size,
             time.monotonic() - t0,
+            skipped=skipped,
         )
     finally:
         dest.close()
