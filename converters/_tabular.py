@@ -333,8 +333,9 @@ def shape_row(
     extra = [k for k in row if k not in features and opts.keeps(k)]
     if extra:
         missing = [k for k in features if k not in row]
+        lacks = f"missing {missing}, " if missing else ""
         raise SchemaError(
-            f"{where}: missing {missing}, unexpected {extra}: the schema has {list(features)}; "
+            f"{where}: {lacks}unexpected {extra}: the schema has {list(features)}; "
             f"drop={extra} (-o drop={','.join(extra)}) leaves the unexpected out"
         )
     sample: dict[str, Any] = {}
