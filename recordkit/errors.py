@@ -9,6 +9,7 @@ that only know the standard library can still catch it sensibly::
     │   ├── TruncatedRecordError             a record cut short (also in the length field)
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
     ├── CompressedTFRecordError (ValueError) a GZIP/ZLIB TFRecord where random access is needed
+    ├── ImageDecodeError (ValueError)        an image feature whose bytes do not decode
     ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
     ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
     ├── IncompleteDatasetError (ValueError)  a folder where a write of ours did not finish
@@ -32,6 +33,7 @@ __all__ = [
     "CompressedTFRecordError",
     "CorruptRecordError",
     "DatasetExistsError",
+    "ImageDecodeError",
     "IncompleteDatasetError",
     "InvalidIndexError",
     "LoaderTimeoutError",
@@ -165,6 +167,35 @@ class CompressedTFRecordError(_LocatedError, ValueError):
         compression: str = "GZIP",
     ) -> None:
         self.compression = compression
+        super().__init__(reason, path=path, offset=offset, record=record)
+
+
+class ImageDecodeError(_LocatedError, ValueError):
+    """An image feature whose bytes do not decode (not an image, truncated, corrupt).
+
+    The record itself is sound (its CRCs passed): the bytes stored in it are
+    not an image the decoder reads. ``path:offset:record`` locate the record in
+    its shard; the message also names the feature and the sample's source key
+    (``path`` of an ``imagefolder`` conversion, ``__key__`` of a WebDataset)
+    where the batch holds one.
+
+    Attributes:
+        feature: the image feature's name.
+        key: the sample's source key, or ``None``.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: str | None = None,
+        offset: int | None = None,
+        record: int | None = None,
+        feature: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.feature = feature
+        self.key = key
         super().__init__(reason, path=path, offset=offset, record=record)
 
 

@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -47,6 +47,7 @@ from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 from ._devcopy import can_pin as _can_pin  # noqa: E402
 from ._devcopy import pinned_slab as _pinned_slab  # noqa: E402
+from ._origins import Origins, ordered_map, using  # noqa: E402
 from ._torch_collate import collate  # noqa: E402
 from .codec.limits import DecodeLimits  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
@@ -185,7 +186,14 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             them in :attr:`stats`; ``"warn"`` does the same with a ``RuntimeWarning``.
         columns: read only these features.
         transform: applied to each batch (or sample) before it is yielded, in
-            the consuming thread (or DataLoader worker).
+            the consuming thread (or DataLoader worker), or on
+            ``transform_threads`` threads. While it runs, the item's records are
+            known (:class:`DecodeImages` names the ``file:offset:record`` of an
+            image that does not decode).
+        transform_threads: run ``transform`` on this many threads, up to twice
+            as many items ahead of the consumer, in order (``0``, the default:
+            in the consuming thread). For a transform that releases the GIL,
+            such as :class:`DecodeImages`, this takes it off the training thread.
         bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
         verify: check payload CRCs (length CRCs are always checked).
         limits: the bytes one record's zstd values, and one reader task's, may
@@ -251,6 +259,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         on_error: OnError = "raise",
         columns: Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
+        transform_threads: int = 0,
         bytes_as: Literal["padded", "list"] = "padded",
         verify: bool = True,
         limits: DecodeLimits | None = None,
@@ -288,6 +297,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self.on_error: OnError = on_error
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
+        if transform_threads < 0:
+            raise ValueError(f"transform_threads must be >= 0, got {transform_threads}")
+        self.transform_threads = transform_threads
         self.bytes_as = bytes_as
         self.verify = verify
         self.limits = limits
@@ -517,23 +529,49 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         batched = self.options.batch_size is not None
         release = self._releaser(plan, split, start)
         chunks = reader.read(plan, split, units)
+        items = self._items(chunks, batched)
         try:
-            for chunk in chunks:
-                items = self._batches(chunk) if batched else self._samples(chunk)
-                for unit, item in items:
-                    self._next_unit = unit + 1
-                    if self.transform is not None:
-                        item = self.transform(item)
-                    yield item
-                    if release is not None:
-                        release(unit)  # batches are copies: a finished shard can go
+            for unit, item in items:
+                self._next_unit = unit + 1
+                yield item
+                if release is not None:
+                    release(unit)  # batches are copies: a finished shard can go
         finally:
+            items.close()
             chunks.close()
         if get_worker_info() is None and self.epoch == epoch:
             self.epoch = epoch + 1  # a full pass: the next iteration reads the next epoch
             self._next_unit = 0
 
-    def _batches(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _items(
+        self, chunks: Iterator[Chunk], batched: bool
+    ) -> Generator[tuple[int, Any], None, None]:
+        """``(unit, item)`` from the chunks, transformed (with their origins current)."""
+        if self.transform is None:
+            for chunk in chunks:
+                for unit, item, _ in self._batches(chunk) if batched else self._samples(chunk):
+                    yield unit, item
+            return
+        shards = self._open()
+
+        def located() -> Iterator[tuple[int, Any, Origins | None]]:
+            for chunk in chunks:
+                ids, recs = chunk.shard_ids, chunk.records
+                for unit, item, (lo, hi) in (
+                    self._batches(chunk) if batched else self._samples(chunk)
+                ):
+                    origins = None
+                    if ids is not None and recs is not None:
+                        origins = Origins(shards, ids[lo:hi], recs[lo:hi])
+                    yield unit, item, origins
+
+        mapped = ordered_map(self.transform, located(), self.transform_threads)
+        try:
+            yield from mapped
+        finally:
+            mapped.close()
+
+    def _batches(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any], tuple[int, int]]]:
         if not chunk.rows:
             return
         # Per-chunk work is done once, vectorised: the consuming thread shares the
@@ -555,9 +593,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             for name, w in widths.items():
                 batch[name] = batch[name][:, : w[b]]  # trim to this batch's longest value
             self.stats.add(records=hi - lo, batches=1)
-            yield unit_ids[b], batch
+            yield unit_ids[b], batch, (lo, hi)
 
-    def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any], tuple[int, int]]]:
         cols = chunk.columns
         names = [n for n in cols if not (n.endswith("/lengths") and n[: -len("/lengths")] in cols)]
         for i in range(chunk.rows):
@@ -570,7 +608,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                 else:
                     sample[name] = _to_torch(value[i])
             self.stats.add(records=1, batches=1)
-            yield int(chunk.units[i]), sample
+            yield int(chunk.units[i]), sample, (i, i + 1)
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
@@ -759,6 +797,7 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         idx = np.where(idx < 0, idx + n, idx)
         which = np.searchsorted(self._starts, idx, side="right") - 1
         out: list[dict[str, Any]] = [{} for _ in range(len(idx))]
+        records = idx - self._starts[which]
         for s in np.unique(which).tolist():
             rows = np.flatnonzero(which == s)
             recs = idx[rows] - self._starts[s]
@@ -771,5 +810,9 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
             for j, row in enumerate(rows.tolist()):
                 out[row] = {k: _to_torch(v[j]) for k, v in batch.columns.items()}
         if self.transform is not None:
-            out = [self.transform(x) for x in out]
+            transform = self.transform
+            out = [
+                using(Origins(shards, which[i : i + 1], records[i : i + 1]), transform, x)
+                for i, x in enumerate(out)
+            ]
         return out

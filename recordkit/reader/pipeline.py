@@ -96,11 +96,16 @@ class Chunk:
         units: for each kept row, the unit (batch or sample) it belongs to.
         columns: feature name -> batch array (or list for variable shapes).
         rows: number of kept rows.
+        shard_ids: for each kept row, its shard (an index into the shard set),
+            so a transform can name the record it fails on (``None``: unknown).
+        records: for each kept row, its record number within that shard.
     """
 
     units: np.ndarray
     columns: Columns
     rows: int
+    shard_ids: np.ndarray | None = None
+    records: np.ndarray | None = None
 
 
 @dataclass
@@ -230,7 +235,7 @@ class RecordReader:
             where = np.concatenate(rows_of_parts)
             if (np.diff(where) < 0).any():
                 columns = _take(columns, np.argsort(where, kind="stable"))
-        chunk = Chunk(units=unit_of_row[kept], columns=columns, rows=n)
+        chunk = Chunk(unit_of_row[kept], columns, n, shard_ids[kept], records[kept])
         return _Done(chunk, nbytes, skipped, time.perf_counter() - t0)
 
     # -- the consumer side -------------------------------------------------------------
@@ -412,7 +417,7 @@ class RecordReader:
             columns, _ = _concat(cols, self.pool.alloc)
             where = np.concatenate([p.rows for p, _, _, _ in parts if p.rows is not None])
             columns = _take(columns, np.argsort(where, kind="stable"))
-        chunk = Chunk(task.unit_of_row, columns, len(task.records))
+        chunk = Chunk(task.unit_of_row, columns, len(task.records), task.shard_ids, task.records)
         return _Done(chunk, nbytes, [], seconds)
 
     def _read_python(

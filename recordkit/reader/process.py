@@ -118,6 +118,9 @@ def _layout(chunk: Chunk) -> tuple[list[tuple[Any, ...]], list[tuple[int, np.nda
         return a.dtype.str, a.shape, offset
 
     meta.append(("array", "/units", *place(chunk.units)))
+    if chunk.shard_ids is not None and chunk.records is not None:  # where each row came from
+        meta.append(("array", "/shard_ids", *place(chunk.shard_ids)))
+        meta.append(("array", "/records", *place(chunk.records)))
     for name, value in chunk.columns.items():
         if isinstance(value, np.ndarray) and value.dtype != object:
             meta.append(("array", name, *place(value)))
@@ -309,19 +312,21 @@ class _Slots:
             seg.unlink()  # live leases keep their mapping; the name is gone now
 
 
-def _columns(region: np.ndarray, meta: list[tuple[Any, ...]]) -> tuple[np.ndarray, dict[str, Any]]:
+def _chunk(region: np.ndarray, meta: list[tuple[Any, ...]], rows: int) -> Chunk:
+    """A chunk whose arrays are views of its slot."""
+
     def view(dtype: str, shape: tuple[int, ...], offset: int) -> np.ndarray:
         n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         return region[offset : offset + n].view(dtype).reshape(shape)
 
-    units = np.empty(0, np.int64)
+    special: dict[str, Any] = {"/units": np.empty(0, np.int64)}
     columns: dict[str, Any] = {}
     for entry in meta:
         kind, name = entry[0], entry[1]
         if kind == "array":
             value: Any = view(*entry[2:])
-            if name == "/units":
-                units = value
+            if name in ("/units", "/shard_ids", "/records"):
+                special[name] = value
                 continue
         elif kind == "arrays":
             value = [view(*m) for m in entry[2]]
@@ -332,7 +337,9 @@ def _columns(region: np.ndarray, meta: list[tuple[Any, ...]]) -> tuple[np.ndarra
         else:
             value = entry[2]
         columns[name] = value
-    return units, columns
+    return Chunk(
+        special["/units"], columns, rows, special.get("/shard_ids"), special.get("/records")
+    )
 
 
 class ProcessReader:
@@ -432,11 +439,11 @@ class ProcessReader:
                 elif msg[0] == "chunk":
                     _, slot, rows, meta, done = msg
                     region = slots.region(slot, slots.segments[slot].size)
-                    units_, columns = _columns(region, meta)
+                    chunk = _chunk(region, meta, rows)
                     del region  # the arrays hold the lease now
                     self._account(done, waited)
                     waited = 0.0
-                    yield Chunk(units=units_, columns=columns, rows=rows)
+                    yield chunk
                 elif msg[0] == "end":
                     return
                 else:
