@@ -39,7 +39,7 @@ __all__ = [
 
 # Submodules that pull in heavy frameworks: imported only when first touched.
 # ``convert`` is a package that is also callable: ``recordkit.convert(src, dst, format=...)``.
-_LAZY_SUBMODULES = frozenset({"torch", "tf", "convert"})
+_LAZY_SUBMODULES = frozenset({"torch", "tf", "convert", "images"})
 
 
 def __getattr__(name: str) -> Any:

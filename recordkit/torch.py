@@ -49,6 +49,7 @@ from ._devcopy import can_pin as _can_pin  # noqa: E402
 from ._devcopy import pinned_slab as _pinned_slab  # noqa: E402
 from ._origins import Origins, ordered_map, using  # noqa: E402
 from ._torch_collate import collate  # noqa: E402
+from ._torch_images import DecodeImages  # noqa: E402
 from .codec.limits import DecodeLimits  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DataLoader",
+    "DecodeImages",
     "DevicePrefetcher",
     "RecordDataset",
     "RecordMapDataset",
