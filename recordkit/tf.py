@@ -52,6 +52,7 @@ from ._deps import require
 from ._tfdecode import COMPANION as _COMPANION
 from ._tfdecode import decoder as _decoder
 from ._tfdecode import fast as _fast
+from ._tfimages import ImagesStep, file_locator, images_step, task_locator
 from ._tftasks import PlanTasks
 from .codec import Bytes, Float32, Int64, Schema, Tensor
 from .codec.limits import DecodeLimits
@@ -59,6 +60,7 @@ from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
+from .images import ImageOptions
 from .reader.epochs import CacheEpochs
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
@@ -299,6 +301,7 @@ def dataset(
     cache_timeout: float | None = 600.0,
     partial: bool = False,
     limits: DecodeLimits | None = None,
+    decode_images: str | Sequence[str] | ImageOptions | None = None,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -365,6 +368,16 @@ def dataset(
             :class:`~recordkit.codec.DecodeLimits` ``record_bytes``; default
             derived from the schema); a value over it fails the pipeline with
             :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
+        decode_images: ``Bytes()`` features holding encoded images (a name, names,
+            or :class:`~recordkit.images.ImageOptions` for the channels and the
+            key feature) to decode with ``tf.io.decode_image``, per record, into
+            ``uint8`` ``[H, W, C]`` (``[B, None, None, C]`` ragged when batched:
+            resize in a ``map`` with ``batch_size=None``, then batch). An image
+            that does not decode fails the pipeline with TensorFlow's
+            ``InvalidArgumentError`` carrying the
+            :class:`~recordkit.errors.ImageDecodeError` message: the record's
+            ``file:offset:record``, the feature, the source key (``path``) and
+            why. Records are then read one by one (no vectorised batch parse).
 
     The dataset knows its length (``len(ds)``: batches, or records, of this
     pipeline, times ``epochs``) where there is a manifest or a local folder, so
@@ -403,7 +416,8 @@ def dataset(
             shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
         )
         tasks = PlanTasks(shards, options, pipeline, pipelines)
-        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits)
+        images = images_step(decode_images, shards.schema, names, task_locator(tasks))
+        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits, images)
         return ds.prefetch(tf.data.AUTOTUNE)
     epoch_files = None
     if cache_epochs is not None:
@@ -415,6 +429,7 @@ def dataset(
         files, schema, manifest = _locate(os.fspath(path_or_url), schema)
     names = _columns(schema, columns)
     spec = feature_spec(schema, names)
+    images = images_step(decode_images, schema, names, file_locator)
     counts = dict(zip(files, (s.records for s in manifest.shards))) if manifest else None
     by_record = False
     if epoch_files is not None:
@@ -439,6 +454,7 @@ def dataset(
         deterministic=deterministic,
         num_parallel_reads=num_parallel_reads,
         limits=limits,
+        images=images,
     )
     if epochs != 1:
         ds = ds.repeat(epochs)
@@ -453,6 +469,7 @@ def _planned(
     epoch: int,
     epochs: int | None,
     limits: DecodeLimits | None,
+    images: ImagesStep | None = None,
 ) -> Any:
     """Epochs of the plan: epoch and task numbers from ``Dataset.range``, records per task.
 
@@ -462,7 +479,7 @@ def _planned(
     """
     autotune = tf.data.AUTOTUNE
     spec = feature_spec(schema, names)
-    fast = _fast(schema, names)
+    fast = _fast(schema, names) and images is None
 
     def read(e: Any, t: Any) -> Any:
         buf, starts, lengths = tf.numpy_function(
@@ -470,7 +487,10 @@ def _planned(
         )
         records = tf.strings.substr(buf[0], starts, lengths)
         records.set_shape([None])
-        return records
+        if images is None:
+            return records
+        n = tf.shape(records, out_type=tf.int64)[0]  # each record's place: epoch, task, row
+        return records, tf.fill([n], e), tf.fill([n], t), tf.range(n)
 
     def one_epoch(e: Any) -> Any:
         ds = tf.data.Dataset.range(tasks.tasks).map(
@@ -479,12 +499,8 @@ def _planned(
         if fast:
             # tasks are whole units: only an epoch's last batch can be short
             return ds.rebatch(batch_size) if batch_size is not None else ds
-        decode = _decoder(schema, names, batched=False, limits=limits)
-        ds = ds.unbatch().map(
-            lambda s: decode(tf.io.parse_single_example(s, spec)),
-            num_parallel_calls=autotune,
-            deterministic=True,
-        )
+        parse = _per_record(schema, names, spec, limits, images)
+        ds = ds.unbatch().map(parse, num_parallel_calls=autotune, deterministic=True)
         return ds.ragged_batch(batch_size) if batch_size is not None else ds
 
     if not tasks.tasks:  # nothing to read: endless empty epochs would never yield
@@ -508,6 +524,23 @@ def _planned(
     return ds.apply(tf.data.experimental.assert_cardinality(length))
 
 
+def _per_record(
+    schema: Schema,
+    names: list[str],
+    spec: dict[str, Any],
+    limits: DecodeLimits | None,
+    images: ImagesStep | None,
+) -> Callable[..., dict[str, Any]]:
+    """``(record, *position) -> element``: parse one record (and decode its images)."""
+    decode = _decoder(schema, names, batched=False, limits=limits)
+
+    def parse(record: Any, *position: Any) -> dict[str, Any]:
+        element = decode(tf.io.parse_single_example(record, spec))
+        return element if images is None else images(element, position)
+
+    return parse
+
+
 def _native_pipeline(
     files: list[str],
     manifest: Manifest | None,
@@ -527,6 +560,7 @@ def _native_pipeline(
     deterministic: bool,
     num_parallel_reads: int | None,
     limits: DecodeLimits | None,
+    images: ImagesStep | None = None,
 ) -> Any:
     """One epoch through ``TFRecordDataset``: the order without shuffle, the cache, gs://."""
     autotune = tf.data.AUTOTUNE
@@ -550,6 +584,8 @@ def _native_pipeline(
     # interleave then hands over one tensor per chunk instead of one per record.
     def read(f: Any) -> Any:
         records = tf.data.TFRecordDataset(f, buffer_size=_READ_BUFFER)
+        if images is not None:  # each record with its place: file and record number
+            records = records.enumerate().map(lambda n, r: (r, f, n))
         return records.batch(chunk) if chunk > 1 else records
 
     if cycle == 1:  # shard after shard, in dataset order
@@ -565,7 +601,7 @@ def _native_pipeline(
     opts = tf.data.Options()
     opts.deterministic = deterministic
     ds = ds.with_options(opts)
-    fast = _fast(schema, names)
+    fast = _fast(schema, names) and images is None
     per_record = by_record or shuffle or not fast or chunk == 1
     if per_record:
         if chunk > 1:
@@ -591,12 +627,8 @@ def _native_pipeline(
         if batch_size is None:
             ds = ds.unbatch()
     else:
-        decode = _decoder(schema, names, batched=False, limits=limits)
-        ds = ds.map(
-            lambda s: decode(tf.io.parse_single_example(s, spec)),
-            num_parallel_calls=autotune,
-            deterministic=deterministic,
-        )
+        parse = _per_record(schema, names, spec, limits, images)
+        ds = ds.map(parse, num_parallel_calls=autotune, deterministic=deterministic)
         if batch_size is not None:
             ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
     if counts is not None:  # len(ds) and Keras' steps per epoch

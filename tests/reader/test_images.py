@@ -9,16 +9,13 @@ shard, offset, record and source path, in every mode.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import recordkit as rk
 from recordkit.errors import ImageDecodeError
 
 torch = pytest.importorskip("torch")
@@ -28,73 +25,17 @@ pytestmark = pytest.mark.torch
 from recordkit._origins import ordered_map  # noqa: E402
 from recordkit.images import ImageOptions, decode_image  # noqa: E402
 from recordkit.torch import DataLoader, DecodeImages, RecordDataset, RecordMapDataset  # noqa: E402
-
-BAD = {"dog/cut.png": "image file is truncated", "dog/text.jpg": "cannot identify image file"}
-
-
-def _write_images(root: Path) -> dict[str, np.ndarray]:
-    """Images of several formats and modes, and (by path) what each decodes to in RGB."""
-    rng = np.random.default_rng(0)
-    expected = {}
-    for c, cls in enumerate(("cat", "dog", "eel")):
-        (root / cls).mkdir(parents=True)
-        for i in range(7):
-            h, w = 16 + 3 * i, 20 + c
-            pixels = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
-            kind = (i + c) % 4
-            if kind == 0:
-                img, name = Image.fromarray(pixels[:, :, :3]), f"{i}.jpg"
-            elif kind == 1:
-                img, name = Image.fromarray(pixels[:, :, 0], mode="L"), f"{i}.png"
-            elif kind == 2:
-                img, name = Image.fromarray(pixels, mode="RGBA"), f"{i}.png"
-            else:
-                img, name = Image.fromarray(pixels[:, :, :3]).convert("P"), f"{i}.gif"
-            img.save(root / cls / name)
-            with Image.open(root / cls / name) as back:
-                expected[f"{cls}/{name}"] = np.asarray(back.convert("RGB"))
-    return expected
+from tests.image_cases import BAD, make_broken, make_images, where  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
-    expected = _write_images(root / "src")
-    rk.convert(root / "src", root / "ds", format="imagefolder", workers=0, shard_size=4096)
-    return root / "ds", expected
+    return make_images(tmp_path_factory.mktemp("images"))
 
 
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory):
-    """A dataset with a truncated PNG and a text file stored as an image (check="none")."""
-    root = tmp_path_factory.mktemp("broken")
-    _write_images(root / "src")
-    good = (root / "src" / "dog" / "1.png").read_bytes()
-    (root / "src" / "dog" / "cut.png").write_bytes(good[: len(good) // 2])
-    (root / "src" / "dog" / "text.jpg").write_bytes(b"this is not an image\n")
-    rk.convert(
-        root / "src",
-        root / "ds",
-        format="imagefolder",
-        workers=0,
-        shard_size=4096,
-        source_options={"check": "none", "order": "sorted"},
-    )
-    return root / "ds"
-
-
-def _where(ds_path: Path, key: str) -> tuple[str, int, int]:
-    """``(shard path, offset, record)`` of the sample whose ``path`` is ``key``."""
-    manifest = json.loads((ds_path / "recordkit.json").read_text())
-    ds = rk.Dataset(ds_path)
-    first = 0
-    for shard in manifest["shards"]:
-        for rec in range(shard["records"]):
-            if bytes(ds[first + rec]["path"]).decode() == key:
-                idx = (ds_path / (shard["path"] + ".idx")).read_text().split("\n")
-                return str(ds_path / shard["path"]), int(idx[rec].split()[0]), rec
-        first += shard["records"]
-    raise AssertionError(key)
+    return make_broken(tmp_path_factory.mktemp("broken"))
 
 
 def _check(decoded, paths, expected):
@@ -179,7 +120,7 @@ def test_the_loader_process_carries_where_rows_came_from(images, broken):
     ds = RecordDataset(broken, batch_size=8, reader_process=True, transform=DecodeImages())
     with pytest.raises(ImageDecodeError) as info:
         list(ds)
-    path, offset, record = _where(broken, info.value.key)
+    path, offset, record = where(broken, info.value.key)
     assert (info.value.path, info.value.offset, info.value.record) == (path, offset, record)
 
 
@@ -199,7 +140,7 @@ def test_an_image_that_does_not_decode_names_its_record_and_source_key(broken, m
             pass
     err = info.value
     assert err.key in BAD and err.feature == "image"
-    path, offset, record = _where(broken, err.key)
+    path, offset, record = where(broken, err.key)
     assert (err.path, err.offset, err.record) == (path, offset, record)
     assert str(err).startswith(
         f"{path}:{offset}:{record}: image feature 'image', source key '{err.key}' does not decode"
@@ -217,7 +158,7 @@ def test_every_bad_image_is_found_by_each_reader(broken):
             mds[i]
         except ImageDecodeError as err:
             bad[err.key] = (err.path, err.offset, err.record)
-    assert bad == {key: _where(broken, key) for key in BAD}
+    assert bad == {key: where(broken, key) for key in BAD}
 
 
 def test_errors_in_dataloader_workers_keep_the_location(broken):
@@ -228,7 +169,7 @@ def test_errors_in_dataloader_workers_keep_the_location(broken):
     del info  # its traceback holds the loader: torch stops the workers (in 5 s) here, not later
     gc.collect()
     assert any(
-        f"{':'.join(map(str, _where(broken, k)))}: image feature 'image', source key '{k}'" in text
+        f"{':'.join(map(str, where(broken, k)))}: image feature 'image', source key '{k}'" in text
         for k in BAD
     )
 
