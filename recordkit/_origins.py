@@ -84,12 +84,14 @@ def ordered_map(
     fn: Callable[[Any], Any],
     items: Iterator[tuple[int, Any, Origins | None]],
     threads: int,
+    ahead: int | None = None,
 ) -> Generator[tuple[int, Any], None, None]:
     """``(unit, fn(item))`` for each ``(unit, item, origins)``, in order.
 
-    With ``threads`` >= 1, ``fn`` runs on that many threads, up to ``2 * threads``
-    items ahead of the consumer (decoders such as Pillow and torchvision release
-    the GIL, so they overlap with the training step and with each other). An
+    With ``threads`` >= 1, ``fn`` runs on that many threads, up to ``ahead``
+    (default ``2 * threads``) items ahead of the consumer (decoders such as Pillow
+    and torchvision release the GIL, so they overlap with the training step and
+    with each other). An
     exception in ``fn`` is raised at its item's place. ``items`` is pulled on the
     calling thread. Closing the iterator cancels what has not started and waits
     for what has.
@@ -98,12 +100,13 @@ def ordered_map(
         for unit, item, origins in items:
             yield unit, using(origins, fn, item)
         return
+    ahead = max(1, 2 * threads if ahead is None else ahead)
     executor = ThreadPoolExecutor(threads, thread_name_prefix="recordkit-transform")
     pending: deque[tuple[int, Future[Any]]] = deque()
     try:
         for unit, item, origins in items:
             pending.append((unit, executor.submit(using, origins, fn, item)))
-            if len(pending) >= 2 * threads:
+            if len(pending) >= ahead:
                 done_unit, future = pending.popleft()
                 yield done_unit, future.result()
         while pending:

@@ -169,13 +169,13 @@ class DecodeImages:
                 "RGBA": tvio.ImageReadMode.RGB_ALPHA,
             }[o.mode]
 
+            exif = {"apply_exif_orientation": True} if o.apply_exif_orientation else {}
+
             def with_torchvision(data: Any) -> Any:
                 raw = _as_tensor(data)
                 try:
-                    img = tvio.decode_image(
-                        raw, mode=read_mode, apply_exif_orientation=o.apply_exif_orientation
-                    )
-                except Exception as exc:  # torchvision raises RuntimeError on bad data
+                    img = tvio.decode_image(raw, mode=read_mode, **exif)
+                except (RuntimeError, ValueError) as exc:  # what torchvision raises on bad data
                     raise ImageDecodeError(describe(exc, raw.numpy().tobytes())) from exc
                 if img.ndim == 4:  # an animated GIF: its first frame, as Pillow gives
                     img = img[0]

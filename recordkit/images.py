@@ -34,12 +34,12 @@ from .errors import ImageDecodeError
 
 __all__ = ["KEY_FEATURES", "MODES", "ImageDecodeError", "ImageOptions", "decode_image"]
 
-#: The channel modes every decoder gives alike: 3 channels, 1 (grey) or 4 (with alpha).
+#: The channel modes every decoder gives alike (3 channels, 1 grey, or 4 with alpha).
 #: An image of another mode (grey, palette, CMYK, 16-bit) is converted, so that every
 #: image of a batch has the same number of channels.
 MODES = ("RGB", "L", "RGBA")
 #: The features that hold a sample's source key, looked for in this order by
-#: ``key="auto"``: ``imagefolder``'s ``path``, WebDataset's ``__key__``, then ``key``.
+#: ``key="auto"`` (``imagefolder``'s ``path``, WebDataset's ``__key__``, then ``key``).
 KEY_FEATURES = ("path", "__key__", "key")
 
 
@@ -82,7 +82,7 @@ class ImageOptions:
 
     @property
     def channels(self) -> int:
-        """Channels of a decoded image: 3, 1 or 4."""
+        """The number of channels of a decoded image (3, 1 or 4)."""
         return {"RGB": 3, "L": 1, "RGBA": 4}[self.mode]
 
     def key_feature(self, names: Sequence[str]) -> str | None:

@@ -193,7 +193,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             known (:class:`DecodeImages` names the ``file:offset:record`` of an
             image that does not decode).
         transform_threads: run ``transform`` on this many threads, up to twice
-            as many items ahead of the consumer, in order (``0``, the default:
+            as many items ahead of the consumer (two with ``reader_process``,
+            whose shared-memory slots they hold), in order (``0``, the default:
             in the consuming thread). For a transform that releases the GIL,
             such as :class:`DecodeImages`, this takes it off the training thread.
         bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
@@ -567,7 +568,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                         origins = Origins(shards, ids[lo:hi], recs[lo:hi])
                     yield unit, item, origins
 
-        mapped = ordered_map(self.transform, located(), self.transform_threads)
+        # The loader process hands chunks over in a few shared-memory slots, each held
+        # while a batch made from it lives: items waiting for the transform hold them too.
+        ahead = 2 if self.reader_process else None
+        mapped = ordered_map(self.transform, located(), self.transform_threads, ahead)
         try:
             yield from mapped
         finally:

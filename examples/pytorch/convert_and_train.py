@@ -6,18 +6,17 @@
    TFRecord shards plus ``recordkit.json`` (the PNG bytes are stored as they are,
    the class names go into the manifest's metadata), then verifies it.
 3. Trains a small CNN with ``recordkit.torch.RecordDataset``: reader threads read
-   whole batches; the PNGs are decoded in the batch ``transform``.
+   whole batches; ``DecodeImages`` decodes the PNGs in the batch ``transform``.
 
     python examples/pytorch/convert_and_train.py [--workdir DIR] [--epochs 3]
 
-Needs torch and pillow (``pip install 'recordkit[torch]' pillow``). With your own
+Needs torch and Pillow (``pip install -e '.[torch,images]'`` from a checkout). With your own
 images, skip step 1 and point ``recordkit convert`` at your folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from PIL import Image
 from torch import nn
 
 import recordkit as rk
-from recordkit.torch import DataLoader, RecordDataset
+from recordkit.torch import DataLoader, DecodeImages, RecordDataset
 
 COLOURS = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
 SIZE = 24
@@ -43,14 +42,13 @@ def make_image_folder(root: Path, per_class: int) -> None:
             Image.fromarray(pixels).save(root / name / f"{i:04d}.png")
 
 
+DECODE = DecodeImages()  # uint8 (3, H, W) tensors; names the record of a bad image
+
+
 def decode_pngs(batch: dict) -> dict:
-    """Batch transform: padded PNG bytes -> a float image tensor ``(N, 3, H, W)``."""
-    data, lengths = batch["image"].numpy(), batch["image/lengths"].numpy()
-    images = [
-        np.asarray(Image.open(io.BytesIO(data[i, :n].tobytes())).convert("RGB"))
-        for i, n in enumerate(lengths)
-    ]
-    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div_(255.0)
+    """Batch transform: encoded PNGs -> a float image tensor ``(N, 3, H, W)``."""
+    images = DECODE(batch)["image"]  # a list (images may differ in size; these do not)
+    x = torch.stack(images).float().div_(255.0)
     return {"image": x, "label": batch["label"]}
 
 

@@ -21,6 +21,12 @@ examples:
   recordkit convert s3://bucket/rows/ data/rows --from jsonl --schema 'id:int64,text:bytes'
   recordkit convert arrays.npz s3://bucket/ds --from numpy --compress zstd --workers 8
   recordkit convert shards/ out/ --from webdataset --engine dask --scheduler tcp://h:8786
+  recordkit convert t.parquet data/t --from parquet -o drop=notes -o nulls=skip
+  recordkit convert rows.csv data/rows --from csv -o columns=id,score -o 'fill={"score": 0}'
+
+Tabular converters (parquet, csv, jsonl) take -o columns=a,b, -o drop=a,b,
+-o 'fill={"col": VALUE}' and -o nulls=error|skip|fill (what a null in a column
+without a fill value does: stop with an error, leave its row out, or become 0/empty).
 
 A killed or failed conversion resumes when rerun with the same arguments.
 """
@@ -224,7 +230,8 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a converter option (value parsed as JSON when it is JSON)",
+        help="a converter option (value parsed as JSON when it is JSON); see each format's "
+        "options in docs/convert.md",
     )
     p.add_argument(
         "--follow-symlinks",

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+import recordkit as rk
 from recordkit.errors import ImageDecodeError
 
 torch = pytest.importorskip("torch")
@@ -210,6 +211,24 @@ def test_resume_with_transform_threads_is_exact(images):
     again = make()
     again.load_state_dict(state)
     assert [_paths(b) for b in again] == full[3:]
+
+
+def test_transform_threads_with_the_loader_process_stay_within_its_slots(tmp_path):
+    """Batches waiting for the transform hold the loader's shared-memory slots (4): with
+    one batch per chunk, 2 x 3 waiting batches would hold them all; the wait is capped."""
+    schema = rk.Schema(x=rk.Tensor("uint8", (1 << 20,)), i=rk.Int64())
+    with rk.Writer(tmp_path / "big", schema) as w:
+        for i in range(48):
+            w.write({"x": np.full(1 << 20, i % 256, np.uint8), "i": i})
+
+    def touch(batch):
+        batch["sum"] = batch["x"][:, :8].sum()
+        return batch
+
+    ds = RecordDataset(
+        tmp_path / "big", batch_size=8, reader_process=True, transform=touch, transform_threads=3
+    )
+    assert [int(i) for b in ds for i in b["i"]] == list(range(48))
 
 
 def test_options_are_checked():
