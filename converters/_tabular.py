@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
-from recordkit.errors import SchemaError
+from recordkit.errors import OptionError, SchemaError
 from recordkit.storage import Location
 
 from .base import Item, Source, SourceError, SourceNotFoundError
@@ -70,9 +70,9 @@ def _names(option: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise ValueError(f"{option} must be a list of column names (or 'a,b'), got {value!r}")
+        raise OptionError(f"{option} must be a list of column names (or 'a,b'), got {value!r}")
     if len(set(value)) != len(value):
-        raise ValueError(f"{option} names a column twice: {list(value)}")
+        raise OptionError(f"{option} names a column twice: {list(value)}")
     return tuple(value)
 
 
@@ -113,27 +113,27 @@ class TabularOptions:
         if self.columns is not None:
             object.__setattr__(self, "columns", _names("columns", self.columns))
             if not self.columns:
-                raise ValueError("columns is empty: name at least one column, or leave it out")
+                raise OptionError("columns is empty: name at least one column, or leave it out")
         object.__setattr__(self, "drop", _names("drop", self.drop))
         both = sorted(set(self.columns or ()) & set(self.drop))
         if both:
-            raise ValueError(f"columns and drop both name {both}")
+            raise OptionError(f"columns and drop both name {both}")
         fill = self.fill
         if isinstance(fill, str):  # -o fill=... that was not JSON
-            raise ValueError(
+            raise OptionError(
                 f"fill must be a mapping of column -> value (-o 'fill={{\"x\": 0}}'), got {fill!r}"
             )
         if not isinstance(fill, Mapping) or not all(isinstance(k, str) for k in fill):
-            raise ValueError(f"fill must be a mapping of column name -> value, got {fill!r}")
+            raise OptionError(f"fill must be a mapping of column name -> value, got {fill!r}")
         none = sorted(k for k, v in fill.items() if v is None)
         if none:
-            raise ValueError(f"fill: the value for {none} is None; give one of the column's type")
+            raise OptionError(f"fill: the value for {none} is None; give one of the column's type")
         dropped = sorted(set(fill) & set(self.drop))
         if dropped:
-            raise ValueError(f"fill names {dropped}, which drop leaves out")
+            raise OptionError(f"fill names {dropped}, which drop leaves out")
         object.__setattr__(self, "fill", dict(fill))
         if self.nulls not in NULL_POLICIES:
-            raise ValueError(f"nulls must be one of {NULL_POLICIES}, got {self.nulls!r}")
+            raise OptionError(f"nulls must be one of {NULL_POLICIES}, got {self.nulls!r}")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> TabularOptions:

@@ -21,7 +21,7 @@ import numpy as np
 from ._deps import require
 from ._tftasks import PlanTasks
 from .codec import Bytes, Schema
-from .errors import ImageDecodeError, SchemaError
+from .errors import ImageDecodeError, OptionError, SchemaError
 from .format.index import INDEX_SUFFIX, parse_index
 from .images import ImageOptions, decode_image, describe
 
@@ -39,7 +39,7 @@ def image_options(value: Any, schema: Schema, names: Sequence[str]) -> ImageOpti
     """``decode_images=`` as :class:`ImageOptions`, checked against the features read."""
     options = value if isinstance(value, ImageOptions) else ImageOptions(value)
     if options.apply_exif_orientation:
-        raise ValueError("apply_exif_orientation: tf.io.decode_image cannot; rotate in a map")
+        raise OptionError("apply_exif_orientation: tf.io.decode_image cannot; rotate in a map")
     for name in options.features:
         if name not in names:
             raise SchemaError(f"decode_images: {name!r} is not among the features read {names}")

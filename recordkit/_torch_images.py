@@ -11,7 +11,7 @@ import numpy as np
 
 from ._deps import require
 from ._origins import current
-from .errors import ImageDecodeError
+from .errors import ImageDecodeError, OptionError
 from .images import ImageOptions, decode_image, describe, pillow
 
 torch = require("torch", extra="torch")
@@ -53,7 +53,7 @@ def image_backend(backend: Backend = "auto") -> str:
     cannot be used is an error.
     """
     if backend not in ("auto", "torchvision", "pillow"):
-        raise ValueError(f"backend must be 'auto', 'torchvision' or 'pillow', got {backend!r}")
+        raise OptionError(f"backend must be 'auto', 'torchvision' or 'pillow', got {backend!r}")
     if backend == "pillow":
         pillow()
         return "pillow"
@@ -113,7 +113,7 @@ class DecodeImages:
             apply_exif_orientation=apply_exif_orientation,
         )
         if layout not in ("CHW", "HWC"):
-            raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+            raise OptionError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
         self.layout = layout
         self.backend = backend
         image_backend(backend)  # fail now, not in the first batch, if it cannot decode

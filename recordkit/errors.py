@@ -10,6 +10,7 @@ that only know the standard library can still catch it sensibly::
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
     ├── CompressedTFRecordError (ValueError) a GZIP/ZLIB TFRecord where random access is needed
     ├── ImageDecodeError (ValueError)        an image feature whose bytes do not decode
+    ├── OptionError (ValueError)             an option given a value it does not take
     ├── InvalidIndexError (ValueError)       an index sidecar that does not match its shard
     ├── ManifestError (ValueError)           an unreadable or inconsistent recordkit.json
     ├── IncompleteDatasetError (ValueError)  a folder where a write of ours did not finish
@@ -39,6 +40,7 @@ __all__ = [
     "LoaderTimeoutError",
     "ManifestError",
     "MissingDependencyError",
+    "OptionError",
     "RecordTooLargeError",
     "RecordkitError",
     "SchemaError",
@@ -236,6 +238,14 @@ class ShardChangedError(_LocatedError, OSError):
 
     An ``OSError``: the bytes were fine when indexed; another program changed the
     file under the reader (an rsync ``--inplace``, a rewrite, a network file system).
+    """
+
+
+class OptionError(RecordkitError, ValueError):
+    """An option given a value it does not take (a converter's ``-o KEY=VALUE``, ...).
+
+    The message names the option, the value given and what it takes; the CLI
+    prints it as one line.
     """
 
 

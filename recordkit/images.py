@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ._deps import require
-from .errors import ImageDecodeError
+from .errors import ImageDecodeError, OptionError
 
 __all__ = ["KEY_FEATURES", "MODES", "ImageDecodeError", "ImageOptions", "decode_image"]
 
@@ -69,16 +69,16 @@ class ImageOptions:
         if isinstance(features, str):
             features = (features,)
         if not isinstance(features, Sequence) or not features:
-            raise ValueError(f"features must name one image feature or more, got {features!r}")
+            raise OptionError(f"features must name one image feature or more, got {features!r}")
         if not all(isinstance(f, str) and f for f in features):
-            raise ValueError(f"features must be feature names, got {features!r}")
+            raise OptionError(f"features must be feature names, got {features!r}")
         object.__setattr__(self, "features", tuple(features))
         if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+            raise OptionError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.key is not None and not (isinstance(self.key, str) and self.key):
-            raise ValueError(f"key must be a feature name, 'auto' or None, got {self.key!r}")
+            raise OptionError(f"key must be a feature name, 'auto' or None, got {self.key!r}")
         if self.key in self.features:
-            raise ValueError(f"key {self.key!r} is one of the image features")
+            raise OptionError(f"key {self.key!r} is one of the image features")
 
     @property
     def channels(self) -> int:
@@ -125,7 +125,7 @@ def decode_image(
         MissingDependencyError: Pillow is not installed.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        raise OptionError(f"mode must be one of {MODES}, got {mode!r}")
     image_mod = pillow()
     buf = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
     try:

@@ -400,6 +400,14 @@ def test_cli_takes_the_options_as_o_key_value(table, tmp_path, capsys):
         == 1
     )
     assert "-o nulls=skip" in capsys.readouterr().err
+    # a bad option value is one line naming what the option takes (exit status 2)
+    assert (
+        main(["convert", str(table), str(tmp_path / "f"), "--from", "parquet", "-o", "nulls=drop"])
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        "recordkit convert: error: nulls must be one of ('error', 'skip', 'fill'), got 'drop'\n"
+    )
 
 
 def test_the_skip_count_survives_a_resume_through_the_done_marker():
