@@ -16,7 +16,7 @@ from typing import Any
 from ._cli import _options as parse_options
 from ._cli import parse_schema
 from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
-from .partition import PartitionResult, PartitionTask, run_partition
+from .partition import PartitionResult, PartitionTask, Reporter, Tally, run_partition, write_items
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
 from .run import ConvertResult, convert, incomplete_at, plan_conversion
@@ -34,6 +34,8 @@ __all__ = [
     "PartitionsFailedError",
     "Plan",
     "Progress",
+    "Reporter",
+    "Tally",
     "TqdmProgress",
     "add_note",
     "convert",
@@ -44,6 +46,7 @@ __all__ = [
     "parse_schema",
     "plan_conversion",
     "run_partition",
+    "write_items",
 ]
 
 
