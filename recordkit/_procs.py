@@ -58,6 +58,7 @@ __all__ = [
     "Child",
     "Deadline",
     "RemoteTraceback",
+    "can_load_main",
     "check_not_loading_main",
     "exit_reason",
     "pack_exception",
@@ -102,6 +103,12 @@ def _main_spec() -> dict[str, str] | None:
         return None if name == "__main__" or name.endswith(".__main__") else {"name": name}
     path = getattr(main, "__file__", None)
     return {"path": os.path.abspath(path)} if path else None
+
+
+def can_load_main() -> bool:
+    """Whether a child can load this process's ``__main__`` to find a function defined
+    there: not from an interactive session, ``python -c`` or ``python -m pkg``."""
+    return _main_spec() is not None
 
 
 class Child:
@@ -318,6 +325,7 @@ def _add_note(exc: BaseException, note: str) -> None:
 _main: dict[str, str] | None = None  # how to load the parent's __main__ (set by _boot)
 _main_loaded = False
 _loading_main: str | None = None  # the script being loaded, while it is
+_main_failed: str | None = None  # why it could not be loaded
 
 
 def check_not_loading_main(what: str) -> None:
@@ -336,8 +344,11 @@ def check_not_loading_main(what: str) -> None:
 
 
 def _load_main() -> None:
-    """Load the parent's ``__main__`` as ``__mp_main__`` (what spawn does), once."""
-    global _main_loaded, _loading_main
+    """Load the parent's ``__main__`` as ``__mp_main__`` (what spawn does), once: a
+    script that failed to load fails every task that needs it the same way."""
+    global _main_loaded, _loading_main, _main_failed
+    if _main_failed is not None:
+        raise RuntimeError(_main_failed)
     _main_loaded = True
     if _main is None:
         return
@@ -348,6 +359,10 @@ def _load_main() -> None:
             content = runpy.run_module(_main["name"], run_name="__mp_main__", alter_sys=True)
         else:
             content = runpy.run_path(_main["path"], run_name="__mp_main__")
+    except BaseException as exc:
+        _main_loaded = False
+        _main_failed = f"{where} failed to load in a recordkit child process: {exc}"
+        raise
     finally:
         _loading_main = None
     module = types.ModuleType("__mp_main__")

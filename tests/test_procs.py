@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -157,8 +158,9 @@ def test_an_unguarded_script_that_starts_children_again_is_told_the_fix(tmp_path
 
 
 class _Picky(Exception):
-    def __init__(self, a: int, b: int) -> None:  # pickle cannot rebuild it from args
+    def __init__(self, a: int, b: int) -> None:
         super().__init__(f"{a}/{b}")
+        self.lock = threading.Lock()  # pickle cannot take it across
 
 
 def test_exceptions_cross_with_notes_and_the_remote_traceback():

@@ -1,7 +1,8 @@
 """``recordkit.convert``: turn a dataset in another format into a recordkit dataset.
 
 The module is itself callable: ``recordkit.convert(src, dst, format="jsonl")``
-is :func:`recordkit.convert.convert`. See ``docs/convert.md``.
+is :func:`recordkit.convert.convert`. See ``docs/convert.md``. The same engine
+writes a function's samples: :func:`recordkit.write` (``docs/howto/write.md``).
 
 Importing it is light (no fsspec, no dask): filesystems are built when a
 conversion starts, Dask only when ``engine="dask"`` runs.
@@ -20,12 +21,14 @@ from .partition import PartitionResult, PartitionTask, Reporter, Tally, run_part
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
 from .run import ConvertResult, convert, incomplete_at, plan_conversion
+from .write import FunctionSource, write
 
 __all__ = [
     "ConvertError",
     "ConvertOptions",
     "ConvertResult",
     "DiskFullError",
+    "FunctionSource",
     "LogProgress",
     "NullProgress",
     "Partition",
@@ -46,6 +49,7 @@ __all__ = [
     "parse_schema",
     "plan_conversion",
     "run_partition",
+    "write",
     "write_items",
 ]
 

@@ -69,9 +69,10 @@ class ConvertResult:
         manifest: its manifest.
         partitions: partitions in the plan.
         resumed: partitions a previous run had already published (skipped).
-        items: source items converted in all.
-        size: source bytes converted in all.
+        items: source items (or inputs) converted in all.
+        size: source bytes converted in all (0 when unknown: inputs).
         seconds: wall time of this run.
+        unit: what the items are, in the summary (``"items"``, ``"inputs"``).
     """
 
     dst: str
@@ -81,6 +82,7 @@ class ConvertResult:
     items: int
     size: int
     seconds: float
+    unit: str = "items"
 
     @property
     def records(self) -> int:
@@ -91,8 +93,16 @@ class ConvertResult:
         """One line for humans."""
         from .._units import format_size
 
-        rate = self.size / self.seconds if self.seconds > 0 else 0.0
         resumed = f", {self.resumed} resumed" if self.resumed else ""
+        if not self.size:  # sizes unknown (a function's inputs): records per second
+            per_s = self.records / self.seconds if self.seconds > 0 else 0.0
+            return (
+                f"wrote {self.records} records from {self.items} {self.unit} into "
+                f"{len(self.manifest.shards)} shards ({format_size(self.manifest.bytes)}) at "
+                f"{self.dst}: {self.partitions} partitions{resumed}, {self.seconds:.1f} s, "
+                f"{per_s:.0f} records/s"
+            )
+        rate = self.size / self.seconds if self.seconds > 0 else 0.0
         return (
             f"converted {self.items} items ({format_size(self.size)}) into {self.records} "
             f"records in {len(self.manifest.shards)} shards ({format_size(self.manifest.bytes)}) "
@@ -300,6 +310,7 @@ def run_plan(
         started: ``time.monotonic()`` when the run began (for the result's seconds).
     """
     t0 = time.monotonic() if started is None else started
+    unit = str(getattr(source, "item_plural", "items"))
     log.info(
         "plan %s: %d items, %d partitions, schema %s",
         plan.fingerprint[:12],
@@ -317,9 +328,8 @@ def run_plan(
             manifest = Manifest.loads(dest.loc.read_bytes(MANIFEST_NAME))
             log.info("%s is already complete (same plan); nothing to do", dest.url)
             n = len(plan.partitions)
-            return ConvertResult(
-                dest.url, manifest, n, n, plan.items, plan.size, time.monotonic() - t0
-            )
+            seconds = time.monotonic() - t0
+            return ConvertResult(dest.url, manifest, n, n, plan.items, plan.size, seconds, unit)
         done = _begin(dest, plan, state, writer)
         results = _run_partitions(
             plan, source, dest, engine, done, progress or NullProgress(), what
@@ -333,6 +343,7 @@ def run_plan(
             plan.items,
             plan.size,
             time.monotonic() - t0,
+            unit,
         )
     finally:
         dest.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -49,10 +50,11 @@ class HangingJsonl(_InWriter):
 
 
 class PickyError(Exception):
-    """An exception pickle cannot rebuild (its ``__init__`` does not take its args back)."""
+    """An exception pickle cannot take across (it holds a lock)."""
 
     def __init__(self, row: int, reason: str) -> None:
         super().__init__(f"row {row}: {reason}")
+        self.lock = threading.Lock()
 
 
 class PickyJsonl(_InWriter):

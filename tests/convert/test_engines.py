@@ -93,7 +93,7 @@ def test_exceptions_from_writers_keep_their_type_notes_and_traceback(tmp_path):
     with pytest.raises(PartitionsFailedError) as info:
         _convert(tmp_path / "src", tmp_path / "out", "picky-jsonl", "f01.jsonl", workers=2)
     (err,) = info.value.exceptions
-    # PickyError cannot be rebuilt here: its summary, its notes and its traceback still are.
+    # PickyError cannot cross: its summary, its notes and its traceback still do.
     assert type(err) is ConvertError and str(err) == "PickyError: row 2: no good"
     assert "while converting source item 'f01.jsonl'" in err.__notes__
     assert "partition 1 (part-00001-*), source items: f01.jsonl" in err.__notes__
