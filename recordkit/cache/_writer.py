@@ -23,7 +23,7 @@ from typing import Any
 
 from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
-from ..convert import Reporter, Tally, is_transient, write_items
+from ..convert import Tally, is_transient, write_items
 from ..writer.sequence import ShardSequence
 from ._staged import Staged, discard, is_disk_full, staged_names
 
@@ -122,7 +122,12 @@ class _StagedTarget:
         pass
 
 
-def _write(task: ProduceTask, schema: Schema, staged: tuple[str, str], report: Reporter) -> Staged:
+def _write(
+    task: ProduceTask,
+    schema: Schema,
+    staged: tuple[str, str],
+    report: Callable[[int, int, int], None],
+) -> Staged:
     shards = ShardSequence(
         _StagedTarget(staged, task.fsync),  # one shard, so the name is the staged one
         os.path.basename(task.final),

@@ -17,11 +17,11 @@ from typing import Any
 from ._cli import _options as parse_options
 from ._cli import parse_schema
 from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
-from .partition import PartitionResult, PartitionTask, Reporter, Tally, run_partition, write_items
+from .function import FunctionSource, write
+from .partition import PartitionResult, PartitionTask, Tally, run_partition, write_items
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
 from .run import ConvertResult, convert, incomplete_at, plan_conversion
-from .write import FunctionSource, write
 
 __all__ = [
     "ConvertError",
@@ -37,7 +37,6 @@ __all__ = [
     "PartitionsFailedError",
     "Plan",
     "Progress",
-    "Reporter",
     "Tally",
     "TqdmProgress",
     "add_note",

@@ -46,7 +46,7 @@ class ShardSequence:
             records); ``None``: never on size.
         max_records: roll over after this many records; ``None``: no limit.
         fsync: fsync each shard before publishing it.
-        name: shard number -> file name (default :func:`shard_name`).
+        name: shard number -> file name (default ``{prefix}-{number:05d}.tfrecord``).
     """
 
     def __init__(

@@ -212,8 +212,9 @@ class FunctionSource:
             self._resolved = import_function(self.function)
         return self._resolved
 
-    def records(self, item: Input, schema: Schema) -> Iterator[bytes]:
-        """Call the function on ``item``'s input; encode each sample it gives."""
+    def records(self, item: Any, schema: Schema) -> Iterator[bytes]:
+        """Call the function on ``item``'s input (an ``Input``); encode each sample
+        it gives."""
         produced = self._function()(item.value)
         if produced is None:
             return
@@ -327,9 +328,10 @@ def write(
             ``True`` says so explicitly; ``False`` refuses to touch one.
         overwrite: replace whatever dataset or partial run is at ``out``.
         storage_options: fsspec options for ``out``.
-        options: the output options at once (:class:`ConvertOptions`: shard size,
-            ``max_records``, ``compress``, ``prefix``, ``fsync``, ``retries``);
-            then ``shard_size`` and ``compress`` stay at their defaults.
+        options: the output options at once
+            (:class:`~recordkit.convert.ConvertOptions`: shard size, ``max_records``,
+            ``compress``, ``prefix``, ``fsync``, ``retries``); then ``shard_size``
+            and ``compress`` stay at their defaults.
         progress: a :class:`~recordkit.convert.Progress`; it counts inputs.
         inactivity_timeout: stop the writer processes and fail when none
             reports progress for this long (seconds; ``None``: wait forever).
