@@ -110,3 +110,43 @@ def test_make_engine():
         make_engine("local", workers=-1)
     with pytest.raises(ValueError, match="inactivity timeout must be > 0"):
         make_engine("local", workers=1, inactivity_timeout=0)
+
+
+def test_the_engine_s_floors():
+    """``recordkit._procs`` needs only the standard library; ``recordkit.writer`` and
+    ``recordkit.convert`` import nothing above them (cache, reader, the frameworks, the
+    CLI; convert for the writer) and no other package's private module, lazy imports
+    included."""
+    import ast
+    import pathlib
+
+    import recordkit
+
+    root = pathlib.Path(recordkit.__file__).parent
+    top = {"cache", "reader", "torch", "tf", "cli", "dataset", "verify", "prefetch"}
+    floors = {"_procs": set(), "writer": top | {"convert"}, "convert": top}
+    for own, above in floors.items():
+        package = root / own
+        files = sorted(package.glob("*.py")) if package.is_dir() else [root / f"{own}.py"]
+        for path in files:
+            inside = path.parent != root  # in a subpackage: ".." is recordkit
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level:
+                    if node.level == 1 and inside:
+                        continue  # the same package
+                    targets = [f"recordkit.{node.module}" if node.module else "recordkit"]
+                elif isinstance(node, ast.ImportFrom):
+                    targets = [node.module or ""]
+                else:
+                    continue
+                for target in targets:
+                    if not target.startswith("recordkit"):
+                        continue
+                    parts = target.split(".")[1:]
+                    where = f"{path.name}: {target}"
+                    assert own != "_procs", f"_procs imports recordkit: {where}"
+                    assert not parts or parts[0] not in above, f"imports up a floor: {where}"
+                    private = [p for p in parts[1:] if p.startswith("_")]
+                    assert not private, f"imports another package's private module: {where}"
