@@ -301,7 +301,8 @@ def write(
     an instance of a top-level class with ``__call__``, or the string
     ``"package.module:function"``. Lambdas and functions defined inside other
     functions are refused (``TypeError``), whatever the engine; so is a function
-    from an interactive session unless ``workers=0``. Each call may return a
+    from an interactive session, unless ``workers=0`` or ``engine="dask"`` (Dask
+    ships it by value). Each call may return a
     sample (a mapping of feature name to value), ``None``, or an iterable of
     samples (a generator: ``yield`` them).
 
