@@ -370,6 +370,8 @@ def write(
         raise TypeError(f"metadata must be JSON-ready: {exc}") from exc
     if workers is None:
         workers = os.cpu_count() or 1
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
     out = os.fspath(out)
     if out.startswith("memory://"):
         if engine == "dask":

@@ -199,7 +199,7 @@ def convert(
 
     ``recordkit.convert("imgs/", "s3://bucket/train", format="imagefolder")``.
     The source is listed and cut into deterministic partitions; writer
-    subprocesses (``spawn``) each read their own partitions' samples and
+    subprocesses (fresh interpreters) each read their own partitions' samples and
     publish shards ``part-PPPPP-KKKKK.tfrecord`` atomically; the manifest is
     written last. A rerun after a crash resumes (see ``resume``) and ends
     byte-identical to an uninterrupted run.
@@ -216,7 +216,7 @@ def convert(
             does any ``memory://`` URL, which other processes cannot see).
         shard_size: roll-over size of shards (``"256MiB"``).
         compress: ``"zstd"`` compresses every ``Tensor`` feature (per value).
-        engine: ``"local"`` (a process pool) or ``"dask"``.
+        engine: ``"local"`` (writer processes on this machine) or ``"dask"``.
         scheduler: the Dask scheduler address; ``None`` starts a LocalCluster.
         resume: ``None`` resumes a partial run of the same plan found at ``dst``;
             ``True`` says so explicitly; ``False`` refuses to touch one.
@@ -249,6 +249,8 @@ def convert(
         raise ValueError("pass shard_size and compress inside options=, not both ways")
     if workers is None:
         workers = os.cpu_count() or 1
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
     in_memory = [u for u in (os.fspath(src), os.fspath(dst)) if u.startswith("memory://")]
     if in_memory and engine == "dask":
         raise ValueError(f"{in_memory[0]} lives in this process; Dask workers cannot see it")
