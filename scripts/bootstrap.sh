@@ -34,7 +34,7 @@ if stamp_ok "$level" || { [ "$level" = demo ] && stamp_ok test; }; then
 fi
 
 say() { echo "recordkit: $*" >&2; }
-pip_install() {  # quiet on success; on failure pip's own output says why
+pip_install() {  # silent on success; on failure pip's own output says why
   local log
   log=$(mktemp)
   if ! "$VENV/bin/python" -m pip install --quiet --constraint "$CONSTRAINTS" "$@" >"$log" 2>&1; then
@@ -43,7 +43,6 @@ pip_install() {  # quiet on success; on failure pip's own output says why
     say "install failed: pip install $*"
     exit 1
   fi
-  grep -v -e '^WARNING: Location .* is ignored' -e '^$' "$log" >&2 || true
   rm -f "$log"
 }
 
