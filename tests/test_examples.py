@@ -34,8 +34,14 @@ def test_quickstart(tmp_path):
     # As a user runs it: no TF_CPP_MIN_LOG_LEVEL of ours, and TensorFlow prints nothing.
     env = {k: v for k, v in ENV.items() if not k.startswith("TF_")}
     run = subprocess.run(
-        [sys.executable, str(ROOT / "examples/quickstart.py"), "--out", str(tmp_path / "q")]
-        + ["-n", "300"],
+        [
+            sys.executable,
+            str(ROOT / "examples/quickstart.py"),
+            "--out",
+            str(tmp_path / "q"),
+            "-n",
+            "300",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
