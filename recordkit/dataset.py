@@ -27,6 +27,7 @@ from .format import guard
 from .format.framing import read_record
 from .format.manifest import ShardInfo
 from .reader.shards import MappedShard, find_shards, open_shards
+from .reader.tfds import TFDSInfo
 
 __all__ = ["Dataset", "find_shards"]
 
@@ -94,6 +95,15 @@ class Dataset:
             effort). By default they go to the per-user index cache
             (``RECORDKIT_INDEX_CACHE``), so reading never writes into a folder
             recordkit did not write.
+        split: the split of a tensorflow-datasets folder to read (``"train"``);
+            needed when it has more than one (or give the path of one of its
+            shards). Samples then hold tfds's values: each feature in its own
+            dtype and shape (``ClassLabel`` as int64, ``Text`` as ``str``,
+            ``Image`` as encoded bytes), nested names joined by ``/``; see
+            :attr:`tfds` for the class names. With ``schema`` or ``raw``, the
+            records as stored instead.
+        decode_images: in a tensorflow-datasets folder, decode ``Image``
+            features to ``uint8`` arrays ``(h, w, c)`` with Pillow, as tfds does.
 
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
@@ -113,6 +123,8 @@ class Dataset:
         write_index: bool = False,
         partial: bool = False,
         limits: DecodeLimits | None = None,
+        split: str | None = None,
+        decode_images: bool = False,
     ) -> None:
         if limits is not None and not isinstance(limits, DecodeLimits):
             raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
@@ -124,12 +136,20 @@ class Dataset:
         # Raw reading needs no schema: an empty one spares inference (which would
         # refuse records that differ, the very data raw reading is for).
         self._set = open_shards(
-            path, Schema({}) if raw else schema, write_index=write_index, partial=partial
+            path,
+            Schema({}) if raw else schema,
+            write_index=write_index,
+            partial=partial,
+            split=split,
         )
         self.raw = raw
         self.root = self._set.root
         self.manifest = self._set.manifest
         self.schema: Schema | None = None if raw else self._set.schema
+        view = self._set.view
+        if decode_images and view is None:
+            raise ValueError("decode_images=True is for tensorflow-datasets folders")
+        self._view = view.with_options(decode_images=decode_images, limits=limits) if view else None
         self._starts = np.concatenate(([0], np.cumsum(self._set.counts)))
 
     @property
@@ -139,8 +159,17 @@ class Dataset:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The manifest's metadata (empty for foreign data)."""
+        """The manifest's metadata; for a tensorflow-datasets folder ``{"tfds": {...}}``
+        (name, version, split, splits, class names, features); else empty."""
+        if self._view is not None:
+            return {"tfds": self._view.info.to_json(self._view.split)}
         return dict(self.manifest.metadata) if self.manifest else {}
+
+    @property
+    def tfds(self) -> TFDSInfo | None:
+        """The tensorflow-datasets folder read (``None`` for other data): its splits,
+        features and ``class_names`` (``ds.tfds.class_names["label"][3]``)."""
+        return self._view.info if self._view is not None else None
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -160,7 +189,8 @@ class Dataset:
                 return _sequence_as_stored(payload)
             if self.schema is None:
                 return _as_stored(decode_example(payload))
-            return self.schema.decode(payload, copy=True, limits=self.limits)
+            values = self.schema.decode(payload, copy=True, limits=self.limits)
+            return values if self._view is None else self._view.sample(values)
         except CorruptRecordError as exc:
             raise exc.located(shard.path, offset, i) from exc
 
