@@ -47,7 +47,7 @@ from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
 from ..storage import is_remote, is_temp_name, strip_file_scheme
-from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder
+from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
 __all__ = ["MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
 
@@ -437,7 +437,9 @@ def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, li
             return path, manifest, list(manifest.shards)
         names = find_shards(path)
         if not names:
-            raise ShardNotFoundError(f"no manifest and no .tfrecord files in {path}")
+            raise ShardNotFoundError(
+                f"no manifest and no .tfrecord files in {path}{tfds_hint(path)}"
+            )
         return path, None, count_shards(path, names, write_index=write_index)
     if os.path.isfile(path):
         root, name = os.path.split(path)
@@ -484,7 +486,7 @@ def open_shards(
     if split is not None:
         raise ValueError(
             f"split={split!r}: {local} is not a tensorflow-datasets folder (no "
-            "dataset_info.json and features.json); split= is for those"
+            f"dataset_info.json and features.json){tfds_hint(local)}; split= is for those"
         )
     root, manifest, infos = _shard_infos(local, write_index)
     if manifest is not None:

@@ -45,7 +45,14 @@ from ..errors import (
 from ..format.manifest import ShardInfo
 from .decode import Alloc, BatchDecoder, DecodedBatch
 
-__all__ = ["TFDSBatchDecoder", "TFDSFeature", "TFDSInfo", "TFDSView", "tfds_folder"]
+__all__ = [
+    "TFDSBatchDecoder",
+    "TFDSFeature",
+    "TFDSInfo",
+    "TFDSView",
+    "tfds_folder",
+    "tfds_hint",
+]
 
 INFO_NAME = "dataset_info.json"
 FEATURES_NAME = "features.json"
@@ -412,6 +419,18 @@ def tfds_folder(path: str) -> tuple[TFDSInfo, str | None] | None:
     return TFDSInfo.load(root), file
 
 
+def tfds_hint(path: str) -> str:
+    """A hint naming the tfds version folders under ``path`` ("" when there are none)."""
+    try:
+        subs = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    except OSError:
+        return ""
+    found = [s for s in subs if os.path.isfile(os.path.join(path, s, INFO_NAME))]
+    if not found:
+        return ""
+    return f" (it holds the tensorflow-datasets version folder(s) {', '.join(found)}: read one)"
+
+
 # -- turning stored values into tfds's ----------------------------------------------------
 
 
@@ -497,6 +516,8 @@ class TFDSView:
             if f.encoding == "bytes" and not f.sequence:
                 return value  # decoded by recordkit as Tensor(dtype, shape)
             inner = list(f.shape[f.sequence :])
+            if not f.sequence:
+                return self._tensor(f, value, inner)
             return _stack(f, [self._tensor(f, v, inner) for v in value])
         if f.dtype == "string":
             return value
