@@ -1,8 +1,9 @@
 """Converters from common dataset formats to recordkit, found by name.
 
 Each module holds one :class:`~converters.base.Source`. Built-in names:
-``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset`` and
-``tfrecord``. Third parties add their own through the ``recordkit.converters``
+``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``,
+``tfrecord``, ``mds`` (MosaicML Streaming), ``hf`` (Hugging Face ``datasets``
+saved to disk) and ``arrayrecord`` (Grain's ArrayRecord). Third parties add their own through the ``recordkit.converters``
 entry-point group::
 
     [project.entry-points."recordkit.converters"]
@@ -39,6 +40,7 @@ _BUILTIN = {
     "csv": "converters.csv:CsvSource",
     "imagefolder": "converters.imagefolder:ImageFolderSource",
     "jsonl": "converters.jsonl:JsonlSource",
+    "mds": "converters.mds:MDSSource",
     "numpy": "converters.numpy:NumpySource",
     "parquet": "converters.parquet:ParquetSource",
     "tfrecord": "converters.tfrecord:TFRecordSource",

@@ -157,6 +157,60 @@ def tfrecord(root: Path) -> tuple[str, list[dict[str, Any]]]:
     return "", expected
 
 
+GOLDEN = Path(__file__).parent.parent / "data"
+
+
+def mds_expected(folder: Path) -> list[dict[str, Any]]:
+    """The samples of a golden MDS folder (tests/data/make_mds.py), as recordkit stores them:
+    what mosaicml-streaming's reader gave, images as the bytes its writer stored."""
+    import base64
+
+    meta = json.loads((folder / "expected.json").read_text())
+    with np.load(folder / "expected.npz", allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    out = []
+    for i, row in enumerate(meta["samples"]):
+        sample: dict[str, Any] = {}
+        for key, value in arrays.items():
+            n, _, name = key.partition("/")
+            if int(n) == i and "/" not in name and name not in ("photo", "icon"):
+                sample[name] = value
+        for name, value in row.items():
+            if name == "written":
+                for col, data in value.items():
+                    if isinstance(data, list):
+                        sample[col] = [base64.b64decode(d) for d in data]
+                    else:
+                        sample[col] = base64.b64decode(data)
+            elif name == "clips":
+                continue
+            elif "b64" in value:
+                sample[name] = base64.b64decode(value["b64"])
+            elif "decimal" in value:
+                sample[name] = value["decimal"]
+            elif "python" in value:
+                sample[name] = str(int(value["repr"])) if value["python"] == "int" and abs(
+                    int(value["repr"])
+                ) >= 2**63 else (int if value["python"] == "int" else float)(value["repr"])
+            elif name == "meta":
+                sample[name] = json.dumps(value["value"])
+            else:
+                sample[name] = value["value"]
+        out.append(sample)
+    return out
+
+
+def mds(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The golden zstd MDS dataset (several shards), written by mosaicml-streaming."""
+    import shutil
+
+    src = GOLDEN / "mds" / "zstd"
+    for f in src.iterdir():
+        if not f.name.startswith("expected."):
+            shutil.copy(f, root / f.name)
+    return "", mds_expected(src)
+
+
 CASES: dict[str, tuple[str, Case]] = {
     "jsonl": ("jsonl", jsonl),
     "csv": ("csv", csv_),
@@ -166,6 +220,7 @@ CASES: dict[str, tuple[str, Case]] = {
     "imagefolder": ("imagefolder", imagefolder),
     "webdataset": ("webdataset", webdataset),
     "tfrecord": ("tfrecord", tfrecord),
+    "mds": ("mds", mds),
 }
 
 
