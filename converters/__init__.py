@@ -3,8 +3,8 @@
 Each module holds one :class:`~converters.base.Source`. Built-in names:
 ``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``,
 ``tfrecord``, ``mds`` (MosaicML Streaming), ``hf`` (Hugging Face ``datasets``
-saved to disk) and ``arrayrecord`` (Grain's ArrayRecord). Third parties add their own through the ``recordkit.converters``
-entry-point group::
+saved to disk) and ``arrayrecord`` (Grain's ArrayRecord). Third parties add
+their own through the ``recordkit.converters`` entry-point group::
 
     [project.entry-points."recordkit.converters"]
     myformat = "mypackage.converter:MySource"

@@ -114,5 +114,5 @@ def test_limits_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="shard 0 is not an MDS shard entry"):
         _convert(src, tmp_path / "escape")
     (src / "index.json").unlink()
-    with pytest.raises(FileNotFoundError, match="no index.json"):
+    with pytest.raises(FileNotFoundError, match=r"no index\.json"):
         _convert(src, tmp_path / "none")
