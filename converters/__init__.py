@@ -38,6 +38,7 @@ ENTRY_POINT_GROUP = "recordkit.converters"
 # installed); pyproject.toml declares the same names in the entry-point group.
 _BUILTIN = {
     "csv": "converters.csv:CsvSource",
+    "hf": "converters.hf:HFDatasetSource",
     "imagefolder": "converters.imagefolder:ImageFolderSource",
     "jsonl": "converters.jsonl:JsonlSource",
     "mds": "converters.mds:MDSSource",

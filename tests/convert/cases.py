@@ -189,9 +189,11 @@ def mds_expected(folder: Path) -> list[dict[str, Any]]:
             elif "decimal" in value:
                 sample[name] = value["decimal"]
             elif "python" in value:
-                sample[name] = str(int(value["repr"])) if value["python"] == "int" and abs(
-                    int(value["repr"])
-                ) >= 2**63 else (int if value["python"] == "int" else float)(value["repr"])
+                sample[name] = (
+                    str(int(value["repr"]))
+                    if value["python"] == "int" and abs(int(value["repr"])) >= 2**63
+                    else (int if value["python"] == "int" else float)(value["repr"])
+                )
             elif name == "meta":
                 sample[name] = json.dumps(value["value"])
             else:
@@ -211,6 +213,113 @@ def mds(root: Path) -> tuple[str, list[dict[str, Any]]]:
     return "", mds_expected(src)
 
 
+def hf_expected(folder: Path, split: str | None = None) -> list[dict[str, Any]]:
+    """What ``datasets.load_from_disk`` reads, flattened as the hf converter names features
+    (``outer/inner``), images as their stored bytes."""
+    import datasets
+
+    ds = datasets.load_from_disk(str(folder))
+    if split is not None:
+        ds = ds[split]
+    for name, feature in ds.features.items():
+        if isinstance(feature, datasets.Image):
+            ds = ds.cast_column(name, datasets.Image(decode=False))
+    out = []
+    for row in ds:
+        flat: dict[str, Any] = {}
+        for key, value in row.items():
+            if isinstance(value, dict) and set(value) == {"bytes", "path"}:
+                flat[key] = value["bytes"]
+            elif isinstance(value, dict):
+                flat.update({f"{key}/{k}": v for k, v in value.items()})
+            else:
+                flat[key] = value
+        out.append(flat)
+    return out
+
+
+def hf_save(root: Path, n: int = 9, **save: Any) -> Any:
+    """A ``datasets.Dataset`` of every feature kind the converter maps, saved to ``root``."""
+    import datasets
+    from PIL import Image
+
+    def png(i: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (3 + i % 4, 2), (i * 20 % 255, 7, 9)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    features = datasets.Features(
+        {
+            "img": datasets.Image(),
+            "label": datasets.ClassLabel(names=["cat", "dog", "bird"]),
+            "text": datasets.Value("string"),
+            "x": datasets.Value("float64"),
+            "f": datasets.Value("float32"),
+            "i8": datasets.Value("int8"),
+            "flag": datasets.Value("bool"),
+            "blob": datasets.Value("binary"),
+            "tok": datasets.Sequence(datasets.Value("int32")),
+            "fix": datasets.Sequence(datasets.Value("float32"), length=2),
+            "words": datasets.List(datasets.Value("string")),
+            "arr": datasets.Array2D(shape=(2, 3), dtype="float32"),
+            "dyn": datasets.Array2D(shape=(None, 3), dtype="int16"),
+            "grid": datasets.Sequence(datasets.Sequence(datasets.Value("int64"))),
+            "obj": datasets.Sequence(
+                {
+                    "box": datasets.Sequence(datasets.Value("float32"), length=4),
+                    "cat": datasets.ClassLabel(names=["p", "q"]),
+                }
+            ),
+            "meta": {"a": datasets.Value("int64"), "b": datasets.Value("string")},
+        }
+    )
+    rows = {
+        "img": [{"bytes": png(i), "path": None} for i in range(n)],
+        "label": [i % 3 for i in range(n)],
+        "text": [f"héllo {i}" for i in range(n)],
+        "x": [1 / (i + 3) for i in range(n)],
+        "f": [i / 7 for i in range(n)],
+        "i8": [-i for i in range(n)],
+        "flag": [bool(i % 2) for i in range(n)],
+        "blob": [bytes([i]) * (i % 3) for i in range(n)],
+        "tok": [list(range(i % 4)) for i in range(n)],
+        "fix": [[i, -i] for i in range(n)],
+        "words": [["w"] * (i % 3) for i in range(n)],
+        "arr": [np.full((2, 3), i, np.float32) for i in range(n)],
+        "dyn": [np.full((i % 3, 3), i, np.int16) for i in range(n)],
+        "grid": [[[i] * (i % 2 + 1)] * 2 for i in range(n)],
+        "obj": [{"box": [[0.1, 0.2, 0.3, 0.4]] * (i % 3), "cat": [1] * (i % 3)} for i in range(n)],
+        "meta": [{"a": i, "b": str(i)} for i in range(n)],
+    }
+    import pyarrow as pa
+
+    ds = datasets.Dataset.from_dict(rows, features=features)
+    # uint64 past int64's range: from_dict cannot make it, an Arrow table can
+    big = datasets.Dataset(
+        pa.table({"big": pa.array([2**64 - 1 - i for i in range(n)], pa.uint64())})
+    )
+    ds = datasets.concatenate_datasets([ds, big], axis=1)
+    ds.save_to_disk(str(root), **save)
+    return ds
+
+
+def hf(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    """A Dataset saved by the real ``datasets`` in two Arrow files."""
+    hf_save(root / "saved", num_shards=2)
+    return "saved", _hf_as_stored(hf_expected(root / "saved"))
+
+
+def _hf_as_stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        row = dict(row)
+        row["flag"] = int(row["flag"])
+        row["dyn"] = np.asarray(row["dyn"], np.int16).reshape(-1, 3)
+        row["obj/box"] = np.asarray(row["obj/box"], np.float32).reshape(-1, 4)
+        out.append(row)
+    return out
+
+
 CASES: dict[str, tuple[str, Case]] = {
     "jsonl": ("jsonl", jsonl),
     "csv": ("csv", csv_),
@@ -221,6 +330,7 @@ CASES: dict[str, tuple[str, Case]] = {
     "webdataset": ("webdataset", webdataset),
     "tfrecord": ("tfrecord", tfrecord),
     "mds": ("mds", mds),
+    "hf": ("hf", hf),
 }
 
 

@@ -24,6 +24,8 @@ def _make(case: str, root):
         pytest.importorskip("pyarrow")
     if fmt == "imagefolder":
         pytest.importorskip("PIL")
+    if fmt == "hf":
+        pytest.importorskip("datasets")
     root.mkdir(parents=True, exist_ok=True)
     src_rel, expected = make(root)
     return fmt, src_rel, expected
