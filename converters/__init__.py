@@ -37,6 +37,7 @@ ENTRY_POINT_GROUP = "recordkit.converters"
 # Built-ins resolve without package metadata (a source checkout that was never
 # installed); pyproject.toml declares the same names in the entry-point group.
 _BUILTIN = {
+    "arrayrecord": "converters.arrayrecord:ArrayRecordSource",
     "csv": "converters.csv:CsvSource",
     "hf": "converters.hf:HFDatasetSource",
     "imagefolder": "converters.imagefolder:ImageFolderSource",

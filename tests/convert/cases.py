@@ -320,6 +320,22 @@ def _hf_as_stored(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def arrayrecord(root: Path) -> tuple[str, list[dict[str, Any]]]:
+    """tf.train.Example records in two ArrayRecord files, written by ``array-record``."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    expected = []
+    for shard in range(2):
+        writer = ArrayRecordWriter(str(root / f"part-{shard}.array_record"), "group_size:3")
+        for _ in range(7 + shard):
+            n = len(expected)
+            feats = {"label": ("int64", [n]), "text": ("bytes", [f"t{n}".encode()])}
+            writer.write(encode_example({**feats, "emb": ("float", [0.5, float(n)])}))
+            expected.append({"label": n, "text": f"t{n}", "emb": [0.5, float(n)]})
+        writer.close()
+    return "", expected
+
+
 CASES: dict[str, tuple[str, Case]] = {
     "jsonl": ("jsonl", jsonl),
     "csv": ("csv", csv_),
@@ -331,6 +347,7 @@ CASES: dict[str, tuple[str, Case]] = {
     "tfrecord": ("tfrecord", tfrecord),
     "mds": ("mds", mds),
     "hf": ("hf", hf),
+    "arrayrecord": ("arrayrecord", arrayrecord),
 }
 
 
