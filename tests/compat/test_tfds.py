@@ -290,3 +290,28 @@ def test_metadata_that_disagrees_is_named(prepared: tuple[Any, Path], tmp_path: 
     (copy / "features.json").write_text(json.dumps(feats))
     with pytest.raises(SchemaError, match=r"feature 'clip': tfds Video is not supported.*raw"):
         rk.Dataset(copy, split="test")
+
+
+def test_convert_keeps_tfds_types(
+    tfds: ModuleType, prepared: tuple[Any, Path], tmp_path: Path
+) -> None:
+    builder, root = prepared
+    before = _listing(root)
+    from converters.base import SourceError
+
+    with pytest.raises(SourceError, match=r"choose one with split='NAME' \(recordkit convert"):
+        rk.convert(root, tmp_path / "x", format="tfrecord", workers=0)
+    rk.convert(
+        root, tmp_path / "out", format="tfrecord", workers=0, source_options={"split": "train"}
+    )
+    theirs = _tfds_values(tfds, builder, "train", decode=False)
+    with rk.Dataset(tmp_path / "out") as ds:
+        assert ds.schema["grid"] == rk.Tensor("int32", (2, 3))
+        assert ds.metadata["tfds"]["class_names"]["label"] == ["cat", "dog", "bird"]
+        ours = list(ds)
+    assert len(ours) == len(theirs)
+    for i, (o, t) in enumerate(zip(ours, theirs)):
+        o["text"] = o["text"].decode("utf-8")  # recordkit stores Text as UTF-8 bytes
+        _assert_same(o, t, f"converted[{i}]")
+    assert rk.verify(tmp_path / "out").ok
+    assert _listing(root) == before
