@@ -62,6 +62,7 @@ from .format.manifest import MANIFEST_NAME, Manifest
 from .reader.epochs import CacheEpochs
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
+from .reader.tfds import tfds_folder
 from .storage import is_temp_name, strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
@@ -299,6 +300,8 @@ def dataset(
     cache_timeout: float | None = 600.0,
     partial: bool = False,
     limits: DecodeLimits | None = None,
+    split: str | None = None,
+    decode_images: bool = False,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -365,6 +368,12 @@ def dataset(
             :class:`~recordkit.codec.DecodeLimits` ``record_bytes``; default
             derived from the schema); a value over it fails the pipeline with
             :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
+        split: the split of a local tensorflow-datasets folder (needed when it
+            has several; or give one of its shards): elements then hold tfds's
+            dtypes and shapes, as ``tfds.load`` gives them (``columns`` names
+            tfds's features). Read through the epoch plan, record by record.
+        decode_images: in a tensorflow-datasets folder, decode ``Image``
+            features with ``tf.io.decode_image`` (as tfds does).
 
     The dataset knows its length (``len(ds)``: batches, or records, of this
     pipeline, times ``epochs``) where there is a manifest or a local folder, so
@@ -394,16 +403,30 @@ def dataset(
         timeout=cache_timeout,
     )
     path = strip_file_scheme(os.fspath(path_or_url))
-    if cache_epochs is None and "://" not in path and (shuffle or pipelines > 1):
+    tfds = (
+        cache_epochs is None
+        and "://" not in path
+        and (split is not None or decode_images or tfds_folder(os.path.abspath(path)) is not None)
+    )
+    if tfds or (cache_epochs is None and "://" not in path and (shuffle or pipelines > 1)):
         if not os.path.exists(path):
             raise ShardNotFoundError(f"no such dataset: {path}")
-        shards = open_shards(path, schema, partial=partial)
-        names = _columns(shards.schema, columns)
+        shards = open_shards(path, schema, partial=partial, split=split)
+        view = shards.view
+        if decode_images and view is None:
+            raise ValueError("decode_images=True is for tensorflow-datasets folders")
+        finish = None
+        if view is not None:
+            view = view.with_options(decode_images=decode_images, limits=limits)
+            names = view.stored_columns(columns) or list(shards.schema.names)
+            finish = _tfds_finisher(view, columns)
+        else:
+            names = _columns(shards.schema, columns)
         options = PlanOptions(
             shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
         )
         tasks = PlanTasks(shards, options, pipeline, pipelines)
-        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits)
+        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits, finish)
         return ds.prefetch(tf.data.AUTOTUNE)
     epoch_files = None
     if cache_epochs is not None:
@@ -445,6 +468,12 @@ def dataset(
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
+def _tfds_finisher(view: Any, columns: Sequence[str] | None) -> Any:
+    from ._tftfds import finisher
+
+    return finisher(view, columns)
+
+
 def _planned(
     tasks: PlanTasks,
     schema: Schema,
@@ -453,8 +482,12 @@ def _planned(
     epoch: int,
     epochs: int | None,
     limits: DecodeLimits | None,
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Any:
     """Epochs of the plan: epoch and task numbers from ``Dataset.range``, records per task.
+
+    ``finish`` (a tensorflow-datasets split's) maps each decoded record; it makes
+    the path record by record.
 
     The only iterator state is positions in ``range`` datasets (and the records
     already split off a task), which ``tf.train.Checkpoint(iterator=...)``
@@ -462,7 +495,8 @@ def _planned(
     """
     autotune = tf.data.AUTOTUNE
     spec = feature_spec(schema, names)
-    fast = _fast(schema, names)
+    fast = _fast(schema, names) and finish is None
+    last = finish or (lambda x: x)
 
     def read(e: Any, t: Any) -> Any:
         buf, starts, lengths = tf.numpy_function(
@@ -481,7 +515,7 @@ def _planned(
             return ds.rebatch(batch_size) if batch_size is not None else ds
         decode = _decoder(schema, names, batched=False, limits=limits)
         ds = ds.unbatch().map(
-            lambda s: decode(tf.io.parse_single_example(s, spec)),
+            lambda s: last(decode(tf.io.parse_single_example(s, spec))),
             num_parallel_calls=autotune,
             deterministic=True,
         )

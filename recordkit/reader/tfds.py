@@ -494,10 +494,11 @@ class TFDSView:
         for name, f in self.info.features.items():
             if columns is not None and name not in columns:
                 continue
-            out[name] = self._one(f, stored)
+            out[name] = self.value(f, stored)
         return out
 
-    def _one(self, f: TFDSFeature, stored: Mapping[str, Any]) -> Any:
+    def value(self, f: TFDSFeature, stored: Mapping[str, Any]) -> Any:
+        """Feature ``f`` of one record, from its stored values (``Schema.decode`` output)."""
         if f.dynamic:
             shape = [int(d) for d in np.asarray(stored[f"{f.name}/shape"])]
             return self._tensor(f, stored[f"{f.name}/value"], shape)
@@ -580,7 +581,7 @@ class TFDSView:
         made: dict[str, list[Any]] = {f.name: [] for f in per_row}
         for i in range(n):
             try:
-                row = {f.name: self._one(f, _Row(cols, i)) for f in per_row}
+                row = {f.name: self.value(f, _Row(cols, i)) for f in per_row}
             except CorruptRecordError as exc:
                 bad[i] = exc
                 continue

@@ -315,3 +315,26 @@ def test_convert_keeps_tfds_types(
         _assert_same(o, t, f"converted[{i}]")
     assert rk.verify(tmp_path / "out").ok
     assert _listing(root) == before
+
+
+def test_tf_dataset_equals_tfds(tfds: ModuleType, prepared: tuple[Any, Path]) -> None:
+    from recordkit import tf as rktf
+
+    builder, root = prepared
+    theirs = _tfds_values(tfds, builder, "train", decode=True)
+    tf_photo = [ex["photo"] for ex in _tfds_as_tf(tfds, builder)]
+    ours = list(rktf.dataset(root, split="train", decode_images=True).as_numpy_iterator())
+    assert len(ours) == len(theirs)
+    for i, (o, t) in enumerate(zip(ours, theirs)):
+        o["text"] = o["text"].decode("utf-8")
+        np.testing.assert_array_equal(o.pop("photo"), tf_photo[i])  # TensorFlow's JPEG decoder
+        t = {k: v for k, v in t.items() if k != "photo"}
+        _assert_same(o, t, f"tf[{i}]")
+    batches = list(rktf.dataset(root, split="test", batch_size=4, columns=["grid", "text"]))
+    assert [b["grid"].shape for b in batches] == [(4, 2, 3), (3, 2, 3)]
+    assert batches[0]["grid"].dtype.name == "int32"
+
+
+def _tfds_as_tf(tfds: ModuleType, builder: Any) -> list[dict[str, Any]]:
+    ds = builder.as_dataset(split="train", shuffle_files=False)
+    return list(tfds.as_numpy(ds))
