@@ -781,6 +781,7 @@ class TFDSBatchDecoder(BatchDecoder):
         self.wanted = None if columns is None else list(columns)
 
     def runner(self) -> Any | None:
+        """``None``: tfds's values are finished in Python, on the threaded path."""
         return None
 
     def decode(
@@ -793,6 +794,7 @@ class TFDSBatchDecoder(BatchDecoder):
         path: str | None = None,
         records: np.ndarray | None = None,
     ) -> DecodedBatch:
+        """Decode like ``BatchDecoder.decode``, then finish tfds's values (bad rows named)."""
         batch = super().decode(buf, offsets, sizes, alloc, path=path, records=records)
         failed = {pos for pos, _ in batch.bad}
         good = [i for i in range(len(offsets)) if i not in failed]
