@@ -21,7 +21,7 @@ import numpy as np
 from .codec.example import decode_example
 from .codec.limits import DecodeLimits
 from .codec.schema import Schema
-from .codec.sequence import decode_sequence_example
+from .codec.sequence import as_stored, sequence_example_values
 from .errors import CorruptRecordError
 from .format import guard
 from .format.framing import read_record
@@ -34,29 +34,9 @@ __all__ = ["Dataset", "find_shards"]
 log = logging.getLogger(__name__)
 
 
-def _stored(kind: str | None, values: Any) -> Any:
-    """One decoded feature as an owned value, its list typed as stored."""
-    if kind == "bytes":
-        return [bytes(v) for v in values]
-    if kind == "int64":
-        return np.array(values, dtype=np.int64)
-    if kind == "float":
-        return np.array(values, dtype=np.float32)
-    return []  # a Feature with no list set: TensorFlow reads it as an empty list
-
-
 def _as_stored(record: dict[str, tuple[str | None, Any]]) -> dict[str, Any]:
     """A decoded Example's features as owned values, each list typed as stored."""
-    return {name: _stored(kind, values) for name, (kind, values) in record.items()}
-
-
-def _sequence_as_stored(payload: memoryview | bytes) -> dict[str, Any]:
-    """A SequenceExample whole: its context and each feature list's steps, as stored."""
-    context, lists = decode_sequence_example(payload)
-    return {
-        "context": _as_stored(context),
-        "feature_lists": {n: [_stored(k, v) for k, v in steps] for n, steps in lists.items()},
-    }
+    return {name: as_stored(kind, values) for name, (kind, values) in record.items()}
 
 
 class Dataset:
@@ -186,7 +166,7 @@ class Dataset:
             raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
             if self.sequence_example:
-                return _sequence_as_stored(payload)
+                return sequence_example_values(payload)
             if self.schema is None:
                 return _as_stored(decode_example(payload))
             values = self.schema.decode(payload, copy=True, limits=self.limits)

@@ -302,6 +302,7 @@ def dataset(
     limits: DecodeLimits | None = None,
     split: str | None = None,
     decode_images: bool = False,
+    sequence_example: bool = False,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -374,6 +375,15 @@ def dataset(
             tfds's features). Read through the epoch plan, record by record.
         decode_images: in a tensorflow-datasets folder, decode ``Image``
             features with ``tf.io.decode_image`` (as tfds does).
+        sequence_example: the records are ``tf.train.SequenceExample``
+            messages: each element is ``{"context": {name: 1-d tensor},
+            "feature_lists": {name: ragged [steps, None]}}`` from
+            ``tf.io.parse_single_sequence_example``, with specs (each feature's
+            kind) from the first file's leading records; a record holding a
+            feature or kind they lack fails the pipeline by name instead of being
+            read in part. Batches are ragged (``ragged_batch``). Files are read in
+            order (shuffled with ``shuffle``: by file, then in a buffer of
+            ``shuffle_buffer`` records); no ``schema``, ``columns`` or cache.
 
     The dataset knows its length (``len(ds)``: batches, or records, of this
     pipeline, times ``epochs``) where there is a manifest or a local folder, so
@@ -403,6 +413,31 @@ def dataset(
         timeout=cache_timeout,
     )
     path = strip_file_scheme(os.fspath(path_or_url))
+    if sequence_example:
+        if schema is not None or columns is not None or cache_epochs is not None:
+            raise ValueError(
+                "sequence_example=True reads records whole: no schema, columns or cache"
+            )
+        from ._tfsequence import pipeline as sequences
+
+        _check_complete(path, partial)
+        files, _, _ = _locate(os.fspath(path_or_url), Schema({}))
+        by_record = False
+        if input_context is not None:
+            files, by_record = shard_files(files, pipelines, pipeline)
+        ds = sequences(
+            files,
+            batch_size,
+            shuffle,
+            seed,
+            shuffle_buffer,
+            drop_remainder,
+            by_record,
+            input_context,
+        )
+        if epochs != 1:
+            ds = ds.repeat(epochs)
+        return ds.prefetch(tf.data.AUTOTUNE)
     tfds = (
         cache_epochs is None
         and "://" not in path

@@ -57,6 +57,7 @@ from .reader.epochs import CacheEpochs  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from .reader.sequence import SAMPLE, SequenceBatchDecoder  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo, TFDSView  # noqa: E402
 
@@ -253,6 +254,14 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             path (not the native whole-task runner).
         decode_images: in a tensorflow-datasets folder, decode ``Image``
             features to ``uint8`` arrays on the reader threads (Pillow).
+        sequence_example: the records are ``tf.train.SequenceExample`` messages: read
+            each whole, as :class:`recordkit.Dataset` does with the same option
+            (``{"context": {name: value}, "feature_lists": {name: [step, ...]}}``,
+            number lists as tensors, bytes lists as ``list[bytes]``, steps ragged),
+            decoded on the reader threads. With ``batch_size`` a batch is a
+            ``list`` of such samples (pad them in ``transform``). Without it, a
+            SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
+            never its context alone.
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -292,6 +301,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         partial: bool = False,
         split: str | None = None,
         decode_images: bool = False,
+        sequence_example: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -302,6 +312,13 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self.partial = partial
         self.split = split
         self.decode_images = decode_images
+        self.sequence_example = sequence_example
+        if sequence_example:
+            if schema is not None or columns is not None or decode_images:
+                raise ValueError(
+                    "sequence_example=True reads records whole: no schema, columns or decode_images"
+                )
+            schema = Schema({})  # opens foreign data without inferring an Example schema
         self.options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
@@ -431,6 +448,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         return BufferPool()
 
     def _decoder(self) -> BatchDecoder:
+        if self.sequence_example:
+            return SequenceBatchDecoder(verify=self.verify)
         view = self._view()
         if view is not None:
             return TFDSBatchDecoder(
@@ -519,6 +538,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         threads = self.num_threads or max(1, _cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
         if self.reader_process:
+            if self.sequence_example:
+                raise ValueError("reader_process=True does not read SequenceExamples yet")
             if self._view() is not None:
                 raise ValueError(
                     "reader_process=True does not read tensorflow-datasets folders yet; "
@@ -563,7 +584,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         chunks = reader.read(plan, split, units)
         try:
             for chunk in chunks:
-                items = self._batches(chunk) if batched else self._samples(chunk)
+                if self.sequence_example:
+                    items = self._sequences(chunk, batched)
+                else:
+                    items = self._batches(chunk) if batched else self._samples(chunk)
                 for unit, item in items:
                     self._next_unit = unit + 1
                     if self.transform is not None:
@@ -600,6 +624,26 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                 batch[name] = batch[name][:, : w[b]]  # trim to this batch's longest value
             self.stats.add(records=hi - lo, batches=1)
             yield unit_ids[b], batch
+
+    def _sequences(self, chunk: Chunk, batched: bool) -> Iterator[tuple[int, Any]]:
+        """SequenceExample samples (dicts of tensors), one by one or as lists per unit."""
+        samples = chunk.columns.get(SAMPLE, [])
+        units = chunk.units.tolist()
+        out: list[dict[str, Any]] = []
+        for i, sample in enumerate(samples):
+            item = {
+                "context": {k: _to_torch(v) for k, v in sample["context"].items()},
+                "feature_lists": {k: _to_torch(v) for k, v in sample["feature_lists"].items()},
+            }
+            if not batched:
+                self.stats.add(records=1, batches=1)
+                yield units[i], item
+                continue
+            out.append(item)
+            if i + 1 == len(samples) or units[i + 1] != units[i]:
+                self.stats.add(records=len(out), batches=1)
+                yield units[i], out
+                out = []
 
     def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
         cols = chunk.columns

@@ -426,7 +426,10 @@ def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) 
             infos.append(ShardInfo(name, len(entries), len(buf)))
         finally:
             if isinstance(buf, mmap.mmap):
-                buf.close()
+                # An error's traceback may still hold a view of the map: then the map
+                # goes with it, and the error (not a BufferError) reaches the caller.
+                with contextlib.suppress(BufferError):
+                    buf.close()
     return infos
 
 
