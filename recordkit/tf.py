@@ -441,7 +441,7 @@ def dataset(
     tfds = (
         cache_epochs is None
         and "://" not in path
-        and (split is not None or decode_images or tfds_folder(os.path.abspath(path)) is not None)
+        and (split is not None or decode_images or _is_tfds(path))
     )
     if tfds or (cache_epochs is None and "://" not in path and (shuffle or pipelines > 1)):
         if not os.path.exists(path):
@@ -501,6 +501,15 @@ def dataset(
     if epochs != 1:
         ds = ds.repeat(epochs)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _is_tfds(path: str) -> bool:
+    """A local tensorflow-datasets folder (or shard) without a manifest of ours."""
+    local = os.path.abspath(path)
+    folder = local if os.path.isdir(local) else os.path.dirname(local)
+    return (
+        not os.path.exists(os.path.join(folder, MANIFEST_NAME)) and tfds_folder(local) is not None
+    )
 
 
 def _tfds_finisher(view: Any, columns: Sequence[str] | None) -> Any:

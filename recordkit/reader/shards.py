@@ -483,7 +483,10 @@ def open_shards(
     local = os.path.abspath(strip_file_scheme(path))
     if os.path.isdir(local):
         check_complete(local, partial)
-    found = tfds_folder(local)
+    # A tensorflow-datasets folder (ours win: a folder with a manifest is a recordkit dataset).
+    folder = local if os.path.isdir(local) else os.path.dirname(local)
+    ours = os.path.exists(os.path.join(folder, MANIFEST_NAME))
+    found = None if ours else tfds_folder(local)
     if found is not None:
         return _open_tfds(*found, schema, split, write_index)
     if split is not None:
