@@ -1,4 +1,4 @@
-"""``arrayrecord``: ArrayRecord files, Grain's format (``pip install 'recordkit[arrayrecord]'``).
+"""``arrayrecord``: ArrayRecord files, Grain's format (recordkit's ``arrayrecord`` extra).
 
 Files ``*.array_record`` (and tensorflow-datasets' ``*.array_record-00000-of-00004``)
 are read with the ``array-record`` package's own reader; a large file is cut
@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from recordkit import Bytes, DecodeLimits, Schema
+from recordkit._deps import install_command
 from recordkit.codec import decode_example
 from recordkit.errors import CorruptRecordError, MissingDependencyError
 from recordkit.format import DEFAULT_MAX_RECORD_BYTES
@@ -54,7 +55,7 @@ def _module() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "'array-record' is required for the arrayrecord converter but is not installed: "
-            "pip install 'recordkit[arrayrecord]'"
+            + install_command("arrayrecord")
         ) from exc
     return array_record_module
 

@@ -1,4 +1,4 @@
-"""``hf``: Hugging Face ``datasets`` saved with ``save_to_disk`` (``pip install 'recordkit[hf]'``).
+"""``hf``: Hugging Face ``datasets`` saved with ``save_to_disk`` (recordkit's ``hf`` extra).
 
 A saved ``Dataset`` is a folder of Arrow stream files (``data-00000-of-00002.arrow``)
 with ``state.json`` (which files, in order) and ``dataset_info.json`` (the
@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
+from recordkit._deps import install_command
 from recordkit.errors import MissingDependencyError, SchemaError
 
 from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
@@ -61,7 +62,7 @@ def _pyarrow() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "'pyarrow' is required for the hf converter but is not installed: "
-            "pip install 'recordkit[hf]'"
+            + install_command("hf")
         ) from exc
     return pa
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..._deps import install_command
 from ...codec.features import Bytes, FeatureType
 from ...codec.limits import DEFAULT_RECORD_BYTES, DecodeLimits
 from ...codec.schema import Schema
@@ -297,7 +298,7 @@ def decode_image(f: TFDSFeature, data: bytes, cap: int) -> np.ndarray:
         from PIL import Image
     except ImportError as exc:
         raise MissingDependencyError(
-            "decode_images=True needs Pillow, which is not installed: pip install pillow"
+            "decode_images=True needs Pillow, which is not installed: " + install_command("images")
         ) from exc
     channels = f.shape[-1]
     if f.dtype not in ("uint8", "uint16") or (f.dtype == "uint16" and channels != 1):
