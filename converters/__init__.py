@@ -1,9 +1,10 @@
 """Converters from common dataset formats to recordkit, found by name.
 
 Each module holds one :class:`~converters.base.Source`. Built-in names:
-``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset`` and
-``tfrecord``. Third parties add their own through the ``recordkit.converters``
-entry-point group::
+``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``,
+``tfrecord``, ``mds`` (MosaicML Streaming), ``hf`` (Hugging Face ``datasets``
+saved to disk) and ``arrayrecord`` (Grain's ArrayRecord). Third parties add
+their own through the ``recordkit.converters`` entry-point group::
 
     [project.entry-points."recordkit.converters"]
     myformat = "mypackage.converter:MySource"
@@ -36,9 +37,12 @@ ENTRY_POINT_GROUP = "recordkit.converters"
 # Built-ins resolve without package metadata (a source checkout that was never
 # installed); pyproject.toml declares the same names in the entry-point group.
 _BUILTIN = {
+    "arrayrecord": "converters.arrayrecord:ArrayRecordSource",
     "csv": "converters.csv:CsvSource",
+    "hf": "converters.hf:HFDatasetSource",
     "imagefolder": "converters.imagefolder:ImageFolderSource",
     "jsonl": "converters.jsonl:JsonlSource",
+    "mds": "converters.mds:MDSSource",
     "numpy": "converters.numpy:NumpySource",
     "parquet": "converters.parquet:ParquetSource",
     "tfrecord": "converters.tfrecord:TFRecordSource",

@@ -63,7 +63,7 @@ nitpick_ignore_regex = [
     (
         "py:.*",
         r"(.*\.)?(FeatureType|OnError|Policy|HeldFile|Alloc|Feature name -> value"
-        r"|ShardSet|BatchDecoder|BufferPool|ProcessReader|LocalDirectory|FsspecDirectory"
+        r"|ShardSet|BatchDecoder|DecodedBatch|BufferPool|ProcessReader|LocalDirectory|FsspecDirectory"
         r"|recordkit\.reader\.buffers)",
     ),
 ]

@@ -79,8 +79,8 @@ def collate(
             feature is None or isinstance(feature, Bytes)
         ):
             _bytes(values, name, bytes_as, out)
-        elif isinstance(first, list):
-            out[name] = values  # Bytes lists: one list per record
+        elif isinstance(first, (list, str)):
+            out[name] = values  # Bytes lists, text (tfds Text): one value per record
         else:
             tensors = [v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in values]
             variable = _variable(schema, name)

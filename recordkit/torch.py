@@ -57,7 +57,9 @@ from .reader.epochs import CacheEpochs  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from .reader.sequence import SAMPLE, SequenceBatchDecoder  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
+from .reader.tfds import TFDSBatchDecoder, TFDSInfo, TFDSView  # noqa: E402
 
 if TYPE_CHECKING:
     from .cache import ShardCache
@@ -131,6 +133,8 @@ class _ProcessLocalShards:
 
     path: str
     schema: Schema
+    decode_images: bool = False
+    limits: DecodeLimits | None = None
     _shards: ShardSet | None = None
     _pid = -1
 
@@ -149,8 +153,20 @@ class _ProcessLocalShards:
 
     def _open_shards(self) -> ShardSet:
         return open_shards(
-            self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
+            self.path,
+            getattr(self, "schema", None),
+            partial=getattr(self, "partial", False),
+            split=getattr(self, "split", None),
         )
+
+    def _view(self) -> TFDSView | None:
+        """A tensorflow-datasets split's view, with this dataset's options (or ``None``)."""
+        view = self._open().view
+        if view is None:
+            if getattr(self, "decode_images", False):
+                raise ValueError("decode_images=True is for tensorflow-datasets folders")
+            return None
+        return view.with_options(decode_images=self.decode_images, limits=self.limits)
 
     def _opened(self) -> None:
         """Called in each process after its maps are opened."""
@@ -231,6 +247,21 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         partial: read a directory where a write did not finish (the shards it
             published, with a WARNING) instead of raising
             :class:`~recordkit.errors.IncompleteDatasetError`.
+        split: the split of a tensorflow-datasets folder (see
+            :class:`recordkit.Dataset`): batches then hold tfds's dtypes and
+            shapes (``Text`` as lists of ``str``), and ``columns`` names tfds's
+            features. Such records are decoded on reader threads by the threaded
+            path (not the native whole-task runner).
+        decode_images: in a tensorflow-datasets folder, decode ``Image``
+            features to ``uint8`` arrays on the reader threads (Pillow).
+        sequence_example: the records are ``tf.train.SequenceExample`` messages: read
+            each whole, as :class:`recordkit.Dataset` does with the same option
+            (``{"context": {name: value}, "feature_lists": {name: [step, ...]}}``,
+            number lists as tensors, bytes lists as ``list[bytes]``, steps ragged),
+            decoded on the reader threads. With ``batch_size`` a batch is a
+            ``list`` of such samples (pad them in ``transform``). Without it, a
+            SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
+            never its context alone.
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -268,6 +299,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache_limit: int | str | None = None,
         cache_timeout: float | None = 600.0,
         partial: bool = False,
+        split: str | None = None,
+        decode_images: bool = False,
+        sequence_example: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -276,6 +310,15 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
         self.path = os.fspath(path_or_url)
         self.partial = partial
+        self.split = split
+        self.decode_images = decode_images
+        self.sequence_example = sequence_example
+        if sequence_example:
+            if schema is not None or columns is not None or decode_images:
+                raise ValueError(
+                    "sequence_example=True reads records whole: no schema, columns or decode_images"
+                )
+            schema = Schema({})  # opens foreign data without inferring an Example schema
         self.options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
@@ -353,7 +396,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
     def _open_shards(self) -> ShardSet:
         if not self._cached:
             return open_shards(
-                self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
+                self.path,
+                getattr(self, "schema", None),
+                partial=getattr(self, "partial", False),
+                split=self.split,
             )
         if self._epochs is None:
             raise RuntimeError(
@@ -402,6 +448,17 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         return BufferPool()
 
     def _decoder(self) -> BatchDecoder:
+        if self.sequence_example:
+            return SequenceBatchDecoder(verify=self.verify)
+        view = self._view()
+        if view is not None:
+            return TFDSBatchDecoder(
+                view,
+                columns=self.columns,
+                verify=self.verify,
+                bytes_as=self.bytes_as,
+                limits=self.limits,
+            )
         return BatchDecoder(
             self.schema,
             columns=self.columns,
@@ -481,6 +538,14 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         threads = self.num_threads or max(1, _cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
         if self.reader_process:
+            if self.sequence_example:
+                raise ValueError("reader_process=True does not read SequenceExamples yet")
+            if self._view() is not None:
+                raise ValueError(
+                    "reader_process=True does not read tensorflow-datasets folders yet; "
+                    "convert the split (recordkit convert --from tfrecord DIR DEST -o "
+                    "split=NAME) or read it with threads"
+                )
             if get_worker_info() is not None:
                 raise ValueError(
                     "reader_process=True inside DataLoader workers: use one or the other"
@@ -519,7 +584,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         chunks = reader.read(plan, split, units)
         try:
             for chunk in chunks:
-                items = self._batches(chunk) if batched else self._samples(chunk)
+                if self.sequence_example:
+                    items = self._sequences(chunk, batched)
+                else:
+                    items = self._batches(chunk) if batched else self._samples(chunk)
                 for unit, item in items:
                     self._next_unit = unit + 1
                     if self.transform is not None:
@@ -557,6 +625,26 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             self.stats.add(records=hi - lo, batches=1)
             yield unit_ids[b], batch
 
+    def _sequences(self, chunk: Chunk, batched: bool) -> Iterator[tuple[int, Any]]:
+        """SequenceExample samples (dicts of tensors), one by one or as lists per unit."""
+        samples = chunk.columns.get(SAMPLE, [])
+        units = chunk.units.tolist()
+        out: list[dict[str, Any]] = []
+        for i, sample in enumerate(samples):
+            item = {
+                "context": {k: _to_torch(v) for k, v in sample["context"].items()},
+                "feature_lists": {k: _to_torch(v) for k, v in sample["feature_lists"].items()},
+            }
+            if not batched:
+                self.stats.add(records=1, batches=1)
+                yield units[i], item
+                continue
+            out.append(item)
+            if i + 1 == len(samples) or units[i + 1] != units[i]:
+                self.stats.add(records=len(out), batches=1)
+                yield units[i], out
+                out = []
+
     def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
         cols = chunk.columns
         names = [n for n in cols if not (n.endswith("/lengths") and n[: -len("/lengths")] in cols)]
@@ -575,7 +663,16 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
         that batches its samples as ``batch_size=N`` would."""
-        return collate(samples, schema=self.schema, bytes_as=self.bytes_as)
+        view = self._view()
+        schema = view.output_schema if view is not None else self.schema
+        return collate(samples, schema=schema, bytes_as=self.bytes_as)
+
+    @property
+    def tfds(self) -> TFDSInfo | None:
+        """The tensorflow-datasets folder read (``None`` for other data): splits,
+        features, ``class_names``."""
+        view = self._open().view
+        return view.info if view is not None else None
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """The position to resume from: epoch and units (batches or samples) consumed.
@@ -713,6 +810,8 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         schema: overrides the manifest's (or the inferred) schema.
         partial: read a directory where a write did not finish (see
             :class:`RecordDataset`).
+        split: the split of a tensorflow-datasets folder (see :class:`RecordDataset`).
+        decode_images: decode a tensorflow-datasets folder's ``Image`` features.
     """
 
     def __init__(
@@ -725,9 +824,14 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         limits: DecodeLimits | None = None,
         schema: Schema | None = None,
         partial: bool = False,
+        split: str | None = None,
+        decode_images: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.partial = partial
+        self.split = split
+        self.decode_images = decode_images
+        self.limits = limits
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.verify = verify
@@ -736,8 +840,15 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         shards = self._open()
         self.schema = schema or shards.schema
         self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
-        self._dec = BatchDecoder(
-            self.schema, columns=self.columns, verify=verify, bytes_as="list", limits=limits
+        view = self._view()
+        self._dec = (
+            TFDSBatchDecoder(
+                view, columns=self.columns, verify=verify, bytes_as="list", limits=limits
+            )
+            if view is not None
+            else BatchDecoder(
+                self.schema, columns=self.columns, verify=verify, bytes_as="list", limits=limits
+            )
         )
 
     def __len__(self) -> int:
@@ -745,7 +856,8 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """:func:`collate` with this dataset's schema: a ``collate_fn`` for ``DataLoader``."""
-        return collate(samples, schema=self.schema)
+        view = self._view()
+        return collate(samples, schema=view.output_schema if view is not None else self.schema)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.__getitems__([index])[0]

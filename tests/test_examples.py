@@ -31,7 +31,25 @@ def _run(script, *args, timeout=300):
 def test_quickstart(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")
-    out = _run("examples/quickstart.py", "--out", tmp_path / "q", "-n", 300)
+    # As a user runs it: no TF_CPP_MIN_LOG_LEVEL of ours, and TensorFlow prints nothing.
+    env = {k: v for k, v in ENV.items() if not k.startswith("TF_")}
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples/quickstart.py"),
+            "--out",
+            str(tmp_path / "q"),
+            "-n",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.stderr == "", run.stderr
+    out = run.stdout
     assert "verify  " in out and ": OK" in out
     assert "torch   read 300 samples" in out
     assert "tf.data read 300 samples" in out

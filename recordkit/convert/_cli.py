@@ -193,7 +193,7 @@ def add_parser(sub: Any) -> None:
         required=True,
         metavar="FORMAT",
         help="source format: imagefolder, jsonl, csv, numpy, parquet, webdataset, tfrecord, "
-        "or one a plugin registers",
+        "mds, hf, arrayrecord, or one a plugin registers",
     )
     p.add_argument(
         "--schema",

@@ -24,6 +24,10 @@ def _make(case: str, root):
         pytest.importorskip("pyarrow")
     if fmt == "imagefolder":
         pytest.importorskip("PIL")
+    if fmt == "hf":
+        pytest.importorskip("datasets")
+    if fmt == "arrayrecord":
+        pytest.importorskip("array_record.python.array_record_module")
     root.mkdir(parents=True, exist_ok=True)
     src_rel, expected = make(root)
     return fmt, src_rel, expected
