@@ -183,8 +183,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
         epoch: the epoch the next iteration reads; advances by itself after a
-            full pass in this process; set it with :meth:`set_epoch` (needed with
-            a plain ``DataLoader`` with workers; :class:`DataLoader` does it).
+            full pass, in this process or in ``DataLoader`` workers (they share it
+            with this object, persistent or not); :meth:`set_epoch` sets it.
     """
 
     def __init__(
@@ -252,6 +252,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         self._worker_resume: WorkerPosition | None = None  # loaded in a DataLoader worker
         self._pass: Pass | None = None  # the pass this process reads (or left unfinished)
         self._passes = 0  # passes started in this process: a persistent worker's pass id
+        self._fixed = False  # in worker_pass(): the epoch's shard set is fixed for the workers
         self._init_cache(cache, cache_dir, cache_limit, cache_timeout, reader_process)
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
@@ -407,10 +408,12 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         """
         start = self.resume_point()
         self._start_epoch(self.epoch)
+        self._fixed = True  # the copies read the set fixed here (cache mode)
         try:
             yield start
         finally:
             self._resume = None
+            self._fixed = False
 
     @property
     def epoch(self) -> int:
@@ -466,6 +469,13 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             epoch = self.epoch
             first = self.resume_point() + split.worker
         self._worker_resume = self._resume = None  # spent (in this copy: persistent workers)
+        if self._cached and not self._fixed:
+            raise RuntimeError(
+                "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
+                "(it takes each epoch's shards from the cache in the training process); with "
+                "another loader (torchdata's StatefulDataLoader) use num_workers=0: the "
+                "dataset reads with threads"
+            )
         key = pass_key(info.seed - info.id, self._passes, epoch)
         p = self._pass = Pass(epoch, first, split.num_workers, split.worker, key)
         if first >= self._plan(epoch).unit_count(split.rank, split.world_size):

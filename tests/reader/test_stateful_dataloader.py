@@ -258,3 +258,56 @@ def test_recordkit_dataloader_left_early_reads_the_epoch_again(path):
     assert ds.epoch == 0
     labels = [x for b in loader for x in b["label"].tolist()]
     assert sorted(labels) == list(range(N)) and ds.epoch == 1
+
+
+@pytest.fixture
+def remote(tmp_path):
+    from tests.cache.conftest import write_dataset
+
+    root = tmp_path / "remote"
+    return root, write_dataset(root, shards=10, records=20, size=2000)
+
+
+def test_cached_dataset_resumes_its_shard_set_in_process(remote, tmp_path):
+    """Cache mode: the position includes the epoch's shard set; a resume in a fresh
+    cache, whose contents moved on, takes that set again."""
+    from recordkit.cache import ShardCache
+    from tests.cache.conftest import overhead
+
+    root, manifest = remote
+    budget = 3 * (max(s.bytes for s in manifest.shards) + 2 * 20 * 24) + 1024 + overhead(root)
+
+    def loader(cache):
+        ds = RecordDataset(root, batch_size=4, shuffle=True, seed=5, cache=cache)
+        return ds, StatefulDataLoader(ds, batch_size=None, num_workers=0)
+
+    with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
+        ds, first_loader = loader(cache)
+        it = iter(first_loader)
+        first = [x for _ in range(3) for x in next(it)["i"].tolist()]
+        state = json.loads(json.dumps(first_loader.state_dict()))
+        rest = [x for b in it for x in b["i"].tolist()]  # the uninterrupted epoch goes on
+        ds.close()
+    with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
+        cache.wait_settled(timeout=60)
+        ds, resumed = loader(cache)
+        resumed.load_state_dict(state)
+        after = [x for b in resumed for x in b["i"].tolist()]
+        ds.close()
+    assert after == rest
+    assert len(set(first + after)) == len(first + after) == len(after) + 12
+    assert len(first + after) % 20 == 0  # whole shards
+
+
+def test_cached_dataset_with_workers_needs_recordkit_dataloader(remote, tmp_path):
+    from recordkit.cache import ShardCache
+
+    root, _ = remote
+    with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
+        cache.wait_settled(timeout=60)
+        ds = RecordDataset(root, batch_size=8, cache=cache)
+        with pytest.raises(RuntimeError, match="use num_workers=0"):
+            next(iter(StatefulDataLoader(ds, batch_size=None, num_workers=2)))
+        ids = [x for b in DataLoader(ds, num_workers=2) for x in b["i"].tolist()]
+        assert sorted(ids) == list(range(200))
+        ds.close()
