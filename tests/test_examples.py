@@ -107,6 +107,16 @@ def test_pytorch_ddp(tmp_path):
     assert "all ranks: 3000 records, each exactly once" in out
 
 
+@pytest.mark.slow
+def test_grain_train(tmp_path):
+    pytest.importorskip("grain")
+    out = _run("examples/grain/train.py", "--data", tmp_path / "d", "--workers", 2)
+    assert "stopped after step 45 (epoch 1)" in out and "resumed: 51 more steps" in out
+    assert "6144 ids: the uninterrupted run's, each record once per epoch" in out
+    accuracy = float(out.strip().splitlines()[-1].rsplit(" ", 1)[1])
+    assert accuracy > 0.9, out  # a linear rule: logistic regression learns it
+
+
 def test_every_example_is_tested():
     tested = {
         "examples/quickstart.py",
@@ -116,6 +126,7 @@ def test_every_example_is_tested():
         "examples/pytorch/convert_and_train.py",
         "examples/tensorflow/convert_and_train.py",
         "examples/pytorch/ddp.py",
+        "examples/grain/train.py",
     }
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.py")}
     assert found <= tested, f"examples without a test: {sorted(found - tested)}"
