@@ -1,6 +1,6 @@
 """Converters from common dataset formats to recordkit, found by name.
 
-Each module holds one :class:`~converters.base.Source`. Built-in names:
+Each module holds one :class:`~recordkit.converters.base.Source`. Built-in names:
 ``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset`` and
 ``tfrecord``. Third parties add their own through the ``recordkit.converters``
 entry-point group::
@@ -36,13 +36,13 @@ ENTRY_POINT_GROUP = "recordkit.converters"
 # Built-ins resolve without package metadata (a source checkout that was never
 # installed); pyproject.toml declares the same names in the entry-point group.
 _BUILTIN = {
-    "csv": "converters.csv:CsvSource",
-    "imagefolder": "converters.imagefolder:ImageFolderSource",
-    "jsonl": "converters.jsonl:JsonlSource",
-    "numpy": "converters.numpy:NumpySource",
-    "parquet": "converters.parquet:ParquetSource",
-    "tfrecord": "converters.tfrecord:TFRecordSource",
-    "webdataset": "converters.webdataset:WebDatasetSource",
+    "csv": "recordkit.converters.csv:CsvSource",
+    "imagefolder": "recordkit.converters.imagefolder:ImageFolderSource",
+    "jsonl": "recordkit.converters.jsonl:JsonlSource",
+    "numpy": "recordkit.converters.numpy:NumpySource",
+    "parquet": "recordkit.converters.parquet:ParquetSource",
+    "tfrecord": "recordkit.converters.tfrecord:TFRecordSource",
+    "webdataset": "recordkit.converters.webdataset:WebDatasetSource",
 }
 _registered: dict[str, type[Source]] = {}
 

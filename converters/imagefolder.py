@@ -27,7 +27,7 @@ Options:
         earlier versions).
     seed: the key of the interleaved order (default 0); the same seed gives the
         same order on any machine, so a resumed conversion is byte-identical.
-    follow_symlinks: see :data:`converters.base.COMMON_OPTIONS`.
+    follow_symlinks: see :data:`recordkit.converters.base.COMMON_OPTIONS`.
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ class JsonlSource(Source):
                 for number, line in enumerate(f, 1):
                     yield f"line {number}", line
         else:
-            for number, line in enumerate(byte_range_lines(self.location, rel, start, stop)):
-                yield f"line {number + 1} after byte {start}", line
+            for number, raw in enumerate(byte_range_lines(self.location, rel, start, stop)):
+                yield f"line {number + 1} after byte {start}", raw
 
     def _rows(self, item: Item) -> Iterator[tuple[str, dict[str, Any]]]:
         for where, line in self._lines(item):

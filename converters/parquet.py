@@ -104,8 +104,9 @@ class ParquetSource(Source):
             if column.null_count:
                 raise SourceError(f"{item.key}: column {name!r} holds {column.null_count} nulls")
             values = column.to_pylist()
-            if isinstance(schema[name], Tensor):
-                values = [np.asarray(v, dtype=schema[name].dtype) for v in values]
+            feature = schema[name]
+            if isinstance(feature, Tensor):
+                values = [np.asarray(v, dtype=feature.dtype) for v in values]
             columns[name] = values
         for i in range(table.num_rows):
             yield {name: columns[name][i] for name in names}

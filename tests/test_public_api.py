@@ -49,3 +49,33 @@ def test_located_errors_pickle_for_worker_processes():
     )
     back = pickle.loads(pickle.dumps(err))
     assert str(back) == str(err) and back.record == 1 and back.actual_crc == 2
+
+
+def test_lazy_submodules_import_on_first_use():
+    code = (
+        "import sys, recordkit\n"
+        "assert 'recordkit.cache' not in sys.modules\n"
+        "print(recordkit.cache.ShardCache.__name__, recordkit.converters.get('csv').__name__)\n"
+        "print(set(dir(recordkit)) >= {'cache', 'convert', 'converters', 'tf', 'torch'})\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["ShardCache", "CsvSource", "True"]
+
+
+def test_a_users_own_converters_module_shadows_nothing(tmp_path):
+    """The converters install as recordkit.converters: a converters.py beside the
+    user's script (first on sys.path) is never imported in its place."""
+    (tmp_path / "converters.py").write_text("raise ImportError('the user converters.py')\n")
+    (tmp_path / "data.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(30)))
+    code = (
+        "import recordkit as rk\n"
+        "r = rk.convert('data.jsonl', 'out', format='jsonl', workers=1)\n"
+        "print(r.records, sorted(int(s['x']) for s in rk.Dataset('out')) == list(range(30)))\n"
+    )
+    run = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 120}
+    out = subprocess.run([sys.executable, "-c", code], **run)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["30", "True"]
+    cli = [sys.executable, "-m", "recordkit", "convert", "data.jsonl", "out2", "--from", "jsonl"]
+    out = subprocess.run(cli, **run)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -59,7 +59,7 @@ class ProduceTask:
         lease_id: the reservation's id (temp files named after it count as reserved).
         cap: the most bytes the shard and its index may take together.
         items: the partition's source items.
-        source: the ``converters.Source`` (its location and options, never samples).
+        source: the ``recordkit.converters.Source`` (its location and options, never samples).
         schema: the schema in JSON form.
         fsync: fsync the shard and the index before handing them back.
         retries: attempts after the first on transient source errors.

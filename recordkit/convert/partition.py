@@ -43,7 +43,7 @@ class PartitionTask:
     Attributes:
         index: the partition number.
         items: its source items.
-        source: the ``converters.Source`` (location and options only).
+        source: the ``recordkit.converters.Source`` (location and options only).
         schema: the schema in JSON form.
         dst: the dataset URL or path.
         storage_options: fsspec options for ``dst``.
