@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from recordkit import Schema
-from recordkit.errors import RecordkitError, SchemaError
+from recordkit.errors import RecordkitError, SchemaError, SourceError, SourceNotFoundError
 from recordkit.storage import Location, is_temp_name, strip_file_scheme
 
 __all__ = [
@@ -52,14 +52,6 @@ log = logging.getLogger(__name__)
 #: it (by default such a link is refused by name: a source tree that links to
 #: ``/etc/passwd`` must not put that file into a dataset).
 COMMON_OPTIONS: Mapping[str, Any] = {"follow_symlinks": False}
-
-
-class SourceError(RecordkitError, ValueError):
-    """Source data that cannot be converted (names the item and, where known, the row)."""
-
-
-class SourceNotFoundError(RecordkitError, FileNotFoundError):
-    """The source URL does not exist, or holds nothing this converter can read."""
 
 
 @dataclass(frozen=True, slots=True)

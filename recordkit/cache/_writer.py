@@ -28,6 +28,7 @@ from typing import Any
 
 from ..codec.schema import Schema
 from ..convert import add_note, is_transient
+from ..errors import OutgrewError
 from ..format.framing import OVERHEAD
 from ..writer.shard import ShardWriter
 from ._staged import Staged, discard, is_disk_full, staged_names
@@ -76,20 +77,6 @@ class ProduceTask:
     fsync: bool
     retries: int
     retry_backoff: float
-
-
-class OutgrewError(Exception):
-    """The partition's output would pass its reservation (it is redone with a larger one).
-
-    Attributes:
-        cap: the reservation it would have passed.
-        items_done: source items fully written before that.
-        source_done: their source bytes.
-    """
-
-    def __init__(self, cap: int, items_done: int, source_done: int) -> None:
-        super().__init__(f"output would pass the reservation of {cap} bytes")
-        self.cap, self.items_done, self.source_done = cap, items_done, source_done
 
 
 class _StagedTarget:

@@ -198,7 +198,8 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
-                    "published are kept"
+                    "published are kept",
+                    errno=exc.errno,
                 ) from exc
             if attempt >= task.retries or not is_transient(exc):
                 raise
