@@ -14,7 +14,7 @@ Options:
         common ones (``.jpg .jpeg .png .bmp .gif .webp .tif .tiff .ppm .pgm``).
     check: ``"header"`` (default): the file must start with the signature of
         JPEG, PNG, GIF, BMP, WEBP, TIFF or PPM/PGM; ``"decode"``: Pillow must
-        also decode it whole (``pip install pillow``; slower, catches truncated
+        also decode it whole (``pip install 'recordkit[images]'``; slower, catches truncated
         and corrupt images); ``"none"``: store any bytes.
     on_error: ``"raise"`` (default): a file that fails the check is a
         ``SourceError`` naming it; ``"skip"``: it is left out with a warning
@@ -76,7 +76,8 @@ def _decode(data: bytes) -> None:
         from PIL import Image
     except ImportError as exc:
         raise MissingDependencyError(
-            "imagefolder check='decode' needs Pillow, which is not installed: pip install pillow"
+            "imagefolder check='decode' needs Pillow, which is not installed: "
+            "pip install 'recordkit[images]'"
         ) from exc
     with Image.open(io.BytesIO(data)) as img:
         img.load()
