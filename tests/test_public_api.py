@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import recordkit
 
 
@@ -152,3 +154,47 @@ def test_every_error_subclasses_a_builtin_beyond_exception():
             c for c in cls.__mro__ if c.__module__ == "builtins" and c not in (Exception, object)
         ]
         assert [c for c in builtins if c is not BaseException], name
+
+
+@pytest.mark.slow  # imports TensorFlow where it is installed
+def test_every_name_the_api_reference_lists_imports():
+    """Each module the reference pages document, and every name in its ``__all__``,
+    imports as the page says (from a fresh interpreter, through ``import recordkit``)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    pages = (Path(recordkit.__file__).parents[1] / "docs" / "reference").glob("*.md")
+    modules = sorted(
+        {m for p in pages for m in re.findall(r"^\.\. automodule:: (\S+)$", p.read_text(), re.M)}
+    )
+    assert {"recordkit", "recordkit.torch", "recordkit.cache", "recordkit.converters"} <= set(
+        modules
+    )
+    needs = {"recordkit.torch": "torch", "recordkit.tf": "tensorflow"}
+    present = [m for m in modules if importlib.util.find_spec(needs.get(m, "recordkit"))]
+    code = (
+        "import importlib, json, sys, recordkit\n"
+        "out = {}\n"
+        "for name in json.loads(sys.argv[1]):\n"
+        "    parts = name.split('.')\n"
+        "    module = recordkit\n"
+        "    for part in parts[1:]:\n"  # attribute access: the lazy submodules load
+        "        module = getattr(module, part, None) or importlib.import_module(\n"
+        "            module.__name__ + '.' + part)\n"
+        "    assert module.__name__ == name, (module.__name__, name)\n"
+        "    out[name] = [s for s in module.__all__ if getattr(module, s, None) is None]\n"
+        "    exec(f'from {name} import *', {})\n"
+        "print(json.dumps(out))\n"
+    )
+    env = dict(__import__("os").environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(present)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    missing = {m: names for m, names in json.loads(proc.stdout.splitlines()[-1]).items() if names}
+    assert not missing, f"names in __all__ that do not import: {missing}"
