@@ -14,6 +14,7 @@ import the class by its module path, so it must be importable there).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from importlib import metadata
 
@@ -73,7 +74,10 @@ def get(name: str) -> type[Source]:
         return _registered[name]
     target = _BUILTIN.get(name) or _entry_points().get(name)
     if target is None:
-        raise ValueError(f"no converter named {name!r}; available: {', '.join(available())}")
+        names = available()
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"no converter named {name!r}{hint}; available: {', '.join(names)}")
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
     if not (isinstance(cls, type) and issubclass(cls, Source)):

@@ -98,6 +98,13 @@ class ImageFolderSource(Source):
         "seed": 0,
     }
 
+    suffixes: ClassVar[tuple[str, ...]] = tuple(defaults["extensions"])
+
+    @classmethod
+    def claims(cls, rel: str) -> bool:
+        """An image (by the default extensions) inside a class directory."""
+        return "/" in rel and super().claims(rel)
+
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self.classes: list[str] = []

@@ -34,7 +34,14 @@ class JsonlSource(Source):
 
     name: ClassVar[str] = "jsonl"
     defaults: ClassVar[Mapping[str, Any]] = {"chunk_bytes": 64 << 20, "infer_rows": 1000}
-    suffixes = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz")
+    suffixes: ClassVar[tuple[str, ...]] = (
+        ".jsonl",
+        ".ndjson",
+        ".json",
+        ".jsonl.gz",
+        ".ndjson.gz",
+        ".json.gz",
+    )
 
     def list_items(self) -> list[Item]:
         self.check_exists()

@@ -88,6 +88,7 @@ class NumpySource(Source):
 
     name: ClassVar[str] = "numpy"
     defaults: ClassVar[Mapping[str, Any]] = {"item_bytes": 16 << 20}
+    suffixes: ClassVar[tuple[str, ...]] = (".npy", ".npz")
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)

@@ -60,7 +60,7 @@ class ParquetSource(Source):
 
     name: ClassVar[str] = "parquet"
     defaults: ClassVar[Mapping[str, Any]] = {}
-    suffixes = (".parquet", ".pq")
+    suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
 
     @contextlib.contextmanager
     def _file(self, rel: str, where: str) -> Iterator[Any]:

@@ -64,6 +64,13 @@ class TFRecordSource(Source):
         "max_decode_bytes": None,
     }
 
+    suffixes: ClassVar[tuple[str, ...]] = (".tfrecord", ".tfrecords", ".tfrec")
+
+    @classmethod
+    def claims(cls, rel: str) -> bool:
+        """``*.tfrecord``, ``*.tfrecords``, ``*.tfrec``, ``*.tfrecord-00000-of-00010``."""
+        return _is_tfrecord_name(rel)
+
     def list_items(self) -> list[Item]:
         files = self.matching_files(_is_tfrecord_name, "TFRecord")
         return [Item(self.item_key(r), s, (r,)) for r, s in files]

@@ -16,6 +16,7 @@ from typing import Any
 from ._cli import _options as parse_options
 from ._cli import parse_schema
 from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
+from .infer import Inferred, infer_format
 from .partition import PartitionResult, PartitionTask, run_partition
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
@@ -26,6 +27,7 @@ __all__ = [
     "ConvertOptions",
     "ConvertResult",
     "DiskFullError",
+    "Inferred",
     "LogProgress",
     "NullProgress",
     "Partition",
@@ -38,6 +40,7 @@ __all__ = [
     "add_note",
     "convert",
     "incomplete_at",
+    "infer_format",
     "is_transient",
     "make_plan",
     "parse_options",
