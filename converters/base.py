@@ -110,9 +110,9 @@ class Source(abc.ABC):
     #: option name -> default; anything else passed as an option is refused, and a
     #: value of another kind than its default (a number, a string, a bool, a list).
     defaults: ClassVar[Mapping[str, Any]] = {}
-    #: file name endings (lower case) of this format's files: ``recordkit convert``
-    #: without ``--from`` takes the one format whose files a source holds
-    #: (see :meth:`claims`). Empty: never inferred.
+    #: The endings of this format's file names, in lower case. ``recordkit convert``
+    #: without ``--from`` takes the one format whose files a source holds, told by
+    #: :meth:`claims`; a format without endings is never told that way.
     suffixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(

@@ -314,9 +314,10 @@ class DiskFullError(RecordkitError, OSError):
     """No room for a shard where recordkit writes it: ``errno`` ``ENOSPC`` (or ``EDQUOT``).
 
     A conversion's partition on a full device or quota (inside a
-    :class:`PartitionsFailedError`: the other partitions are kept, free some
-    space and rerun), or, as :class:`CacheFullError`, a shard cache whose budget
-    cannot hold a shard. Catch this class for both.
+    :class:`~recordkit.errors.PartitionsFailedError`: the other partitions are
+    kept, free some space and rerun), or, as
+    :class:`~recordkit.errors.CacheFullError`, a shard cache whose budget cannot
+    hold a shard. Catch this class for both.
 
     Attributes:
         reason: the message without the path.
@@ -351,7 +352,7 @@ class CacheFullError(DiskFullError):
     Raised when a shard is larger than the whole budget, or when the budget or the
     disk itself is full (``ENOSPC``) and evicting unpinned shards did not free
     enough space. Shards that readers have pinned are never evicted to make room.
-    A :class:`DiskFullError`: catching that catches this too.
+    A :class:`~recordkit.errors.DiskFullError`: catching that catches this too.
 
     Attributes:
         path: the shard that did not fit (relative to the cache root).

@@ -182,9 +182,6 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
-        epoch: the epoch the next iteration reads; advances by itself after a
-            full pass, in this process or in ``DataLoader`` workers (they share it
-            with this object, persistent or not); :meth:`set_epoch` sets it.
     """
 
     def __init__(
@@ -417,7 +414,12 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
 
     @property
     def epoch(self) -> int:
-        """The epoch the next pass reads (shared with this dataset's DataLoader workers)."""
+        """The epoch the next iteration reads.
+
+        It advances by itself after a full pass, in this process or in ``DataLoader``
+        workers (they share it with this object, persistent or not);
+        :meth:`set_epoch` sets it.
+        """
         return self._cell.get()
 
     @epoch.setter
