@@ -112,7 +112,8 @@ class Source(abc.ABC):
     defaults: ClassVar[Mapping[str, Any]] = {}
     #: The endings of this format's file names, in lower case. ``recordkit convert``
     #: without ``--from`` takes the one format whose files a source holds, told by
-    #: :meth:`claims`; a format without endings is never told that way.
+    #: :meth:`claims`; a format without endings is never told that way, nor is a
+    #: subclass that does not declare its own.
     suffixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(

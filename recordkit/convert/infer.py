@@ -3,7 +3,8 @@
 
 Each converter says which files are its own (``Source.claims``: ``.parquet`` for
 ``parquet``, ``.tar`` of samples for ``webdataset``, images inside class folders for
-``imagefolder``, ...). A source is inferred only when exactly one converter claims
+``imagefolder``, ...); a subclass of a converter takes part only if it declares its
+own ``suffixes`` (or ``claims``). A source is inferred only when exactly one converter claims
 files in it; files no converter claims (a README, hidden files, index sidecars, a
 manifest) are left out of the count. Anything else is an error that lists what was
 found, never a guess.
@@ -61,9 +62,14 @@ def _converters() -> list[tuple[str, Any]]:
     found = []
     for name in converters.available():
         try:
-            found.append((name, converters.get(name)))
+            cls = converters.get(name)
         except Exception as exc:  # a plugin that does not import says nothing here
             log.debug("converter %r not considered: %s", name, exc)
+            continue
+        # Only a class that says which files are its own (a subclass of a built-in
+        # converter inherits its suffixes, not its claim to their files).
+        if "suffixes" in vars(cls) or "claims" in vars(cls):
+            found.append((name, cls))
     return found
 
 

@@ -120,3 +120,29 @@ def test_a_remote_source_is_told_from_its_listing(tmp_path, s3):
     fs.pipe(f"{bucket}/rows/_SUCCESS", b"")
     inferred = infer_format(f"{bucket}/rows", s3.storage_options)
     assert (inferred.format, inferred.files) == ("parquet", 2)
+
+
+def test_a_subclass_of_a_converter_does_not_claim_its_files(tmp_path):
+    """A plugin built on a built-in (registered under its own name) leaves inference as
+    it was, unless it declares its own suffixes."""
+    from recordkit import converters
+    from recordkit.converters.jsonl import JsonlSource
+
+    class Quiet(JsonlSource):
+        name = "quiet-jsonl"
+
+    class Loud(JsonlSource):
+        name = "loud-jsonl"
+        suffixes = (".jsonl",)
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
+    saved = dict(converters._registered)
+    try:
+        converters.register(Quiet.name, Quiet)
+        assert infer_format(str(tmp_path / "a.jsonl")).format == "jsonl"
+        converters.register(Loud.name, Loud)
+        with pytest.raises(ValueError, match="pass --from jsonl or --from loud-jsonl"):
+            infer_format(str(tmp_path / "a.jsonl"))
+    finally:
+        converters._registered.clear()
+        converters._registered.update(saved)
