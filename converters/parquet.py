@@ -61,7 +61,7 @@ class ParquetSource(Source):
 
     name: ClassVar[str] = "parquet"
     defaults: ClassVar[Mapping[str, Any]] = {}
-    suffixes = (".parquet", ".pq")
+    suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
 
     @contextlib.contextmanager
     def _file(self, rel: str, where: str) -> Iterator[Any]:
@@ -105,8 +105,9 @@ class ParquetSource(Source):
             if column.null_count:
                 raise SourceError(f"{item.key}: column {name!r} holds {column.null_count} nulls")
             values = column.to_pylist()
-            if isinstance(schema[name], Tensor):
-                values = [np.asarray(v, dtype=schema[name].dtype) for v in values]
+            feature = schema[name]
+            if isinstance(feature, Tensor):
+                values = [np.asarray(v, dtype=feature.dtype) for v in values]
             columns[name] = values
         for i in range(table.num_rows):
             yield {name: columns[name][i] for name in names}

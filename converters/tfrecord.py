@@ -106,6 +106,12 @@ class TFRecordSource(Source):
                 "give no schema"
             )
         return view
+    suffixes: ClassVar[tuple[str, ...]] = (".tfrecord", ".tfrecords", ".tfrec")
+
+    @classmethod
+    def claims(cls, rel: str) -> bool:
+        """``*.tfrecord``, ``*.tfrecords``, ``*.tfrec``, ``*.tfrecord-00000-of-00010``."""
+        return _is_tfrecord_name(rel)
 
     def list_items(self) -> list[Item]:
         view = self._tfds()

@@ -85,6 +85,14 @@ class Dataset:
         decode_images: in a tensorflow-datasets folder, decode ``Image``
             features to ``uint8`` arrays ``(h, w, c)`` with Pillow, as tfds does.
 
+    A dataset pickles by reference, never with its maps or data: the shards' paths,
+    record counts and sizes, the schema and the options travel (a few hundred bytes
+    plus about a hundred per shard), and each process maps the shards it reads on
+    first use, checking each against its size then. So it is a random-access source
+    for loaders that copy it into worker processes, forked or spawned: Grain's
+    ``DataLoader(data_source=rk.Dataset(path), worker_count=N)`` (see
+    ``docs/howto/grain.md``), or a torch map-style ``DataLoader``.
+
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
         ManifestError: the manifest is malformed or disagrees with the shards.
@@ -196,6 +204,14 @@ class Dataset:
     def close(self) -> None:
         """Unmap every shard (maps are opened again on the next read)."""
         self._set.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The shard set pickles as root, shard infos and schema: its maps stay in
+        # this process (a copy maps on demand in its own, see ShardSet).
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def __enter__(self) -> Dataset:
         return self

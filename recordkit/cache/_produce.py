@@ -120,7 +120,7 @@ class Producer:
         self.inactivity_timeout = inactivity_timeout
         self._saved = saved if format is None else None
         if format is not None:
-            import converters
+            from .. import converters
 
             converters.get(format)  # an unknown name fails now, listing the known ones
             if options is None:

@@ -24,6 +24,7 @@ from typing import Any
 from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
 from ..convert import Tally, is_transient, write_items
+from ..errors import OutgrewError
 from ..writer.sequence import ShardSequence
 from ._staged import Staged, discard, is_disk_full, staged_names
 
@@ -50,7 +51,7 @@ class ProduceTask:
         lease_id: the reservation's id (temp files named after it count as reserved).
         cap: the most bytes the shard and its index may take together.
         items: the partition's source items.
-        source: the ``converters.Source`` (its location and options, never samples).
+        source: the ``recordkit.converters.Source`` (its location and options, never samples).
         schema: the schema in JSON form.
         fsync: fsync the shard and the index before handing them back.
         retries: attempts after the first on transient source errors.
@@ -67,20 +68,6 @@ class ProduceTask:
     fsync: bool
     retries: int
     retry_backoff: float
-
-
-class OutgrewError(Exception):
-    """The partition's output would pass its reservation (it is redone with a larger one).
-
-    Attributes:
-        cap: the reservation it would have passed.
-        items_done: source items fully written before that.
-        source_done: their source bytes.
-    """
-
-    def __init__(self, cap: int, items_done: int, source_done: int) -> None:
-        super().__init__(f"output would pass the reservation of {cap} bytes")
-        self.cap, self.items_done, self.source_done = cap, items_done, source_done
 
 
 class _StagedTarget:

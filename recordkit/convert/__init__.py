@@ -18,6 +18,7 @@ from ._cli import _options as parse_options
 from ._cli import parse_schema
 from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
 from .function import FunctionSource, write
+from .infer import Inferred, infer_format
 from .partition import PartitionResult, PartitionTask, Tally, run_partition, write_items
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
@@ -29,6 +30,7 @@ __all__ = [
     "ConvertResult",
     "DiskFullError",
     "FunctionSource",
+    "Inferred",
     "LogProgress",
     "NullProgress",
     "Partition",
@@ -42,6 +44,7 @@ __all__ = [
     "add_note",
     "convert",
     "incomplete_at",
+    "infer_format",
     "is_transient",
     "make_plan",
     "parse_options",

@@ -44,7 +44,7 @@ class PartitionTask:
     Attributes:
         index: the partition number.
         items: its source items.
-        source: the ``converters.Source`` (location and options only).
+        source: the ``recordkit.converters.Source`` (location and options only).
         schema: the schema in JSON form.
         dst: the dataset URL or path.
         storage_options: fsspec options for ``dst``.
@@ -221,7 +221,8 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
-                    "published are kept"
+                    "published are kept",
+                    errno=exc.errno,
                 ) from exc
             if attempt >= task.retries or not is_transient(exc):
                 raise

@@ -121,7 +121,7 @@ def plan_conversion(
     source_options: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Plan]:
     """List the source and plan the conversion; write nothing. Returns ``(source, plan)``."""
-    import converters
+    from .. import converters
 
     cls = converters.get(format)
     source = cls(
@@ -208,7 +208,7 @@ def convert(
         src: the source: a local path or fsspec URL (``s3://``, ``gs://``,
             ``http(s)://``, ``memory://``, ``file://``).
         dst: the dataset directory: a local path or fsspec URL.
-        format: the converter (``converters.available()``): ``imagefolder``,
+        format: the converter (``recordkit.converters.available()``): ``imagefolder``,
             ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``, ``tfrecord``.
         schema: the schema to write; ``None`` infers one from the source.
         workers: writer processes (local engine) or LocalCluster workers (Dask);

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from converters.base import Item
-from converters.jsonl import JsonlSource
 from recordkit import Schema
+from recordkit.converters.base import Item
+from recordkit.converters.jsonl import JsonlSource
 
 
 class GatedJsonl(JsonlSource):

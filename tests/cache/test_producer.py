@@ -17,8 +17,8 @@ import zlib
 import numpy as np
 import pytest
 
-import converters
 import recordkit as rk
+from recordkit import converters
 from recordkit.cache import CacheFullError, ProduceError, ShardCache, _cache
 from recordkit.cache._dir import BOOKKEEPING_SLACK
 from recordkit.cli import main
@@ -371,7 +371,7 @@ def test_a_killed_cache_process_leaves_a_directory_that_is_reused(tmp_path):
     order = fill_order(4)
     options = {"gate": str(gate), "block": f"f{order[2]:02d}.jsonl"}  # the third one filled
     code = f"""
-        import converters
+        from recordkit import converters
         from recordkit.cache import ShardCache
         from tests.cache._sources import GatedJsonl
         converters.register(GatedJsonl.name, GatedJsonl)
