@@ -69,6 +69,12 @@ class ArrayRecordSource(Source):
     """ArrayRecord files (Grain, tensorflow-datasets' ``array_record`` format)."""
 
     name: ClassVar[str] = "arrayrecord"
+    suffixes: ClassVar[tuple[str, ...]] = (".array_record",)
+
+    @classmethod
+    def claims(cls, rel: str) -> bool:
+        """``*.array_record`` and sharded ``*.array_record-00000-of-00010``."""
+        return ".array_record" in rel.rsplit("/", 1)[-1].lower()
     defaults: ClassVar[Mapping[str, Any]] = {
         "records": "auto",
         "range_records": 65536,

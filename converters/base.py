@@ -115,6 +115,10 @@ class Source(abc.ABC):
     #: :meth:`claims`; a format without endings is never told that way, nor is a
     #: subclass that does not declare its own.
     suffixes: ClassVar[tuple[str, ...]] = ()
+    #: File names that travel with this format's files (its index or metadata, e.g.
+    #: MDS's ``index.json``): where this format claims files, no other format's claim
+    #: on a file of that name counts (``.json`` alone would look like ``jsonl``).
+    companions: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,

@@ -160,6 +160,10 @@ class HFDatasetSource(Source):
     """Hugging Face ``datasets`` saved with ``save_to_disk`` (a ``Dataset`` or ``DatasetDict``)."""
 
     name: ClassVar[str] = "hf"
+    # save_to_disk's Arrow files (``data-00000-of-00001.arrow``); its dataset_info.json
+    # says nothing alone (a tensorflow-datasets folder holds one too), but goes with them.
+    suffixes: ClassVar[tuple[str, ...]] = (".arrow",)
+    companions: ClassVar[tuple[str, ...]] = ("dataset_info.json", "state.json", "dataset_dict.json")
     defaults: ClassVar[Mapping[str, Any]] = {"split": None}
 
     def __init__(self, url: str, **kwargs: Any) -> None:

@@ -249,6 +249,10 @@ class MDSSource(Source):
     """MosaicML Streaming (MDS) datasets: a folder with ``index.json`` and its shards."""
 
     name: ClassVar[str] = "mds"
+    # The shards tell (``shard.00000.mds``, compressed ``.mds.zstd``/``.gz``/``.bz2``);
+    # index.json alone says nothing (other folders hold one too), but goes with them.
+    suffixes: ClassVar[tuple[str, ...]] = (".mds", ".mds.zstd", ".mds.gz", ".mds.bz2")
+    companions: ClassVar[tuple[str, ...]] = ("index.json",)
     defaults: ClassVar[Mapping[str, Any]] = {
         "infer_samples": 64,
         "max_shard_bytes": DEFAULT_MAX_RECORD_BYTES,

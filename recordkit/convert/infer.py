@@ -93,13 +93,25 @@ def infer_format(src: str, storage_options: dict[str, Any] | None = None) -> Inf
         names = [location.url.rstrip("/").rsplit("/", 1)[-1]]
     else:
         names = [rel for rel, _ in entries if _telling(rel)]
+    converters = _converters()
+    claimers = {fmt: [rel for rel in names if cls.claims(rel)] for fmt, cls in converters}
+    # A format's companion files (MDS's index.json) are its own where it claims files.
+    taken = {
+        name
+        for fmt, cls in converters
+        if claimers[fmt]
+        for name in getattr(cls, "companions", ())
+    }
     claimed: Counter[str] = Counter()
     example: dict[str, str] = {}
-    for fmt, cls in _converters():
-        for rel in names:
-            if cls.claims(rel):
-                claimed[fmt] += 1
-                example.setdefault(fmt, rel)
+    for fmt, cls in converters:
+        own = set(getattr(cls, "companions", ()))
+        for rel in claimers[fmt]:
+            base = rel.rsplit("/", 1)[-1]
+            if base in taken and base not in own:
+                continue
+            claimed[fmt] += 1
+            example.setdefault(fmt, rel)
     if len(claimed) == 1:
         fmt, n = claimed.most_common(1)[0]
         return Inferred(fmt, n, example[fmt])
@@ -115,7 +127,7 @@ def infer_format(src: str, storage_options: dict[str, Any] | None = None) -> Inf
     hint = ""
     if any("/" not in r and _ending(r) in _IMAGE_ENDINGS for r in names):
         hint = " (images at the top: imagefolder needs one folder per class)"
-    available = ", ".join(fmt for fmt, _ in _converters())
+    available = ", ".join(fmt for fmt, _ in converters)
     raise ValueError(
         f"cannot tell the format of {src} from its files ({seen}){hint}; "
         f"pass --from FORMAT, one of: {available}"

@@ -231,7 +231,10 @@ def test_import_names_the_extra():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = "import sys; sys.modules['torch'] = None; import recordkit.torch"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
-    assert "is not installed: pip install -e '.[torch]'" in out.stderr
+    from recordkit._deps import install_command
+
+    assert f"is not installed: {install_command('torch')}" in out.stderr
+    assert "pip install -e '" in out.stderr and "[torch]'" in out.stderr
 
 
 DDP_SCRIPT = """
