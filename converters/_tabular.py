@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 #: becomes the type's zero (``0``, ``0.0``, empty bytes, an empty list, zeros).
 NULL_POLICIES = ("error", "skip", "fill")
 #: The options every tabular converter takes, with their defaults.
-TABULAR_OPTIONS: Mapping[str, Any] = {"columns": None, "drop": (), "fill": {}, "nulls": "error"}
+# ``drop`` defaults to None (no column), not (): Source refuses a value of another kind
+# than a list default, and ``-o drop=a,b`` (or ``drop="a,b"``) is a string.
+TABULAR_OPTIONS: Mapping[str, Any] = {"columns": None, "drop": None, "fill": {}, "nulls": "error"}
 
 
 class _Missing:
@@ -138,7 +140,10 @@ class TabularOptions:
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> TabularOptions:
         """The options from a source's option dict (see :data:`TABULAR_OPTIONS`)."""
-        return cls(options["columns"], options["drop"], options["fill"], options["nulls"])
+        drop = options["drop"]
+        return cls(
+            options["columns"], () if drop is None else drop, options["fill"], options["nulls"]
+        )
 
     @property
     def default(self) -> bool:
@@ -376,7 +381,8 @@ def files_as_items(
     location = source.location
     entries = source.walk()  # symlinks out of the source refused here
     single = entries == [("", entries[0][1])] if entries else False
-    files = entries if single else [(r, s) for r, s in entries if r.lower().endswith(suffixes)]
+    ends = tuple(suffixes)
+    files = entries if single else [(r, s) for r, s in entries if r.lower().endswith(ends)]
     if not files:
         raise SourceNotFoundError(f"{fmt}: no {'/'.join(suffixes)} files under {location.url}")
     items = []

@@ -50,7 +50,7 @@ class CsvSource(TabularSource):
         "infer_rows": 1000,
         **TABULAR_OPTIONS,
     }
-    suffixes = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
+    suffixes: ClassVar[tuple[str, ...]] = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
     def list_items(self) -> list[Item]:
         self.check_exists()

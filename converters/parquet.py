@@ -1,4 +1,4 @@
-"""``parquet``: Parquet files through pyarrow (``pip install 'recordkit[parquet]'``).
+"""``parquet``: Parquet files through pyarrow (recordkit's ``parquet`` extra).
 
 One item per row group, so large files convert in parallel. Columns become
 features: integers and bools -> ``Int64``, floats -> ``Float32``, strings and
@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
+from recordkit._deps import install_command
 from recordkit.errors import MissingDependencyError, SchemaError
 
 from ._tabular import (
@@ -46,7 +47,7 @@ def _pyarrow() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "'pyarrow' is required for the parquet converter but is not installed: "
-            "pip install 'recordkit[parquet]'"
+            + install_command("parquet")
         ) from exc
     return pa
 
@@ -76,7 +77,7 @@ class ParquetSource(TabularSource):
 
     name: ClassVar[str] = "parquet"
     defaults: ClassVar[Mapping[str, Any]] = {**TABULAR_OPTIONS}
-    suffixes = (".parquet", ".pq")
+    suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
 
     @contextlib.contextmanager
     def _file(self, rel: str, where: str) -> Iterator[Any]:

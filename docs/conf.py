@@ -63,7 +63,8 @@ nitpick_ignore_regex = [
     (
         "py:.*",
         r"(.*\.)?(FeatureType|OnError|Policy|HeldFile|Alloc|Feature name -> value"
-        r"|ShardSet|BatchDecoder|BufferPool|ProcessReader|LocalDirectory|FsspecDirectory"
+        r"|ShardSet|BatchDecoder|DecodedBatch|BufferPool|ProcessReader|LocalDirectory|FsspecDirectory"
+        r"|ProcessLocalShards"
         r"|recordkit\.reader\.buffers)",
     ),
 ]

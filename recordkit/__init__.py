@@ -1,8 +1,9 @@
 """recordkit: indexed, TFRecord-compatible datasets, read fast from PyTorch and TensorFlow.
 
 ``import recordkit`` is light: it never imports torch, tensorflow, fsspec or
-dask. The framework integrations are submodules imported on first use
-(``recordkit.torch``, ``recordkit.tf``); they raise
+dask. The framework integrations and the heavier parts are submodules imported on
+first use (``recordkit.torch``, ``recordkit.tf``, ``recordkit.convert``,
+``recordkit.cache``, ``recordkit.converters``); the framework ones raise
 :class:`~recordkit.errors.MissingDependencyError` naming the extra to install.
 """
 
@@ -35,18 +36,21 @@ __all__ = [
     "convert",
     "errors",
     "verify",
+    "write",
 ]
 
-# Submodules that pull in heavy frameworks: imported only when first touched.
+# Submodules that pull in heavy frameworks (or fsspec): imported only when first touched.
 # ``convert`` is a package that is also callable: ``recordkit.convert(src, dst, format=...)``.
-_LAZY_SUBMODULES = frozenset({"torch", "tf", "convert", "images"})
+_LAZY_SUBMODULES = frozenset({"cache", "convert", "converters", "images", "tf", "torch"})
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "write":  # recordkit.write(fn, inputs, out, schema=...): convert's engine
+        return importlib.import_module(f"{__name__}.convert").write
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_SUBMODULES)
+    return sorted(set(globals()) | _LAZY_SUBMODULES | {"write"})

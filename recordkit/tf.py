@@ -64,6 +64,7 @@ from .images import ImageOptions
 from .reader.epochs import CacheEpochs
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
+from .reader.tfds import tfds_folder
 from .storage import is_temp_name, strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
@@ -301,7 +302,9 @@ def dataset(
     cache_timeout: float | None = 600.0,
     partial: bool = False,
     limits: DecodeLimits | None = None,
-    decode_images: str | Sequence[str] | ImageOptions | None = None,
+    split: str | None = None,
+    decode_images: bool | str | Sequence[str] | ImageOptions | None = None,
+    sequence_example: bool = False,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -368,6 +371,10 @@ def dataset(
             :class:`~recordkit.codec.DecodeLimits` ``record_bytes``; default
             derived from the schema); a value over it fails the pipeline with
             :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
+        split: the split of a local tensorflow-datasets folder (needed when it
+            has several; or give one of its shards): elements then hold tfds's
+            dtypes and shapes, as ``tfds.load`` gives them (``columns`` names
+            tfds's features). Read through the epoch plan, record by record.
         decode_images: ``Bytes()`` features holding encoded images (a name, names,
             or :class:`~recordkit.images.ImageOptions` for the channels and the
             key feature) to decode with ``tf.io.decode_image``, per record, into
@@ -378,6 +385,17 @@ def dataset(
             :class:`~recordkit.errors.ImageDecodeError` message: the record's
             ``file:offset:record``, the feature, the source key (``path``) and
             why. Records are then read one by one (no vectorised batch parse).
+            In a tensorflow-datasets folder, ``True`` decodes its ``Image``
+            features with ``tf.io.decode_image`` (as tfds does).
+        sequence_example: the records are ``tf.train.SequenceExample``
+            messages: each element is ``{"context": {name: 1-d tensor},
+            "feature_lists": {name: ragged [steps, None]}}`` from
+            ``tf.io.parse_single_sequence_example``, with specs (each feature's
+            kind) from the first file's leading records; a record holding a
+            feature or kind they lack fails the pipeline by name instead of being
+            read in part. Batches are ragged (``ragged_batch``). Files are read in
+            order (shuffled with ``shuffle``: by file, then in a buffer of
+            ``shuffle_buffer`` records); no ``schema``, ``columns`` or cache.
 
     The dataset knows its length (``len(ds)``: batches, or records, of this
     pipeline, times ``epochs``) where there is a manifest or a local folder, so
@@ -407,17 +425,69 @@ def dataset(
         timeout=cache_timeout,
     )
     path = strip_file_scheme(os.fspath(path_or_url))
-    if cache_epochs is None and "://" not in path and (shuffle or pipelines > 1):
+    # decode_images=True: a tensorflow-datasets folder's Image features (its view knows
+    # them); names or ImageOptions: Bytes() features of any other data.
+    tfds_images = decode_images is True
+    named_images = None if isinstance(decode_images, (bool, type(None))) else decode_images
+    if sequence_example:
+        if schema is not None or columns is not None or cache_epochs is not None:
+            raise ValueError(
+                "sequence_example=True reads records whole: no schema, columns or cache"
+            )
+        if decode_images:
+            raise ValueError("sequence_example=True reads records whole: no decode_images")
+        from ._tfsequence import pipeline as sequences
+
+        _check_complete(path, partial)
+        files, _, _ = _locate(os.fspath(path_or_url), Schema({}))
+        by_record = False
+        if input_context is not None:
+            files, by_record = shard_files(files, pipelines, pipeline)
+        ds = sequences(
+            files,
+            batch_size,
+            shuffle,
+            seed,
+            shuffle_buffer,
+            drop_remainder,
+            by_record,
+            input_context,
+        )
+        if epochs != 1:
+            ds = ds.repeat(epochs)
+        return ds.prefetch(tf.data.AUTOTUNE)
+    tfds = (
+        cache_epochs is None
+        and "://" not in path
+        and (split is not None or tfds_images or _is_tfds(path))
+    )
+    if tfds or (cache_epochs is None and "://" not in path and (shuffle or pipelines > 1)):
         if not os.path.exists(path):
             raise ShardNotFoundError(f"no such dataset: {path}")
-        shards = open_shards(path, schema, partial=partial)
-        names = _columns(shards.schema, columns)
+        shards = open_shards(path, schema, partial=partial, split=split)
+        view = shards.view
+        if tfds_images and view is None:
+            raise ValueError(_TFDS_IMAGES_ONLY)
+        if view is not None and named_images is not None:
+            raise ValueError(
+                "a tensorflow-datasets folder's Image features are decoded with "
+                f"decode_images=True, not decode_images={decode_images!r}"
+            )
+        finish = None
+        if view is not None:
+            view = view.with_options(decode_images=tfds_images, limits=limits)
+            names = view.stored_columns(columns) or list(shards.schema.names)
+            finish = _tfds_finisher(view, columns)
+        else:
+            names = _columns(shards.schema, columns)
         options = PlanOptions(
             shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
         )
         tasks = PlanTasks(shards, options, pipeline, pipelines)
-        images = images_step(decode_images, shards.schema, names, task_locator(tasks))
-        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits, images)
+        images = images_step(named_images, shards.schema, names, task_locator(tasks))
+        ds = _planned(
+            tasks, shards.schema, names, batch_size, epoch, epochs, limits, images, finish
+        )
         return ds.prefetch(tf.data.AUTOTUNE)
     epoch_files = None
     if cache_epochs is not None:
@@ -429,7 +499,9 @@ def dataset(
         files, schema, manifest = _locate(os.fspath(path_or_url), schema)
     names = _columns(schema, columns)
     spec = feature_spec(schema, names)
-    images = images_step(decode_images, schema, names, file_locator)
+    if tfds_images:  # a cache or a URL: never a tensorflow-datasets folder
+        raise ValueError(_TFDS_IMAGES_ONLY)
+    images = images_step(named_images, schema, names, file_locator)
     counts = dict(zip(files, (s.records for s in manifest.shards))) if manifest else None
     by_record = False
     if epoch_files is not None:
@@ -461,6 +533,27 @@ def dataset(
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
+_TFDS_IMAGES_ONLY = (
+    "decode_images=True is for tensorflow-datasets folders; name the Bytes() features "
+    "that hold encoded images in other data (decode_images='image')"
+)
+
+
+def _is_tfds(path: str) -> bool:
+    """A local tensorflow-datasets folder (or shard) without a manifest of ours."""
+    local = os.path.abspath(path)
+    folder = local if os.path.isdir(local) else os.path.dirname(local)
+    return (
+        not os.path.exists(os.path.join(folder, MANIFEST_NAME)) and tfds_folder(local) is not None
+    )
+
+
+def _tfds_finisher(view: Any, columns: Sequence[str] | None) -> Any:
+    from ._tftfds import finisher
+
+    return finisher(view, columns)
+
+
 def _planned(
     tasks: PlanTasks,
     schema: Schema,
@@ -470,8 +563,12 @@ def _planned(
     epochs: int | None,
     limits: DecodeLimits | None,
     images: ImagesStep | None = None,
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Any:
     """Epochs of the plan: epoch and task numbers from ``Dataset.range``, records per task.
+
+    ``finish`` (a tensorflow-datasets split's) maps each decoded record, and
+    ``images`` decodes its images; either makes the path record by record.
 
     The only iterator state is positions in ``range`` datasets (and the records
     already split off a task), which ``tf.train.Checkpoint(iterator=...)``
@@ -479,7 +576,7 @@ def _planned(
     """
     autotune = tf.data.AUTOTUNE
     spec = feature_spec(schema, names)
-    fast = _fast(schema, names) and images is None
+    fast = _fast(schema, names) and images is None and finish is None
 
     def read(e: Any, t: Any) -> Any:
         buf, starts, lengths = tf.numpy_function(
@@ -499,7 +596,7 @@ def _planned(
         if fast:
             # tasks are whole units: only an epoch's last batch can be short
             return ds.rebatch(batch_size) if batch_size is not None else ds
-        parse = _per_record(schema, names, spec, limits, images)
+        parse = _per_record(schema, names, spec, limits, images, finish)
         ds = ds.unbatch().map(parse, num_parallel_calls=autotune, deterministic=True)
         return ds.ragged_batch(batch_size) if batch_size is not None else ds
 
@@ -530,12 +627,16 @@ def _per_record(
     spec: dict[str, Any],
     limits: DecodeLimits | None,
     images: ImagesStep | None,
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Callable[..., dict[str, Any]]:
-    """``(record, *position) -> element``: parse one record (and decode its images)."""
+    """``(record, *position) -> element``: parse one record (and decode its images, or
+    finish a tensorflow-datasets record)."""
     decode = _decoder(schema, names, batched=False, limits=limits)
 
     def parse(record: Any, *position: Any) -> dict[str, Any]:
         element = decode(tf.io.parse_single_example(record, spec))
+        if finish is not None:
+            element = finish(element)
         return element if images is None else images(element, position)
 
     return parse

@@ -10,7 +10,8 @@
 
     python examples/pytorch/convert_and_train.py [--workdir DIR] [--epochs 3]
 
-Needs torch and Pillow (``pip install -e '.[torch,images]'`` from a checkout). With your own
+Needs torch and Pillow (``pip install -e '.[torch,images]'`` from a checkout, or
+``'.[examples]'`` for every example). With your own
 images, skip step 1 and point ``recordkit convert`` at your folder.
 """
 

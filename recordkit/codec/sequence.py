@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .example import (
     _KIND_OF_TAG,
     _LEN1,
@@ -31,7 +33,7 @@ from .example import (
     _skip,
 )
 
-__all__ = ["decode_sequence_example"]
+__all__ = ["as_stored", "decode_sequence_example", "sequence_example_values"]
 
 Values = tuple[str | None, Any]
 
@@ -147,3 +149,29 @@ def _values(buf: memoryview, state: list[Any]) -> Values:
     if kind == "float":
         return ("float", _float_values(buf, runs))
     return ("int64", _int64_values(buf, runs))
+
+
+def as_stored(kind: str | None, values: Any) -> Any:
+    """One decoded list as an owned value, typed as stored: ``list[bytes]``, or a 1-d
+    ``int64`` / ``float32`` array; a feature with no list set is ``[]``."""
+    if kind == "bytes":
+        return [bytes(v) for v in values]
+    if kind == "int64":
+        return np.array(values, dtype=np.int64)
+    if kind == "float":
+        return np.array(values, dtype=np.float32)
+    return []  # a Feature with no list set: TensorFlow reads it as an empty list
+
+
+def sequence_example_values(payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A SequenceExample whole, as owned values: ``{"context": {name: value},
+    "feature_lists": {name: [step, ...]}}``, every value as :func:`as_stored` gives it.
+
+    Raises:
+        CorruptRecordError: the payload is not a well-formed message.
+    """
+    context, lists = decode_sequence_example(payload)
+    return {
+        "context": {n: as_stored(k, v) for n, (k, v) in context.items()},
+        "feature_lists": {n: [as_stored(k, v) for k, v in steps] for n, steps in lists.items()},
+    }

@@ -4,8 +4,8 @@ Everything a task needs travels in a small, picklable :class:`PartitionTask`:
 the source object (its location and options, never samples), the items, the
 schema as JSON and the destination as ``(url, storage_options)``. The worker
 builds its own filesystem, reads its items, writes shards through
-:class:`~recordkit.writer.ShardWriter` (each published atomically with its
-index) and, last, publishes a done-marker listing them. Only that list of
+:class:`~recordkit.writer.sequence.ShardSequence` (each shard published
+atomically with its index) and, last, publishes a done-marker listing them. Only that list of
 shard entries goes back to the parent.
 """
 
@@ -15,17 +15,18 @@ import errno
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
+from ..format.framing import OVERHEAD
 from ..format.manifest import ShardInfo
 from ..storage import open_target
-from ..writer.shard import ShardWriter
+from ..writer.sequence import ShardSequence
 from ._errors import DiskFullError, add_note, is_transient
 
-__all__ = ["PartitionResult", "PartitionTask", "run_partition"]
+__all__ = ["PartitionResult", "PartitionTask", "Reporter", "Tally", "run_partition", "write_items"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class PartitionTask:
     Attributes:
         index: the partition number.
         items: its source items.
-        source: the ``converters.Source`` (location and options only).
+        source: the ``recordkit.converters.Source`` (location and options only).
         schema: the schema in JSON form.
         dst: the dataset URL or path.
         storage_options: fsspec options for ``dst``.
@@ -137,8 +138,13 @@ def _noop(items: int, size: int, records: int) -> None:
     pass
 
 
-class _Counter:
-    """Forwards progress and remembers it, so a retried attempt can take it back."""
+class Tally:
+    """Forwards progress to ``report`` and remembers it, so an attempt that is
+    retried (or redone) can take back what it counted: :meth:`undo`.
+
+    Args:
+        report: where the progress goes.
+    """
 
     def __init__(self, report: Reporter) -> None:
         self.report = report
@@ -151,51 +157,71 @@ class _Counter:
         self.report(items, size, records)
 
     def undo(self) -> None:
-        self.report(-self.done[0], -self.done[1], -self.done[2])
+        """Report minus everything counted so far, and start from zero."""
+        if any(self.done):
+            self.report(-self.done[0], -self.done[1], -self.done[2])
+        self.done = [0, 0, 0]
+
+
+def write_items(
+    shards: ShardSequence,
+    source: Any,
+    items: Sequence[Any],
+    schema: Schema,
+    report: Reporter,
+    *,
+    before_write: Callable[[int, int], None] | None = None,
+) -> int:
+    """Write the records of ``items`` (a source's, in order) into ``shards``.
+
+    ``report(1, item.size, records)`` follows each item. An error from the
+    source gets a note naming the item (``while converting source item
+    'f03.jsonl'``; a source may call its items something else through an
+    ``item_label`` attribute). ``before_write(framed_size, item_number)`` runs
+    before each record and may raise to stop (the cache's reservation cap).
+
+    Returns the source rows left out on purpose (a tabular converter's
+    ``nulls="skip"``): a source's ``records()`` may return an iterator with a
+    ``skipped`` count, read once it is exhausted.
+    """
+    label = getattr(source, "item_label", "source item")
+    skipped = 0
+    for n, item in enumerate(items):
+        records = 0
+        try:
+            payloads = source.records(item, schema)
+            for payload in payloads:
+                if before_write is not None:
+                    before_write(len(payload) + OVERHEAD, n)
+                shards.write(payload)
+                records += 1
+        except Exception as exc:
+            add_note(exc, f"while converting {label} {item.key!r}")
+            raise
+        left_out = int(getattr(payloads, "skipped", 0))
+        if left_out:
+            log.info("%s: %d source row(s) left out on purpose", item.key, left_out)
+            skipped += left_out
+        report(1, int(item.size), records)
+    return skipped
 
 
 def _write(task: PartitionTask, report: Reporter) -> tuple[tuple[ShardInfo, ...], int]:
     """Write the partition's shards; return them and the source rows left out on purpose."""
     schema = Schema.from_json(task.schema)
     target = open_target(task.dst, task.storage_options)
-    shards: list[ShardInfo] = []
-    current: ShardWriter | None = None
-    skipped = 0
+    shards = ShardSequence(
+        target,
+        task.shard_prefix,
+        shard_size=task.shard_size,
+        max_records=task.max_records,
+        fsync=task.fsync,
+    )
     try:
-        for item in task.items:
-            records = 0
-            try:
-                # A source may return an iterator with a ``skipped`` count (rows it
-                # left out on purpose, e.g. nulls="skip"): read once it is exhausted.
-                payloads = task.source.records(item, schema)
-                for payload in payloads:
-                    framed = len(payload) + 16
-                    if current is not None and (
-                        (current.records and current.bytes + framed > task.shard_size)
-                        or (task.max_records is not None and current.records >= task.max_records)
-                    ):
-                        shards.append(current.publish())
-                        current = None
-                    if current is None:
-                        name = f"{task.shard_prefix}-{len(shards):05d}.tfrecord"
-                        current = ShardWriter(target, name, fsync=task.fsync)
-                    current.write(payload)
-                    records += 1
-            except Exception as exc:
-                add_note(exc, f"while converting source item {item.key!r}")
-                raise
-            left_out = int(getattr(payloads, "skipped", 0))
-            if left_out:
-                log.info("%s: %d source row(s) left out on purpose", item.key, left_out)
-                skipped += left_out
-            report(1, int(item.size), records)
-        if current is not None:
-            shards.append(current.publish())
-            current = None
-        return tuple(shards), skipped
+        skipped = write_items(shards, task.source, task.items, schema, report)
+        return shards.close(), skipped
     finally:
-        if current is not None:
-            current.discard()
+        shards.discard()  # what an error left in progress (nothing after close)
         target.close()
 
 
@@ -209,21 +235,22 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     report = report or _noop
     attempt = 0
     while True:
-        counter = _Counter(report)
+        tally = Tally(report)
         try:
-            shards, skipped = _write(task, counter)
+            shards, skipped = _write(task, tally)
             break
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
-                    "published are kept"
+                    "published are kept",
+                    errno=exc.errno,
                 ) from exc
             if attempt >= task.retries or not is_transient(exc):
                 raise
             error = exc
-        counter.undo()  # the retry counts its items again
+        tally.undo()  # the retry counts its items again
         delay = task.retry_backoff * 2**attempt
         attempt += 1
         log.warning(

@@ -92,7 +92,7 @@ class Partition:
 
     Attributes:
         index: the partition number (in shard names).
-        items: the source items (:class:`converters.Item`).
+        items: the source items (:class:`recordkit.converters.Item`).
     """
 
     index: int

@@ -47,6 +47,7 @@ from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
 from ..storage import is_remote, is_temp_name, strip_file_scheme
+from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
 __all__ = ["MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
 
@@ -121,7 +122,13 @@ class MappedShard:
     __slots__ = ("buf", "info", "nbytes", "offsets", "path", "pins", "sizes")
 
     def __init__(
-        self, root: str, info: ShardInfo, *, write_index: bool = False, listed: bool = True
+        self,
+        root: str,
+        info: ShardInfo,
+        *,
+        write_index: bool = False,
+        listed: bool = True,
+        counted_by: str | None = None,
     ) -> None:
         self.info = info
         self.path = os.path.join(root, info.path)
@@ -130,6 +137,8 @@ class MappedShard:
         self.nbytes = len(self.buf)  # still known after close()
         mismatch = ManifestError if listed else ShardChangedError
         what = "the manifest says" if listed else "it had when the dataset was opened"
+        if counted_by is not None:  # counts from another program's metadata
+            mismatch, what = ManifestError, f"{counted_by} says"
         try:
             if info.bytes != self.nbytes:
                 raise mismatch(f"shard is {self.nbytes} bytes, {what} {info.bytes}", path=self.path)
@@ -222,8 +231,14 @@ class ShardSet:
         *,
         write_index: bool = False,
         max_open: int | None = None,
+        view: TFDSView | None = None,
+        counted_by: str | None = None,
     ) -> None:
         self.root = root
+        # A tensorflow-datasets split: how its records become tfds's values (or None).
+        self.view = view
+        # Where foreign record counts come from ("/data/x/dataset_info.json"), if not counting.
+        self.counted_by = counted_by
         self.manifest = manifest
         self.infos = list(infos)
         self.counts = np.fromiter((i.records for i in self.infos), np.int64, len(self.infos))
@@ -234,6 +249,8 @@ class ShardSet:
         self._open: OrderedDict[int, MappedShard] = OrderedDict()  # least recently used first
         self._pid = os.getpid()
         _LIVE.add(self)
+        if schema is None and view is not None:
+            schema = view.schema
         self.schema: Schema = schema if schema is not None else self._schema()
 
     def _schema(self) -> Schema:
@@ -299,6 +316,7 @@ class ShardSet:
                     self.infos[i],
                     write_index=self.write_index,
                     listed=self.manifest is not None,
+                    counted_by=self.counted_by,
                 )
                 self._open[i] = shard
             else:
@@ -408,7 +426,10 @@ def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) 
             infos.append(ShardInfo(name, len(entries), len(buf)))
         finally:
             if isinstance(buf, mmap.mmap):
-                buf.close()
+                # An error's traceback may still hold a view of the map: then the map
+                # goes with it, and the error (not a BufferError) reaches the caller.
+                with contextlib.suppress(BufferError):
+                    buf.close()
     return infos
 
 
@@ -419,7 +440,9 @@ def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, li
             return path, manifest, list(manifest.shards)
         names = find_shards(path)
         if not names:
-            raise ShardNotFoundError(f"no manifest and no .tfrecord files in {path}")
+            raise ShardNotFoundError(
+                f"no manifest and no .tfrecord files in {path}{tfds_hint(path)}"
+            )
         return path, None, count_shards(path, names, write_index=write_index)
     if os.path.isfile(path):
         root, name = os.path.split(path)
@@ -433,6 +456,7 @@ def open_shards(
     *,
     write_index: bool = False,
     partial: bool = False,
+    split: str | None = None,
 ) -> ShardSet:
     """The shard set of a dataset directory, a folder of TFRecords, or one file.
 
@@ -440,6 +464,11 @@ def open_shards(
     counted (see :func:`count_shards`). Nothing is mapped until a reader asks.
     A directory where a write of ours did not finish is refused unless
     ``partial`` (then its published shards are read, with a WARNING).
+
+    A tensorflow-datasets folder (or one of its shards) is read by its
+    ``dataset_info.json``: the shards of ``split`` (required when it has several),
+    counted from there, and, unless ``schema`` is given, the set's ``view`` says
+    how its records become tfds's values (:mod:`recordkit.reader.tfds`).
 
     Raises:
         ShardNotFoundError: the path does not exist.
@@ -454,10 +483,46 @@ def open_shards(
     local = os.path.abspath(strip_file_scheme(path))
     if os.path.isdir(local):
         check_complete(local, partial)
+    # A tensorflow-datasets folder (ours win: a folder with a manifest is a recordkit dataset).
+    folder = local if os.path.isdir(local) else os.path.dirname(local)
+    ours = os.path.exists(os.path.join(folder, MANIFEST_NAME))
+    found = None if ours else tfds_folder(local)
+    if found is not None:
+        return _open_tfds(*found, schema, split, write_index)
+    if split is not None:
+        raise ValueError(
+            f"split={split!r}: {local} is not a tensorflow-datasets folder (no "
+            f"dataset_info.json and features.json){tfds_hint(local)}; split= is for those"
+        )
     root, manifest, infos = _shard_infos(local, write_index)
     if manifest is not None:
         _check_listed(root, infos)
     return ShardSet(root, manifest, infos, schema, write_index=write_index)
+
+
+def _open_tfds(
+    info: TFDSInfo, file: str | None, schema: Schema | None, split: str | None, write_index: bool
+) -> ShardSet:
+    """A tensorflow-datasets split (or one shard of it), counted from its metadata."""
+    chosen = info.choose_split(split, file)
+    infos = info.shard_infos(chosen)
+    if file is not None:
+        infos = [i for i in infos if i.path == file]
+        if not infos:
+            raise ShardNotFoundError(
+                f"{os.path.join(info.root, file)}: not a shard of split {chosen!r}"
+            )
+    # With a schema of the user's, records come as it decodes them: no tfds view.
+    view = info.view(chosen) if schema is None else None
+    return ShardSet(
+        info.root,
+        None,
+        infos,
+        schema,
+        write_index=write_index,
+        view=view,
+        counted_by=os.path.join(info.root, INFO_NAME),
+    )
 
 
 def _check_listed(root: str, infos: Sequence[ShardInfo]) -> None:

@@ -450,6 +450,92 @@ def test_sequence_example_batch_path_refuses(tf: ModuleType, tmp_path: Path):
         next(iter(ds))
 
 
+def _sequence_equal(a: dict, b: dict) -> None:
+    """Two whole SequenceExample samples (tensors or arrays) hold the same values."""
+    assert set(a) == {"context", "feature_lists"} and a.keys() == b.keys()
+    for part in ("context", "feature_lists"):
+        assert a[part].keys() == b[part].keys()
+        for name in a[part]:
+            x, y = a[part][name], b[part][name]
+            if part == "context":
+                x, y = [x], [y]
+            assert len(x) == len(y)
+            for u, v in zip(x, y):
+                u = u.numpy() if hasattr(u, "numpy") else u
+                if isinstance(v, list):
+                    assert u == v
+                else:
+                    assert u.dtype == v.dtype
+                    np.testing.assert_array_equal(u, v)
+
+
+def test_sequence_example_record_dataset(tf: ModuleType, tmp_path: Path):
+    pytest.importorskip("torch")
+    from recordkit.torch import RecordDataset
+
+    path = _write_sequences(tf, tmp_path / "seq.tfrecord", n=11)
+    reference = list(rk.Dataset(path, sequence_example=True))  # checked against TF above
+    samples = list(RecordDataset(path, sequence_example=True, num_threads=2))
+    assert len(samples) == 11
+    for a, b in zip(samples, reference):
+        _sequence_equal(a, b)
+    batches = list(RecordDataset(path, sequence_example=True, batch_size=4, num_threads=2))
+    assert [len(b) for b in batches] == [4, 4, 3]
+    for a, b in zip([s for batch in batches for s in batch], reference):
+        _sequence_equal(a, b)
+    shuffled = list(RecordDataset(path, sequence_example=True, shuffle=True, seed=3))
+    ids = sorted(int(s["context"]["id"][0]) for s in shuffled)
+    assert ids == list(range(11))
+    with pytest.raises(ValueError, match="no schema, columns"):
+        RecordDataset(path, sequence_example=True, schema=rk.Schema(id=rk.Int64()))
+    # A record that does not decode is a bad record: named, or skipped with on_error.
+    from recordkit.format import frame
+
+    with open(path, "ab") as f:
+        f.write(frame(b"\x12\xff"))  # feature_lists whose length runs past the payload
+    with pytest.raises(rk.errors.CorruptRecordError, match=rf"{path}:\d+:11: malformed"):
+        list(RecordDataset(path, sequence_example=True))
+    kept = list(RecordDataset(path, sequence_example=True, on_error="skip"))
+    assert len(kept) == 11
+    # A corrupt frame is named when the index is rebuilt (not a BufferError).
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(rk.errors.CorruptRecordError, match=rf"{path}:0:0: "):
+        RecordDataset(path, sequence_example=True)
+
+
+def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
+    from recordkit import tf as rktf
+
+    path = _write_sequences(tf, tmp_path / "seq.tfrecord", n=7)
+    reference = list(rk.Dataset(path, sequence_example=True))
+    ours = list(rktf.dataset(path, sequence_example=True))
+    assert len(ours) == 7
+    for a, b in zip(ours, reference):
+        assert a["context"]["id"].numpy().tolist() == b["context"]["id"].tolist()
+        for name, steps in b["feature_lists"].items():
+            got = a["feature_lists"][name].to_list()
+            want = [s if isinstance(s, list) else s.tolist() for s in steps]
+            if name == "scores":
+                np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want))
+            else:
+                assert got == want, name
+        assert set(a["feature_lists"]) <= set(b["feature_lists"]) | {"words"}
+    (batch,) = list(rktf.dataset(path, sequence_example=True, batch_size=7))
+    assert batch["feature_lists"]["tokens"].shape[0] == 7
+    # A feature the leading records lack fails the pipeline by name, never dropped.
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    _write_sequences(tf, extra / "a.tfrecord", n=2)
+    f = tf.train.Feature
+    ctx = tf.train.Features(feature={"late": f(bytes_list=tf.train.BytesList(value=[b"x"]))})
+    with tf.io.TFRecordWriter(str(extra / "b.tfrecord")) as w:
+        w.write(tf.train.SequenceExample(context=ctx).SerializeToString())
+    with pytest.raises(tf.errors.OpError, match="context feature 'late' as bytes"):
+        list(rktf.dataset(extra, sequence_example=True))
+
+
 def test_convert_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
     src = tmp_path / "src"
     src.mkdir()

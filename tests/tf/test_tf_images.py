@@ -129,3 +129,14 @@ def test_decode_images_is_checked_against_the_schema(images):
         rtf.dataset(ds_path, columns=["label"], decode_images="image")
     with pytest.raises(ValueError, match="apply_exif_orientation"):
         rtf.dataset(ds_path, decode_images=ImageOptions(apply_exif_orientation=True))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"shuffle": True}], ids=["native", "planned"])
+def test_decode_images_true_is_for_tfds_folders_and_says_what_to_name(images, kwargs):
+    # decode_images=True decodes a tensorflow-datasets folder's Image features; our own
+    # data names its image features, and True is refused on either path, never ignored.
+    ds_path, _ = images
+    with pytest.raises(ValueError, match=r"tensorflow-datasets folders; .*decode_images='image'"):
+        rtf.dataset(ds_path, decode_images=True, **kwargs)
+    plain = next(iter(rtf.dataset(ds_path, decode_images=False, **kwargs)))
+    assert plain["image"].dtype == tf.string  # False (and None): nothing decoded
