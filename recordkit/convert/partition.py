@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
-from ..format.manifest import ShardInfo
+from ..codec.sequence import SequenceSchema
+from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
 from ..storage import open_target
 from ..writer.shard import ShardWriter
 from ._errors import DiskFullError, add_note, is_transient
@@ -55,6 +56,7 @@ class PartitionTask:
         fsync: fsync shards before publishing.
         retries: attempts after the first on transient errors.
         retry_backoff: seconds before the first retry (doubled each time).
+        payload: the records' payload kind (``"example"``, ``"sequence_example"``).
     """
 
     index: int
@@ -71,6 +73,7 @@ class PartitionTask:
     fsync: bool
     retries: int
     retry_backoff: float
+    payload: str = "example"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,8 @@ class PartitionResult:
         items: source items read.
         size: source bytes read (the items' sizes).
         attempts: how many attempts it took.
+        schema: for SequenceExample payloads, the ``SequenceSchema`` JSON of the
+            records written (``None`` for Examples).
     """
 
     index: int
@@ -90,6 +95,7 @@ class PartitionResult:
     items: int
     size: int
     attempts: int = 1
+    schema: dict[str, Any] | None = None
 
     @property
     def records(self) -> int:
@@ -105,6 +111,8 @@ class PartitionResult:
             "size": self.size,
             "shards": [s.to_json() for s in self.shards],
         }
+        if self.schema is not None:
+            doc["schema"] = self.schema
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -116,9 +124,18 @@ class PartitionResult:
                 ShardInfo(s["path"], int(s["records"]), int(s["bytes"]), int(s["crc32c"]))
                 for s in doc["shards"]
             )
-            result = cls(int(doc["partition"]), shards, int(doc["items"]), int(doc["size"]))
+            schema = doc.get("schema")
+            if schema is not None:
+                SequenceSchema.from_json(schema)  # a marker that is not one is redone
+            result = cls(
+                int(doc["partition"]),
+                shards,
+                int(doc["items"]),
+                int(doc["size"]),
+                schema=schema,
+            )
             return str(doc["fingerprint"]), result
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:  # SchemaError too
             raise ValueError(f"malformed done-marker: {exc!r}") from exc
 
 
@@ -143,8 +160,11 @@ class _Counter:
         self.report(-self.done[0], -self.done[1], -self.done[2])
 
 
-def _write(task: PartitionTask, report: Reporter) -> tuple[ShardInfo, ...]:
+def _write(
+    task: PartitionTask, report: Reporter
+) -> tuple[tuple[ShardInfo, ...], SequenceSchema | None]:
     schema = Schema.from_json(task.schema)
+    found = SequenceSchema() if task.payload == SEQUENCE_EXAMPLE else None
     target = open_target(task.dst, task.storage_options)
     shards: list[ShardInfo] = []
     current: ShardWriter | None = None
@@ -152,7 +172,11 @@ def _write(task: PartitionTask, report: Reporter) -> tuple[ShardInfo, ...]:
         for item in task.items:
             records = 0
             try:
-                for payload in task.source.records(item, schema):
+                if found is not None:
+                    payloads = task.source.sequence_records(item, found)
+                else:
+                    payloads = task.source.records(item, schema)
+                for payload in payloads:
                     framed = len(payload) + 16
                     if current is not None and (
                         (current.records and current.bytes + framed > task.shard_size)
@@ -172,7 +196,7 @@ def _write(task: PartitionTask, report: Reporter) -> tuple[ShardInfo, ...]:
         if current is not None:
             shards.append(current.publish())
             current = None
-        return tuple(shards)
+        return tuple(shards), found
     finally:
         if current is not None:
             current.discard()
@@ -191,7 +215,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     while True:
         counter = _Counter(report)
         try:
-            shards = _write(task, counter)
+            shards, found = _write(task, counter)
             break
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
@@ -221,6 +245,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         items=len(task.items),
         size=sum(int(i.size) for i in task.items),
         attempts=attempt + 1,
+        schema=None if found is None else found.to_json(),
     )
     state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
     try:
