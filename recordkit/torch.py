@@ -57,7 +57,7 @@ from .reader.epochs import CacheEpochs  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
-from .reader.sequence import SAMPLE, SequenceBatchDecoder  # noqa: E402
+from .reader.sequence import SAMPLE, SequenceBatchDecoder, read_whole  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo, TFDSView  # noqa: E402
 
@@ -98,6 +98,14 @@ def _to_torch(value: Any) -> Any:
     if isinstance(value, list):
         return [_to_torch(v) for v in value]
     return value
+
+
+def _sequence_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A whole SequenceExample sample with its number lists as tensors."""
+    return {
+        "context": {k: _to_torch(v) for k, v in sample["context"].items()},
+        "feature_lists": {k: _to_torch(v) for k, v in sample["feature_lists"].items()},
+    }
 
 
 def _common_shards(paths: list[str]) -> set[str]:
@@ -319,6 +327,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                     "sequence_example=True reads records whole: no schema, columns or decode_images"
                 )
             schema = Schema({})  # opens foreign data without inferring an Example schema
+        given = schema
         self.options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
@@ -349,6 +358,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()  # fail early, in the main process, on a bad path or schema
+        if not sequence_example:  # a dataset of SequenceExamples says so in its manifest
+            self.sequence_example = read_whole(
+                self.path, False, shards, given, columns, decode_images
+            )
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
 
@@ -631,10 +644,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         units = chunk.units.tolist()
         out: list[dict[str, Any]] = []
         for i, sample in enumerate(samples):
-            item = {
-                "context": {k: _to_torch(v) for k, v in sample["context"].items()},
-                "feature_lists": {k: _to_torch(v) for k, v in sample["feature_lists"].items()},
-            }
+            item = _sequence_sample(sample)
             if not batched:
                 self.stats.add(records=1, batches=1)
                 yield units[i], item
@@ -660,9 +670,11 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             self.stats.add(records=1, batches=1)
             yield int(chunk.units[i]), sample
 
-    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
         """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
-        that batches its samples as ``batch_size=N`` would."""
+        that batches its samples as ``batch_size=N`` would (SequenceExamples: a list)."""
+        if self.sequence_example:
+            return list(samples)
         view = self._view()
         schema = view.output_schema if view is not None else self.schema
         return collate(samples, schema=schema, bytes_as=self.bytes_as)
@@ -812,6 +824,9 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
             :class:`RecordDataset`).
         split: the split of a tensorflow-datasets folder (see :class:`RecordDataset`).
         decode_images: decode a tensorflow-datasets folder's ``Image`` features.
+        sequence_example: the records are ``tf.train.SequenceExample`` messages:
+            ``ds[i]`` is one whole, as :class:`RecordDataset` gives it (implied
+            when the manifest says so); :meth:`collate` then makes a list.
     """
 
     def __init__(
@@ -826,6 +841,7 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         partial: bool = False,
         split: str | None = None,
         decode_images: bool = False,
+        sequence_example: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.partial = partial
@@ -835,27 +851,38 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.verify = verify
+        given = schema
+        if sequence_example and schema is None:
+            schema = Schema({})  # opens foreign data without inferring an Example schema
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()
+        self.sequence_example = read_whole(
+            self.path, sequence_example, shards, given, columns, decode_images
+        )
         self.schema = schema or shards.schema
         self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
         view = self._view()
-        self._dec = (
-            TFDSBatchDecoder(
+        self._dec: BatchDecoder
+        if self.sequence_example:
+            self._dec = SequenceBatchDecoder(verify=verify)
+        elif view is not None:
+            self._dec = TFDSBatchDecoder(
                 view, columns=self.columns, verify=verify, bytes_as="list", limits=limits
             )
-            if view is not None
-            else BatchDecoder(
+        else:
+            self._dec = BatchDecoder(
                 self.schema, columns=self.columns, verify=verify, bytes_as="list", limits=limits
             )
-        )
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """:func:`collate` with this dataset's schema: a ``collate_fn`` for ``DataLoader``."""
+    def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
+        """:func:`collate` with this dataset's schema: a ``collate_fn`` for ``DataLoader``
+        (SequenceExamples, ragged: the list of samples, to pad in your own)."""
+        if self.sequence_example:
+            return list(samples)
         view = self._view()
         return collate(samples, schema=view.output_schema if view is not None else self.schema)
 
@@ -880,6 +907,10 @@ class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type
             if batch.bad:
                 pos, err = batch.bad[0]
                 raise err.located(shard.path, int(offsets[pos]), int(recs[pos]))
+            if self.sequence_example:
+                for j, row in enumerate(rows.tolist()):
+                    out[row] = _sequence_sample(batch.columns[SAMPLE][j])
+                continue
             for j, row in enumerate(rows.tolist()):
                 out[row] = {k: _to_torch(v[j]) for k, v in batch.columns.items()}
         if self.transform is not None:
