@@ -88,8 +88,17 @@ def decode_sequence_example(
         context = {name: _values(buf, state) for name, state in spans.items()}
         steps = {name: [_values(buf, s) for s in states] for name, states in lists.items()}
     except IndexError:
-        raise _bad("truncated field", end) from None
+        raise _sequence_error(_bad("truncated field", end)) from None
+    except CorruptRecordError as exc:  # the Example parsers' errors, named for what this is
+        raise _sequence_error(exc) from None
     return context, steps
+
+
+def _sequence_error(exc: CorruptRecordError) -> CorruptRecordError:
+    return CorruptRecordError(exc.reason.replace(_EXAMPLE, _SEQUENCE, 1))
+
+
+_EXAMPLE, _SEQUENCE = "malformed tf.train.Example", "malformed tf.train.SequenceExample"
 
 
 def _parse_feature_lists(
@@ -211,7 +220,9 @@ def has_feature_lists(payload: bytes | bytearray | memoryview) -> bool:
                 return True
             pos = _skip(buf, pos, end, tag)
     except IndexError:
-        raise _bad("truncated field", end) from None
+        raise _sequence_error(_bad("truncated field", end)) from None
+    except CorruptRecordError as exc:
+        raise _sequence_error(exc) from None
     return False
 
 
