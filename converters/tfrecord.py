@@ -17,7 +17,7 @@ decoded whole on the way (context and every feature list; one that does not
 decode stops the conversion, naming file, offset and record), and the
 manifest says ``"payload": "sequence_example"`` with a schema of the context
 features and feature lists counted over every record
-(:class:`recordkit.codec.sequence.SequenceSchema`), so every reader reads the
+(:class:`recordkit.codec.SequenceSchema`), so every reader reads the
 copy whole without being told. An Example and a SequenceExample with no feature
 lists are the same bytes, so a record without feature lists among
 SequenceExamples is one of them (nothing of it is lost); a SequenceExample

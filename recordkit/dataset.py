@@ -157,8 +157,9 @@ class Dataset:
 
     @property
     def sequence_schema(self) -> SequenceSchema | None:
-        """For a dataset of SequenceExamples with a manifest: what its records hold
-        (each context feature and feature list, its kinds, counts and lengths)."""
+        """What the records of a SequenceExample dataset hold, from its manifest (each
+        context feature and feature list, its kinds, counts and lengths); ``None``
+        for other data."""
         if self.manifest is None or not self.manifest.sequence_example:
             return None
         try:

@@ -269,7 +269,8 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             decoded on the reader threads. With ``batch_size`` a batch is a
             ``list`` of such samples (pad them in ``transform``). Without it, a
             SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
-            never its context alone.
+            never its context alone. Implied when the manifest says the records
+            are SequenceExamples (``recordkit convert`` of them).
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.

@@ -354,7 +354,7 @@ class SequenceSchema:
     def decode(
         self, payload: bytes | bytearray | memoryview, *, limits: Any = None
     ) -> dict[str, Any]:
-        """A record whole (:func:`sequence_example_values`), checked against the schema.
+        """A record whole (as ``sequence_example_values`` gives it), checked against the schema.
 
         ``limits`` is accepted for the Example schema's signature; a SequenceExample
         holds no compressed values, so it decodes to about its own size.

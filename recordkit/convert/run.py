@@ -104,7 +104,7 @@ def plan_conversion(
     A source may say what its records are with ``payload_kind() -> (kind, why)``
     (after ``resolve_schema``): ``"example"`` (the default for sources without
     it) or ``"sequence_example"``, with a phrase saying how that was decided,
-    which is logged. See :mod:`recordkit.convert.partition` for what a
+    which is logged. See ``recordkit.convert.partition`` for what a
     SequenceExample source implements.
     """
     import converters

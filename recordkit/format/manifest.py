@@ -9,7 +9,7 @@ decoding).
 The payload kind says what each record is: ``"example"`` (a ``tf.train.Example``,
 the default, and then not written) or ``"sequence_example"`` (a
 ``tf.train.SequenceExample``, read whole; the schema is then a
-:class:`recordkit.codec.sequence.SequenceSchema`'s JSON). A kind this version
+:class:`recordkit.codec.SequenceSchema`'s JSON). A kind this version
 does not know is refused, never read as Examples.
 """
 
@@ -177,7 +177,7 @@ class Manifest:
         format_version: the on-disk format version (currently 1).
         metadata: free-form JSON-serialisable user metadata (e.g. class names).
         created_by: the writing library and version.
-        payload: what each record is, one of :data:`PAYLOAD_KINDS`: ``"example"``
+        payload: what each record is, one of ``PAYLOAD_KINDS``: ``"example"``
             (``schema`` is a ``Schema``'s JSON) or ``"sequence_example"``
             (``schema`` is a ``SequenceSchema``'s JSON).
     """
