@@ -164,7 +164,15 @@ class TFRecordSource(Source):
             return self.schema
         leading = self._leading(items)
         if wanted is None:  # detect: one record with feature_lists makes them SequenceExamples
-            first = next((w for w, p in leading if has_feature_lists(p)), None)
+            first = None
+            for where, payload in leading:
+                try:
+                    if has_feature_lists(payload):
+                        first = where
+                        break
+                except CorruptRecordError as exc:
+                    path, offset, record = where.rsplit(":", 2)
+                    raise exc.located(path, int(offset), int(record)) from exc
             if first is None:
                 why = f"the leading {len(leading)} records hold no feature_lists"
             else:

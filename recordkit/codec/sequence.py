@@ -207,7 +207,8 @@ def has_feature_lists(payload: bytes | bytearray | memoryview) -> bool:
     for a SequenceExample written without feature lists: the two are the same bytes.
 
     Raises:
-        CorruptRecordError: the top level is not well-formed.
+        CorruptRecordError: the top level is not well-formed (named as an Example's:
+            this is asked of records taken for Examples).
     """
     buf = memoryview(payload)
     if buf.ndim != 1 or buf.itemsize != 1:
@@ -220,9 +221,7 @@ def has_feature_lists(payload: bytes | bytearray | memoryview) -> bool:
                 return True
             pos = _skip(buf, pos, end, tag)
     except IndexError:
-        raise _sequence_error(_bad("truncated field", end)) from None
-    except CorruptRecordError as exc:
-        raise _sequence_error(exc) from None
+        raise _bad("truncated field", end) from None
     return False
 
 

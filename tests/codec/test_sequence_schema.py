@@ -151,8 +151,8 @@ def test_has_feature_lists_reads_the_top_level():
     assert has_feature_lists(CONTEXT + LISTS) and has_feature_lists(LISTS)
     assert has_feature_lists(CONTEXT + b"\x12\x00")  # empty, but there: a SequenceExample
     assert not has_feature_lists(CONTEXT) and not has_feature_lists(b"")
-    with pytest.raises(CorruptRecordError, match=r"malformed tf\.train\.SequenceExample"):
-        has_feature_lists(b"\x0a\x09abc")
+    with pytest.raises(CorruptRecordError, match=r"malformed tf\.train\.Example: length 9"):
+        has_feature_lists(b"\x0a\x09abc")  # asked of records taken for Examples
 
 
 def test_manifest_payload_kind():

@@ -414,6 +414,12 @@ def test_a_payload_that_does_not_decode_stops_it(tf: ModuleType, tmp_path: Path)
         rk.convert(src, tmp_path / "dst2", format="tfrecord", workers=0,
                    source_options={"sequence_example": True})  # fmt: skip
     assert not (tmp_path / "dst2").exists() or not any((tmp_path / "dst2").iterdir())
+    # Detection reads top-level fields only; a leading record malformed there is named.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.tfrecord").write_bytes(frame(b"\x0a\x05ab") + path.read_bytes())
+    with pytest.raises(CorruptRecordError, match=r"x\.tfrecord:0:0: malformed tf\.train\.Example"):
+        rk.convert(bad, tmp_path / "dst3", format="tfrecord", workers=0)
 
 
 def test_recordkit_tf_refuses_a_name_of_two_kinds(tf: ModuleType, tmp_path: Path):
