@@ -254,6 +254,14 @@ class TFRecordSource(Source):
         if view is not None:
             yield from self._tfds_records(item, view, schema)
             return
+        if self._payload is not None and self._payload[0] == "sequence_example":
+            # A writer that does not ask for sequence_records (the cache's producer):
+            # refused by name rather than written as Examples.
+            raise SourceError(
+                f"tfrecord: {item.key}: the records are tf.train.SequenceExamples "
+                f"({self._payload[1]}), which this writer cannot keep whole; make a "
+                "dataset of them with recordkit convert --from tfrecord"
+            )
         check = bool(self.options["check_payloads"])
         most = self.options["max_decode_bytes"]
         limits = DecodeLimits(record_bytes=None if most is None else int(most))

@@ -35,6 +35,7 @@ __all__ = [
     "convert",
     "errors",
     "verify",
+    "write",
 ]
 
 # Submodules that pull in heavy frameworks: imported only when first touched.
@@ -45,8 +46,10 @@ _LAZY_SUBMODULES = frozenset({"torch", "tf", "convert"})
 def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "write":  # recordkit.write(fn, inputs, out, schema=...): convert's engine
+        return importlib.import_module(f"{__name__}.convert").write
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_SUBMODULES)
+    return sorted(set(globals()) | _LAZY_SUBMODULES | {"write"})

@@ -256,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_convert(sub)
 
+    from .convert._write_cli import add_parser as add_write  # stdlib-only module
+
+    add_write(sub)
+
     from .cache._cli import add_parser as add_cache
 
     add_cache(sub)

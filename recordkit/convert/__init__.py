@@ -1,7 +1,8 @@
 """``recordkit.convert``: turn a dataset in another format into a recordkit dataset.
 
 The module is itself callable: ``recordkit.convert(src, dst, format="jsonl")``
-is :func:`recordkit.convert.convert`. See ``docs/convert.md``.
+is :func:`recordkit.convert.convert`. See ``docs/convert.md``. The same engine
+writes a function's samples: :func:`recordkit.write` (``docs/howto/write.md``).
 
 Importing it is light (no fsspec, no dask): filesystems are built when a
 conversion starts, Dask only when ``engine="dask"`` runs.
@@ -16,7 +17,8 @@ from typing import Any
 from ._cli import _options as parse_options
 from ._cli import parse_schema
 from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
-from .partition import PartitionResult, PartitionTask, run_partition
+from .function import FunctionSource, write
+from .partition import PartitionResult, PartitionTask, Tally, run_partition, write_items
 from .plan import ConvertOptions, Partition, Plan, make_plan
 from .progress import LogProgress, NullProgress, Progress, TqdmProgress
 from .run import ConvertResult, convert, incomplete_at, plan_conversion
@@ -26,6 +28,7 @@ __all__ = [
     "ConvertOptions",
     "ConvertResult",
     "DiskFullError",
+    "FunctionSource",
     "LogProgress",
     "NullProgress",
     "Partition",
@@ -34,6 +37,7 @@ __all__ = [
     "PartitionsFailedError",
     "Plan",
     "Progress",
+    "Tally",
     "TqdmProgress",
     "add_note",
     "convert",
@@ -44,6 +48,8 @@ __all__ = [
     "parse_schema",
     "plan_conversion",
     "run_partition",
+    "write",
+    "write_items",
 ]
 
 

@@ -337,6 +337,15 @@ def test_detection_is_said(tf: ModuleType, tmp_path: Path, caplog: pytest.LogCap
         f"the records are tf.train.SequenceExamples (detected: {src / 'seq.tfrecord'}:0:0 "
         "holds feature_lists): copied whole"
     ]
+    # A writer that asks the source for Examples (the cache's producer) is refused by name.
+    import converters
+
+    source = converters.get("tfrecord")(str(src))
+    items = source.list_items()
+    source.resolve_schema(items)
+    assert source.payload_kind()[0] == "sequence_example"
+    with pytest.raises(ValueError, match="cannot keep whole; make a dataset of them with"):
+        next(source.records(items[0], rk.Schema({})))
 
 
 def test_told_when_the_leading_records_hold_no_feature_lists(
