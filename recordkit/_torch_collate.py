@@ -15,7 +15,7 @@ from .codec.features import Bytes
 from .codec.schema import Schema
 from .reader.pipeline import Chunk, ReaderStats
 
-__all__ = ["chunk_batches", "chunk_samples", "collate", "to_torch"]
+__all__ = ["chunk_batches", "chunk_samples", "collate", "sequence_sample", "to_torch"]
 
 
 def to_torch(value: Any) -> Any:
@@ -29,6 +29,14 @@ def to_torch(value: Any) -> Any:
     if isinstance(value, list):
         return [to_torch(v) for v in value]
     return value
+
+
+def sequence_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A whole SequenceExample sample with its number lists as tensors."""
+    return {
+        "context": {k: to_torch(v) for k, v in sample["context"].items()},
+        "feature_lists": {k: to_torch(v) for k, v in sample["feature_lists"].items()},
+    }
 
 
 def chunk_batches(chunk: Chunk, stats: ReaderStats) -> Iterator[tuple[int, dict[str, Any]]]:

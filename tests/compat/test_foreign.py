@@ -536,13 +536,16 @@ def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
         list(rktf.dataset(extra, sequence_example=True))
 
 
-def test_convert_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
+def test_convert_told_examples_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
+    # Converting them whole (detected, or told) is tests/compat/test_sequence_convert.py's.
     src = tmp_path / "src"
     src.mkdir()
     _write_sequences(tf, src / "seq.tfrecord")
-    code = main(["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")])
-    assert code != 0
-    assert "payload is a tf.train.SequenceExample" in capsys.readouterr().err
+    argv = ["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")]
+    assert main([*argv, "-o", "sequence_example=false"]) != 0
+    err = capsys.readouterr().err
+    assert f"{src / 'seq.tfrecord'}:0:0: a tf.train.SequenceExample" in err
+    assert "mixed input is refused" in err and "sequence_example=False" in err
     assert not (tmp_path / "dst" / "recordkit.json").exists()
 
 
