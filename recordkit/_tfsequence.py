@@ -6,6 +6,11 @@ kind it holds); TensorFlow's parser skips keys its spec does not name, so every
 record is also checked, in a ``tf.numpy_function``, to hold no feature the spec
 lacks and no kind that differs: a record is read whole or the pipeline fails
 naming the feature, never read in part.
+
+A dataset whose manifest says its records are SequenceExamples has a schema
+counted over every record (``recordkit convert`` decoded each), so the specs
+come from it and the records go to TensorFlow's parser unchecked, as a
+manifest's Example schema goes to ``tf.io.parse_example``.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._deps import require
-from .codec.sequence import decode_sequence_example
-from .errors import SchemaError
+from .codec.sequence import SequenceSchema, decode_sequence_example
+from .errors import ManifestError, SchemaError
 from .format.framing import read_stream
+from .format.manifest import MANIFEST_NAME, Manifest
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["parser", "pipeline", "specs"]
+__all__ = ["manifest_specs", "parser", "pipeline", "specs"]
 
 _INFER = 64
 _DTYPES = {"int64": "int64", "float": "float32", "bytes": "string"}
@@ -46,6 +52,36 @@ def specs(files: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
     return _one_kind(context, "context feature"), _one_kind(lists, "feature list")
 
 
+def manifest_specs(manifest: Manifest, root: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The kind of each context feature and feature list, from the manifest's schema.
+
+    A name that holds no list in any record (only unset ``Feature``\\ s) is read
+    as ``bytes``: TensorFlow reads an unset ``Feature`` as an empty list of any kind.
+
+    Raises:
+        ManifestError: the schema is not a SequenceExample schema.
+        SchemaError: a name holds several kinds (TensorFlow parses one per name).
+    """
+    try:
+        schema = SequenceSchema.from_json(manifest.schema)
+    except SchemaError as exc:
+        where = root.rstrip("/") + "/" + MANIFEST_NAME
+        raise ManifestError(f"bad SequenceExample schema: {exc}", path=where) from exc
+    out = []
+    for part, what in (("context", "context feature"), ("feature_lists", "feature list")):
+        specs = {}
+        for name, kinds in schema.kinds(part).items():
+            if len(kinds) > 1:
+                raise SchemaError(
+                    f"{what} {name!r} holds {' and '.join(kinds)} in {root} (its manifest's "
+                    "schema), and TensorFlow parses one kind per feature: read it with "
+                    "rk.Dataset or recordkit.torch, which keep each record as stored"
+                )
+            specs[name] = kinds[0] if kinds else "bytes"
+        out.append(specs)
+    return out[0], out[1]
+
+
 def _one_kind(seen: dict[str, dict[str, str]], what: str) -> dict[str, str]:
     out = {}
     for name, kinds in seen.items():
@@ -59,12 +95,15 @@ def _one_kind(seen: dict[str, dict[str, str]], what: str) -> dict[str, str]:
     return out
 
 
-def parser(context: dict[str, str], lists: dict[str, str]) -> Any:
-    """A function: serialized SequenceExample -> ``{"context": ..., "feature_lists": ...}``."""
+def parser(context: dict[str, str], lists: dict[str, str], *, check: bool = True) -> Any:
+    """A function: serialized SequenceExample -> ``{"context": ..., "feature_lists": ...}``.
+
+    With ``check``, each record is first checked to hold nothing the specs lack.
+    """
     ctx_spec = {n: tf.io.RaggedFeature(_DTYPES[k]) for n, k in context.items()}
     seq_spec = {n: tf.io.RaggedFeature(_DTYPES[k]) for n, k in lists.items()}
 
-    def check(payload: bytes) -> bytes:
+    def holds_nothing_else(payload: bytes) -> bytes:
         ctx, fl = decode_sequence_example(payload)
         for name, (kind, _) in ctx.items():
             if kind is not None and context.get(name) != kind:
@@ -77,8 +116,10 @@ def parser(context: dict[str, str], lists: dict[str, str]) -> Any:
 
     def parse(serialized: Any) -> dict[str, Any]:
         # The checked payload itself is parsed: a data dependency no optimizer prunes.
-        checked = tf.numpy_function(check, [serialized], tf.string, stateful=False)
-        checked.set_shape([])
+        checked = serialized
+        if check:
+            checked = tf.numpy_function(holds_nothing_else, [serialized], tf.string, stateful=False)
+            checked.set_shape([])
         ctx, seq = tf.io.parse_single_sequence_example(
             checked, context_features=ctx_spec, sequence_features=seq_spec
         )
@@ -104,9 +145,18 @@ def pipeline(
     drop_remainder: bool,
     by_record: bool,
     input_context: Any,
+    manifest: Manifest | None = None,
+    root: str = "",
 ) -> Any:
-    """SequenceExamples whole, through ``TFRecordDataset`` (``recordkit.tf.dataset``'s)."""
-    parse = parser(*specs(files))
+    """SequenceExamples whole, through ``TFRecordDataset`` (``recordkit.tf.dataset``'s).
+
+    ``manifest``: the dataset's at ``root``, whose schema gives the specs when it
+    says the records are SequenceExamples.
+    """
+    if manifest is not None and manifest.sequence_example:
+        parse = parser(*manifest_specs(manifest, root), check=False)
+    else:
+        parse = parser(*specs(files))
     ds = tf.data.Dataset.from_tensor_slices(tf.constant(files, dtype=tf.string))
     if shuffle and len(files) > 1:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)

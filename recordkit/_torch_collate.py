@@ -16,7 +16,14 @@ from .codec.schema import Schema
 from .reader.pipeline import Chunk, ReaderStats
 from .reader.sequence import SAMPLE
 
-__all__ = ["chunk_batches", "chunk_samples", "chunk_sequences", "collate", "to_torch"]
+__all__ = [
+    "chunk_batches",
+    "chunk_samples",
+    "chunk_sequences",
+    "collate",
+    "sequence_sample",
+    "to_torch",
+]
 
 
 def to_torch(value: Any) -> Any:
@@ -30,6 +37,14 @@ def to_torch(value: Any) -> Any:
     if isinstance(value, list):
         return [to_torch(v) for v in value]
     return value
+
+
+def sequence_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A whole SequenceExample sample with its number lists as tensors."""
+    return {
+        "context": {k: to_torch(v) for k, v in sample["context"].items()},
+        "feature_lists": {k: to_torch(v) for k, v in sample["feature_lists"].items()},
+    }
 
 
 # Each item comes with the chunk rows it holds, ``(lo, hi)``: ``recordkit.torch`` slices
@@ -90,10 +105,7 @@ def chunk_sequences(
     out: list[dict[str, Any]] = []
     lo = 0
     for i, sample in enumerate(samples):
-        item = {
-            "context": {k: to_torch(v) for k, v in sample["context"].items()},
-            "feature_lists": {k: to_torch(v) for k, v in sample["feature_lists"].items()},
-        }
+        item = sequence_sample(sample)
         if not batched:
             stats.add(records=1, batches=1)
             yield units[i], item, (i, i + 1)

@@ -13,11 +13,12 @@ import numpy as np
 from torch.utils.data import Dataset as _TorchDataset
 
 from ._origins import Origins, using
-from ._torch_collate import collate, to_torch
+from ._torch_collate import collate, sequence_sample, to_torch
 from .codec.limits import DecodeLimits
 from .codec.schema import Schema
 from .reader.decode import BatchDecoder
 from .reader.local import ProcessLocalShards
+from .reader.sequence import SAMPLE, SequenceBatchDecoder, read_whole
 from .reader.tfds import TFDSBatchDecoder
 
 __all__ = ["RecordMapDataset"]
@@ -45,6 +46,9 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
         split: the split of a tensorflow-datasets folder (see
             :class:`~recordkit.torch.RecordDataset`).
         decode_images: decode a tensorflow-datasets folder's ``Image`` features.
+        sequence_example: the records are ``tf.train.SequenceExample`` messages:
+            ``ds[i]`` is one whole, as :class:`~recordkit.torch.RecordDataset` gives
+            it (implied when the manifest says so); :meth:`collate` then makes a list.
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
         partial: bool = False,
         split: str | None = None,
         decode_images: bool = False,
+        sequence_example: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.partial = partial
@@ -68,27 +73,38 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
         self.verify = verify
+        given = schema
+        if sequence_example and schema is None:
+            schema = Schema({})  # opens foreign data without inferring an Example schema
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()
+        self.sequence_example = read_whole(
+            self.path, sequence_example, shards, given, columns, decode_images
+        )
         self.schema = schema or shards.schema
         self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
         view = self._view()
-        self._dec = (
-            TFDSBatchDecoder(
+        self._dec: BatchDecoder
+        if self.sequence_example:
+            self._dec = SequenceBatchDecoder(verify=verify)
+        elif view is not None:
+            self._dec = TFDSBatchDecoder(
                 view, columns=self.columns, verify=verify, bytes_as="list", limits=limits
             )
-            if view is not None
-            else BatchDecoder(
+        else:
+            self._dec = BatchDecoder(
                 self.schema, columns=self.columns, verify=verify, bytes_as="list", limits=limits
             )
-        )
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """:func:`collate` with this dataset's schema: a ``collate_fn`` for ``DataLoader``."""
+    def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
+        """:func:`collate` with this dataset's schema: a ``collate_fn`` for ``DataLoader``
+        (SequenceExamples, ragged: the list of samples, to pad in your own)."""
+        if self.sequence_example:
+            return list(samples)
         view = self._view()
         return collate(samples, schema=view.output_schema if view is not None else self.schema)
 
@@ -114,6 +130,10 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
             if batch.bad:
                 pos, err = batch.bad[0]
                 raise err.located(shard.path, int(offsets[pos]), int(recs[pos]))
+            if self.sequence_example:
+                for j, row in enumerate(rows.tolist()):
+                    out[row] = sequence_sample(batch.columns[SAMPLE][j])
+                continue
             for j, row in enumerate(rows.tolist()):
                 out[row] = {k: to_torch(v[j]) for k, v in batch.columns.items()}
         if self.transform is not None:

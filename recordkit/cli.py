@@ -70,7 +70,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     with Dataset(args.dataset, partial=args.partial) as ds:
         schema = ds.schema
-        assert schema is not None  # only raw=True reading has none
+        sequences = ds.sequence_schema  # a dataset of SequenceExamples has this instead
+        shown = sequences if schema is None else schema
+        assert shown is not None  # only raw reading has neither
         shards = ds.shards
         total_bytes = sum(s.bytes for s in shards)
         if args.json:
@@ -82,7 +84,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 "shards": [
                     {"path": s.path, "records": s.records, "bytes": s.bytes} for s in shards
                 ],
-                "schema": schema.to_json(),
+                "payload": ds.manifest.payload if ds.manifest else "example",
+                "schema": shown.to_json(),
                 "metadata": ds.metadata,
                 "versions": {"recordkit": __version__, **_versions()},
             }
@@ -99,9 +102,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"    {s.path}  {s.records} records  {format_size(s.bytes)}")
         if len(shards) > args.max_shards:
             print(f"    ... {len(shards) - args.max_shards} more")
-        print("  schema")
-        for name, ftype in schema.features.items():
-            print(f"    {name}: {ftype!r}")
+        if sequences is not None:
+            print("  schema   tf.train.SequenceExample (records read whole)")
+            for line in sequences.describe():
+                print(f"    {line}")
+        else:
+            assert schema is not None
+            print("  schema")
+            for name, ftype in schema.features.items():
+                print(f"    {name}: {ftype!r}")
         if ds.metadata:
             print(f"  metadata {json.dumps(ds.metadata)[:200]}")
     print("versions")
@@ -161,7 +170,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
     ) as ds:
         for i, sample in enumerate(islice(ds, args.n)):
             print(f"[{i}]")
-            if args.sequence_example:  # one line per feature: context/..., feature_lists/...
+            if ds.sequence_example:  # one line per feature: context/..., feature_lists/...
                 sample = {f"{part}/{k}": v for part in sample for k, v in sample[part].items()}
             for name, value in sample.items():
                 print(f"  {name}: {_show(value, args.width)}")

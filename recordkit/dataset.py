@@ -21,11 +21,11 @@ import numpy as np
 from .codec.example import decode_example
 from .codec.limits import DecodeLimits
 from .codec.schema import Schema
-from .codec.sequence import as_stored, sequence_example_values
-from .errors import CorruptRecordError
+from .codec.sequence import SequenceSchema, as_stored, sequence_example_values
+from .errors import CorruptRecordError, ManifestError, SchemaError
 from .format import guard
 from .format.framing import read_record
-from .format.manifest import ShardInfo
+from .format.manifest import MANIFEST_NAME, ShardInfo
 from .reader.shards import MappedShard, find_shards, open_shards
 from .reader.tfds import TFDSInfo
 
@@ -70,7 +70,9 @@ class Dataset:
             [step, ...]}}`` with every value as ``raw`` gives it (steps may
             differ in length). Implies ``raw``. Without it, a SequenceExample
             is a :class:`~recordkit.errors.SequenceExampleError`, never its
-            context alone.
+            context alone. A dataset whose manifest says its payloads are
+            SequenceExamples (``recordkit convert`` of them) is read so without
+            it; see :attr:`sequence_schema`.
         write_index: write indexes rebuilt for foreign shards beside them (best
             effort). By default they go to the per-user index cache
             (``RECORDKIT_INDEX_CACHE``), so reading never writes into a folder
@@ -130,9 +132,17 @@ class Dataset:
             partial=partial,
             split=split,
         )
+        self.manifest = self._set.manifest
+        if self.manifest is not None and self.manifest.sequence_example:
+            if schema is not None:
+                self._set.close()
+                raise ValueError(
+                    f"{path}: its manifest says the records are tf.train.SequenceExamples, "
+                    "read whole: pass no schema"
+                )
+            self.sequence_example = raw = True
         self.raw = raw
         self.root = self._set.root
-        self.manifest = self._set.manifest
         self.schema: Schema | None = None if raw else self._set.schema
         view = self._set.view
         if decode_images and view is None:
@@ -152,6 +162,19 @@ class Dataset:
         if self._view is not None:
             return {"tfds": self._view.info.to_json(self._view.split)}
         return dict(self.manifest.metadata) if self.manifest else {}
+
+    @property
+    def sequence_schema(self) -> SequenceSchema | None:
+        """What the records of a SequenceExample dataset hold, from its manifest (each
+        context feature and feature list, its kinds, counts and lengths); ``None``
+        for other data."""
+        if self.manifest is None or not self.manifest.sequence_example:
+            return None
+        try:
+            return SequenceSchema.from_json(self.manifest.schema)
+        except SchemaError as exc:
+            where = os.path.join(self.root, MANIFEST_NAME)
+            raise ManifestError(f"bad SequenceExample schema: {exc}", path=where) from exc
 
     @property
     def tfds(self) -> TFDSInfo | None:

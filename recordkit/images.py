@@ -17,7 +17,8 @@ not decode. Resizing, cropping and augmenting are left to your transforms:
 they decide the output shape, and a batch of decoded images of different sizes
 is a list of tensors (PyTorch) or a ragged tensor (TensorFlow).
 
-Pillow is the ``images`` extra: ``pip install 'recordkit[images]'``.
+Pillow is the ``images`` extra (``pip install -e '.[images]'`` from a checkout); a
+missing Pillow's error gives the command for how recordkit was installed.
 """
 
 from __future__ import annotations

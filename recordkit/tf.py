@@ -153,7 +153,7 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
         with gfile.GFile(manifest_path, "rb") as f:
             manifest = Manifest.loads(f.read(), path=manifest_path)
         files = [_join(path, s.path) for s in manifest.shards]
-        return files, schema or Schema.from_json(manifest.schema), manifest
+        return files, Schema.from_json(manifest.schema) if schema is None else schema, manifest
     if gfile.isdir(path):
         if "://" in path:
             found = {p for pat in _SHARD_PATTERNS for p in gfile.glob(_join(path, pat))}
@@ -174,6 +174,16 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
     if schema is None:
         schema = _infer(files[0])
     return files, schema, None
+
+
+def _says_sequences(path: str) -> bool:
+    """A dataset whose manifest says its records are SequenceExamples (read whole)."""
+    gfile = tf.io.gfile
+    manifest_path = _join(path, MANIFEST_NAME)
+    if not (_is_native(path) and gfile.isdir(path) and gfile.exists(manifest_path)):
+        return False
+    with gfile.GFile(manifest_path, "rb") as f:
+        return Manifest.loads(f.read(), path=manifest_path).sequence_example
 
 
 def _check_complete(path: str, partial: bool) -> None:
@@ -396,6 +406,10 @@ def dataset(
             read in part. Batches are ragged (``ragged_batch``). Files are read in
             order (shuffled with ``shuffle``: by file, then in a buffer of
             ``shuffle_buffer`` records); no ``schema``, ``columns`` or cache.
+            Implied by a manifest that says the records are SequenceExamples
+            (``recordkit convert`` of them): the specs are then its schema,
+            which names every feature each record holds, and TensorFlow parses
+            with no check per record.
 
     The dataset knows its length (``len(ds)``: batches, or records, of this
     pipeline, times ``epochs``) where there is a manifest or a local folder, so
@@ -429,17 +443,21 @@ def dataset(
     # them); names or ImageOptions: Bytes() features of any other data.
     tfds_images = decode_images is True
     named_images = None if isinstance(decode_images, (bool, type(None))) else decode_images
-    if sequence_example:
+    if sequence_example or (cache_epochs is None and _says_sequences(path)):
         if schema is not None or columns is not None or cache_epochs is not None:
             raise ValueError(
-                "sequence_example=True reads records whole: no schema, columns or cache"
+                f"{path}: sequence_example=True, or a manifest that says so: records are read "
+                "whole: no schema, columns or cache"
             )
         if decode_images:
-            raise ValueError("sequence_example=True reads records whole: no decode_images")
+            raise ValueError(
+                f"{path}: sequence_example=True, or a manifest that says so: records are read "
+                "whole: no decode_images"
+            )
         from ._tfsequence import pipeline as sequences
 
         _check_complete(path, partial)
-        files, _, _ = _locate(os.fspath(path_or_url), Schema({}))
+        files, _, manifest = _locate(os.fspath(path_or_url), Schema({}))
         by_record = False
         if input_context is not None:
             files, by_record = shard_files(files, pipelines, pipeline)
@@ -452,6 +470,8 @@ def dataset(
             drop_remainder,
             by_record,
             input_context,
+            manifest,
+            path,
         )
         if epochs != 1:
             ds = ds.repeat(epochs)

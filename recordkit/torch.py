@@ -68,7 +68,7 @@ from .reader.position import (  # noqa: E402
     saved_state,
 )
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
-from .reader.sequence import SequenceBatchDecoder  # noqa: E402
+from .reader.sequence import SequenceBatchDecoder, read_whole  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
 
@@ -206,7 +206,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             decoded on the reader threads. With ``batch_size`` a batch is a
             ``list`` of such samples (pad them in ``transform``). Without it, a
             SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
-            never its context alone.
+            never its context alone. Implied when the manifest says the records
+            are SequenceExamples (``recordkit convert`` of them).
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -262,6 +263,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
                     "sequence_example=True reads records whole: no schema, columns or decode_images"
                 )
             schema = Schema({})  # opens foreign data without inferring an Example schema
+        given = schema
         self.options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
@@ -298,6 +300,10 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()  # fail early, in the main process, on a bad path or schema
+        if not sequence_example:  # a dataset of SequenceExamples says so in its manifest
+            self.sequence_example = read_whole(
+                self.path, False, shards, given, columns, decode_images
+            )
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
 
@@ -653,9 +659,11 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             return chunk_sequences(chunk, batched, self.stats)
         return (chunk_batches if batched else chunk_samples)(chunk, self.stats)
 
-    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
         """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
-        that batches its samples as ``batch_size=N`` would."""
+        that batches its samples as ``batch_size=N`` would (SequenceExamples: a list)."""
+        if self.sequence_example:
+            return list(samples)
         view = self._view()
         schema = view.output_schema if view is not None else self.schema
         return collate(samples, schema=schema, bytes_as=self.bytes_as)

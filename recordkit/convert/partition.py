@@ -6,7 +6,13 @@ schema as JSON and the destination as ``(url, storage_options)``. The worker
 builds its own filesystem, reads its items, writes shards through
 :class:`~recordkit.writer.sequence.ShardSequence` (each shard published
 atomically with its index) and, last, publishes a done-marker listing them. Only that list of
-shard entries goes back to the parent.
+shard entries goes back to the parent (and, for ``tf.train.SequenceExample``
+payloads, the :class:`~recordkit.codec.SequenceSchema` of what it wrote).
+
+A source whose payloads are SequenceExamples (its ``payload_kind()`` says
+``"sequence_example"``) implements ``sequence_records(item, found)``: like
+``records``, but it decodes every payload whole, refuses one that does not
+decode (naming file, offset and record) and adds each to ``found``.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
+from ..codec.sequence import SequenceSchema
 from ..format.framing import OVERHEAD
-from ..format.manifest import ShardInfo
+from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
 from ..storage import open_target
 from ..writer.sequence import ShardSequence
 from ._errors import DiskFullError, add_note, is_transient
@@ -56,6 +63,7 @@ class PartitionTask:
         fsync: fsync shards before publishing.
         retries: attempts after the first on transient errors.
         retry_backoff: seconds before the first retry (doubled each time).
+        payload: the records' payload kind (``"example"``, ``"sequence_example"``).
     """
 
     index: int
@@ -72,6 +80,7 @@ class PartitionTask:
     fsync: bool
     retries: int
     retry_backoff: float
+    payload: str = "example"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,8 @@ class PartitionResult:
         attempts: how many attempts it took.
         skipped: source rows the source left out on purpose (a tabular
             converter's ``nulls="skip"``).
+        schema: for SequenceExample payloads, the ``SequenceSchema`` JSON of the
+            records written (``None`` for Examples).
     """
 
     index: int
@@ -94,6 +105,7 @@ class PartitionResult:
     size: int
     attempts: int = 1
     skipped: int = 0
+    schema: dict[str, Any] | None = None
 
     @property
     def records(self) -> int:
@@ -111,6 +123,8 @@ class PartitionResult:
         }
         if self.skipped:
             doc["skipped"] = self.skipped
+        if self.schema is not None:
+            doc["schema"] = self.schema
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -122,15 +136,19 @@ class PartitionResult:
                 ShardInfo(s["path"], int(s["records"]), int(s["bytes"]), int(s["crc32c"]))
                 for s in doc["shards"]
             )
+            schema = doc.get("schema")
+            if schema is not None:
+                SequenceSchema.from_json(schema)  # a marker that is not one is redone
             result = cls(
                 int(doc["partition"]),
                 shards,
                 int(doc["items"]),
                 int(doc["size"]),
                 skipped=int(doc.get("skipped", 0)),
+                schema=schema,
             )
             return str(doc["fingerprint"]), result
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:  # SchemaError too
             raise ValueError(f"malformed done-marker: {exc!r}") from exc
 
 
@@ -171,6 +189,7 @@ def write_items(
     report: Reporter,
     *,
     before_write: Callable[[int, int], None] | None = None,
+    sequences: SequenceSchema | None = None,
 ) -> int:
     """Write the records of ``items`` (a source's, in order) into ``shards``.
 
@@ -179,6 +198,8 @@ def write_items(
     'f03.jsonl'``; a source may call its items something else through an
     ``item_label`` attribute). ``before_write(framed_size, item_number)`` runs
     before each record and may raise to stop (the cache's reservation cap).
+    With ``sequences`` the records are SequenceExamples: the source's
+    ``sequence_records(item, sequences)`` yields them, each counted into it.
 
     Returns the source rows left out on purpose (a tabular converter's
     ``nulls="skip"``): a source's ``records()`` may return an iterator with a
@@ -189,7 +210,10 @@ def write_items(
     for n, item in enumerate(items):
         records = 0
         try:
-            payloads = source.records(item, schema)
+            if sequences is not None:
+                payloads = source.sequence_records(item, sequences)
+            else:
+                payloads = source.records(item, schema)
             for payload in payloads:
                 if before_write is not None:
                     before_write(len(payload) + OVERHEAD, n)
@@ -206,9 +230,13 @@ def write_items(
     return skipped
 
 
-def _write(task: PartitionTask, report: Reporter) -> tuple[tuple[ShardInfo, ...], int]:
-    """Write the partition's shards; return them and the source rows left out on purpose."""
+def _write(
+    task: PartitionTask, report: Reporter
+) -> tuple[tuple[ShardInfo, ...], SequenceSchema | None, int]:
+    """Write the partition's shards; return them, the SequenceExamples' schema (``None``
+    for Examples) and the source rows left out on purpose."""
     schema = Schema.from_json(task.schema)
+    found = SequenceSchema() if task.payload == SEQUENCE_EXAMPLE else None
     target = open_target(task.dst, task.storage_options)
     shards = ShardSequence(
         target,
@@ -218,8 +246,8 @@ def _write(task: PartitionTask, report: Reporter) -> tuple[tuple[ShardInfo, ...]
         fsync=task.fsync,
     )
     try:
-        skipped = write_items(shards, task.source, task.items, schema, report)
-        return shards.close(), skipped
+        skipped = write_items(shards, task.source, task.items, schema, report, sequences=found)
+        return shards.close(), found, skipped
     finally:
         shards.discard()  # what an error left in progress (nothing after close)
         target.close()
@@ -237,7 +265,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     while True:
         tally = Tally(report)
         try:
-            shards, skipped = _write(task, tally)
+            shards, found, skipped = _write(task, tally)
             break
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
@@ -269,6 +297,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         size=sum(int(i.size) for i in task.items),
         attempts=attempt + 1,
         skipped=skipped,
+        schema=None if found is None else found.to_json(),
     )
     state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
     try:

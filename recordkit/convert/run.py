@@ -35,11 +35,12 @@ from typing import Any
 from .._procs import check_not_loading_main
 from .._version import __version__
 from ..codec.schema import Schema
+from ..codec.sequence import SequenceSchema
 from ..errors import SchemaError
 from ..format.complete import mark_finished
-from ..format.manifest import MANIFEST_NAME, Manifest
+from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
 from ..storage import open_target
-from ._errors import PartitionsFailedError, add_note, is_transient
+from ._errors import ConvertError, PartitionsFailedError, add_note, is_transient
 from .destination import (
     PLAN_NAME,
     Destination,
@@ -109,11 +110,12 @@ class ConvertResult:
                 f"{per_s:.0f} records/s"
             )
         rate = self.size / self.seconds if self.seconds > 0 else 0.0
+        kind = " (tf.train.SequenceExample)" if self.manifest.sequence_example else ""
         return (
             f"converted {self.items} items ({format_size(self.size)}) into {self.records} "
-            f"records{skipped} in {len(self.manifest.shards)} shards "
-            f"({format_size(self.manifest.bytes)}) "
-            f"at {self.dst}: {self.partitions} partitions{resumed}, {self.seconds:.1f} s, "
+            f"records{kind}{skipped} in {len(self.manifest.shards)} shards "
+            f"({format_size(self.manifest.bytes)}) at {self.dst}: {self.partitions} partitions"
+            f"{resumed}, {self.seconds:.1f} s, "
             f"{format_size(int(rate))}/s"
         )
 
@@ -127,7 +129,14 @@ def plan_conversion(
     storage_options: dict[str, Any] | None = None,
     source_options: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Plan]:
-    """List the source and plan the conversion; write nothing. Returns ``(source, plan)``."""
+    """List the source and plan the conversion; write nothing. Returns ``(source, plan)``.
+
+    A source may say what its records are with ``payload_kind() -> (kind, why)``
+    (after ``resolve_schema``): ``"example"`` (the default for sources without
+    it) or ``"sequence_example"``, with a phrase saying how that was decided,
+    which is logged. See ``recordkit.convert.partition`` for what a
+    SequenceExample source implements.
+    """
     from .. import converters
 
     cls = converters.get(format)
@@ -142,7 +151,16 @@ def plan_conversion(
     if not isinstance(resolved, Schema):
         raise SchemaError(f"{format}: resolve_schema returned {resolved!r}, not a Schema")
     metadata = source.metadata(items)
-    return source, make_plan(format, items, resolved, metadata, options or ConvertOptions())
+    payload = "example"
+    kind = getattr(source, "payload_kind", None)
+    if callable(kind):
+        payload, why = kind()
+        if payload not in PAYLOAD_KINDS:
+            raise SchemaError(f"{format}: payload_kind returned {payload!r}, not {PAYLOAD_KINDS}")
+        if payload != "example":
+            log.info("the records are tf.train.SequenceExamples (%s): copied whole", why)
+    plan = make_plan(format, items, resolved, metadata, options or ConvertOptions(), payload)
+    return source, plan
 
 
 def _with_retries(fn: Any, options: ConvertOptions, *, what: str) -> Any:
@@ -177,6 +195,7 @@ def _tasks(plan: Plan, source: Any, dest: Destination, todo: list[int]) -> list[
             fsync=opts.fsync,
             retries=opts.retries,
             retry_backoff=opts.retry_backoff,
+            payload=plan.payload,
         )
         for i in todo
     ]
@@ -438,15 +457,32 @@ def _publish(dest: Destination, plan: Plan, results: dict[int, PartitionResult])
     if skipped:  # the dataset holds fewer rows than the source, on purpose: say so
         metadata["convert"] = {**metadata.get("convert", {}), "skipped": skipped}
     manifest = Manifest(
-        schema=plan.schema.to_json(),
+        schema=_manifest_schema(plan, results),
         shards=tuple(s for i in sorted(results) for s in results[i].shards),
         metadata=metadata,
         created_by=f"recordkit {__version__}",
+        payload=plan.payload,
     )
     dest.target.write_bytes(MANIFEST_NAME, manifest.dumps())
     mark_finished(dest.target)  # after the manifest: never a moment unmarked
     dest.remove_state()
     return manifest
+
+
+def _manifest_schema(plan: Plan, results: Mapping[int, PartitionResult]) -> dict[str, Any]:
+    """The plan's schema, or for SequenceExamples the one every partition's records make."""
+    if plan.payload == "example":
+        return plan.schema.to_json()
+    found = []
+    for i in sorted(results):
+        schema = results[i].schema
+        if schema is None:  # a marker of this plan always has one: never guess
+            raise ConvertError(
+                f"partition {i}'s done-marker lists no schema of its SequenceExamples; "
+                "convert again with overwrite=True (--overwrite)"
+            )
+        found.append(SequenceSchema.from_json(schema))
+    return SequenceSchema.merged(found).to_json()
 
 
 def _partition_of(exc: BaseException) -> str:

@@ -20,8 +20,9 @@ from ..errors import CorruptRecordError
 from ..format import guard
 from ..format.framing import read_record
 from .decode import Alloc, BatchDecoder, DecodedBatch
+from .shards import ShardSet
 
-__all__ = ["SAMPLE", "SequenceBatchDecoder"]
+__all__ = ["SAMPLE", "SequenceBatchDecoder", "read_whole"]
 
 #: The one column a sequence batch holds: a list of samples (dicts).
 SAMPLE = "sample"
@@ -65,3 +66,22 @@ class SequenceBatchDecoder(BatchDecoder):
             except CorruptRecordError as exc:
                 bad.append((pos, exc))
         return DecodedBatch({SAMPLE: samples}, bad, len(samples), nbytes)
+
+
+def read_whole(path: str, told: bool, shards: ShardSet, *refused: Any) -> bool:
+    """Whether a reader reads SequenceExamples whole: ``told`` so, or the manifest
+    says so (``recordkit convert`` of SequenceExamples). Then nothing in
+    ``refused`` (a schema, columns, decode_images) may be set.
+
+    Raises:
+        ValueError: one of ``refused`` is set (neither ``None`` nor ``False``).
+    """
+    manifest = shards.manifest
+    said = manifest is not None and manifest.sequence_example
+    if (told or said) and any(x is not None and x is not False for x in refused):
+        why = "sequence_example=True:" if told else "its manifest says its records are"
+        raise ValueError(
+            f"{path}: {why} tf.train.SequenceExamples, read whole: no schema, columns or "
+            "decode_images"
+        )
+    return told or said

@@ -255,6 +255,8 @@ class ShardSet:
 
     def _schema(self) -> Schema:
         if self.manifest is not None:
+            if self.manifest.sequence_example:  # read whole (reader/sequence.py), no Example schema
+                return Schema({})
             return Schema.from_json(self.manifest.schema)
         examples: list[dict[str, Any]] = []
         where: list[str] = []  # file:offset:record of each, for inference's messages

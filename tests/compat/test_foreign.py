@@ -483,6 +483,19 @@ def test_sequence_example_record_dataset(tf: ModuleType, tmp_path: Path):
     assert [len(b) for b in batches] == [4, 4, 3]
     for a, b in zip([s for batch in batches for s in batch], reference):
         _sequence_equal(a, b)
+    # A transform, on threads too, runs with each batch's records known (what
+    # DecodeImages names when an image does not decode): record i holds id i.
+    from recordkit._origins import current
+
+    def records(batch):
+        origins = current()
+        assert origins is not None and len(origins) == len(batch)
+        return [(origins.locate(j)[2], int(s["context"]["id"][0])) for j, s in enumerate(batch)]
+
+    located = RecordDataset(
+        path, sequence_example=True, batch_size=4, transform=records, transform_threads=2
+    )
+    assert [pair for batch in located for pair in batch] == [(i, i) for i in range(11)]
     shuffled = list(RecordDataset(path, sequence_example=True, shuffle=True, seed=3))
     ids = sorted(int(s["context"]["id"][0]) for s in shuffled)
     assert ids == list(range(11))
@@ -536,13 +549,16 @@ def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
         list(rktf.dataset(extra, sequence_example=True))
 
 
-def test_convert_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
+def test_convert_told_examples_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
+    # Converting them whole (detected, or told) is tests/compat/test_sequence_convert.py's.
     src = tmp_path / "src"
     src.mkdir()
     _write_sequences(tf, src / "seq.tfrecord")
-    code = main(["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")])
-    assert code != 0
-    assert "payload is a tf.train.SequenceExample" in capsys.readouterr().err
+    argv = ["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")]
+    assert main([*argv, "-o", "sequence_example=false"]) != 0
+    err = capsys.readouterr().err
+    assert f"{src / 'seq.tfrecord'}:0:0: a tf.train.SequenceExample" in err
+    assert "mixed input is refused" in err and "sequence_example=False" in err
     assert not (tmp_path / "dst" / "recordkit.json").exists()
 
 

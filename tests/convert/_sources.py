@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from converters.base import Item
-from converters.jsonl import JsonlSource
 from recordkit import Schema
+from recordkit.converters.base import Item
+from recordkit.converters.jsonl import JsonlSource
 
 
 class _InWriter(JsonlSource):

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import recordkit as rk
-from converters.base import SourceError
 from recordkit.codec import encode_example
 from recordkit.convert import PartitionsFailedError
+from recordkit.converters.base import SourceError
 
 from .cases import read_all
 

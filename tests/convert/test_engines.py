@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-import converters
 import recordkit as rk
+from recordkit import converters
 from recordkit._procs import RemoteTraceback
 from recordkit.convert import ConvertError, PartitionsFailedError
 from recordkit.convert.engines import InlineEngine, LocalEngine, make_engine

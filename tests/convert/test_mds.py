@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from converters.base import SourceError
+from recordkit.converters.base import SourceError
 
 from .cases import GOLDEN, assert_samples_equal, mds_expected, read_all
 
