@@ -88,6 +88,7 @@ class PlanTasks:
                     self.options,
                     epoch,
                     avg_record_bytes=self.shards.avg_record_bytes,
+                    shard_bytes=self.shards.nbytes,
                 )
                 self._plans[epoch] = plan
                 while len(self._plans) > _PLANS_KEPT:

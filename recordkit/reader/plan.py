@@ -353,7 +353,8 @@ class EpochPlan:
         """Shard ids in the order the epoch's stretches take them: the shard windows'
         keyed order, else the dataset order (a tie-break among equal first units)."""
         if self._groups is not None:
-            return self._groups.seq.copy()
+            seq: np.ndarray = self._groups.seq.copy()
+            return seq
         return np.arange(len(self.starts) - 1, dtype=np.int64)
 
 
