@@ -417,7 +417,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         Whole epochs start the pass here (the stream that fetches ahead); in a
         DataLoader worker or the loader process only this process's maps go.
         """
-        if self._whole is not None:
+        if self._whole is not None and get_worker_info() is None:
             begun = self._whole.begin(plan, split.rank, split.world_size, start, self._open())
             return begun.release
         if self.cache_epochs == "whole":  # a worker: the training process streams and pins
@@ -608,7 +608,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                         release(unit)  # batches are copies: a finished shard can go
         finally:
             chunks.close()
-            if self._whole is not None:
+            if self._whole is not None and get_worker_info() is None:
                 self._whole.end()  # the stream stops; what is left unpinned
         if get_worker_info() is None and self.epoch == epoch:
             self.epoch = epoch + 1  # a full pass: the next iteration reads the next epoch

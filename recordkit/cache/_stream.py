@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -403,18 +404,30 @@ class Stream:
 class StreamGate:
     """The gate of the process that runs a :class:`Stream` (``ShardSet.gate``).
 
-    Pickles into a :class:`DirGate` for other processes.
+    Pickles into a :class:`DirGate` for other processes; in a forked child
+    (DataLoader workers), where the stream's threads do not run, it acts as one.
     """
 
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
         self.limit = stream.task_limit
+        self._pid = os.getpid()
+        self._forked: DirGate | None = None
+
+    def _other(self) -> DirGate | None:
+        if os.getpid() == self._pid:
+            return None
+        if self._forked is None or self._forked._pid != os.getpid():
+            self._forked = DirGate(self.stream.dir.root, self.stream.timeout, self.limit)
+        return self._forked
 
     def ready(self, rel: str) -> bool:
-        return self.stream.ready(rel)
+        other = self._other()
+        return self.stream.ready(rel) if other is None else other.ready(rel)
 
     def wait(self, rel: str) -> float:
-        return self.stream.wait(rel)
+        other = self._other()
+        return self.stream.wait(rel) if other is None else other.wait(rel)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (DirGate, (self.stream.dir.root, self.stream.timeout, self.limit))
@@ -437,6 +450,7 @@ class DirGate:
         self.root = root
         self.timeout = timeout
         self.limit = limit
+        self._pid = os.getpid()
         self._ready: set[str] = set()
         self._dir: CacheDir | None = None
         self._checked = 0.0
