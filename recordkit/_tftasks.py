@@ -56,12 +56,21 @@ class PlanTasks:
         options: the plan's options (shuffle, seed, batch size, drop_last).
         pipeline: this pipeline's id (the plan's rank).
         pipelines: the number of input pipelines (the plan's world size).
+        feed: told when a task starts and ends (``begin(epoch, task)``,
+            ``done(epoch, task)``): whole epochs through a shard cache fetch the
+            shards ahead and let each go once the tasks before it are done.
     """
 
     def __init__(
-        self, shards: ShardSet, options: PlanOptions, pipeline: int, pipelines: int
+        self,
+        shards: ShardSet,
+        options: PlanOptions,
+        pipeline: int,
+        pipelines: int,
+        feed: Any = None,
     ) -> None:
         self.shards = shards
+        self.feed = feed
         self.options = options
         self.split = Split(rank=pipeline, world_size=pipelines)
         self._lock = threading.Lock()
@@ -116,7 +125,16 @@ class PlanTasks:
             CorruptRecordError: a record's framing or CRC is bad (file, offset, record).
             ShardChangedError: a shard shrank under the reader.
         """
-        shard, rec = self.records(int(epoch), int(task))
+        if self.feed is None:
+            return self._read(int(epoch), int(task))
+        self.feed.begin(int(epoch), int(task))
+        try:
+            return self._read(int(epoch), int(task))
+        finally:
+            self.feed.done(int(epoch), int(task))
+
+    def _read(self, epoch: int, task: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        shard, rec = self.records(epoch, task)
         n, row = len(rec), self.row
         starts = np.empty(n, np.int64)  # where each record went in the buffer
         length = np.empty(n, np.int64)

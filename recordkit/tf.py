@@ -59,7 +59,7 @@ from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
-from .reader.epochs import CacheEpochs
+from .reader.epochs import CacheEpochs, Mode, TaskFeed, WholeEpochs, open_cache
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
 from .storage import is_temp_name, strip_file_scheme
@@ -296,6 +296,7 @@ def dataset(
     cache: Any = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    cache_epochs: Mode = "whole",
     cache_timeout: float | None = 600.0,
     partial: bool = False,
     limits: DecodeLimits | None = None,
@@ -342,18 +343,25 @@ def dataset(
             order for speed where it interleaves files (the native path).
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
-        cache: read through this started :class:`recordkit.cache.ShardCache`:
-            each time the dataset is iterated (each epoch) it takes every
-            complete shard the cache holds then, pinned until the next epoch
-            starts, so epochs grow as the cache fills. ``path_or_url`` is then
-            only a label. With a cache, ``input_context`` splits by shard only
-            (pipeline *i* takes shards *i*, *i + n*, ... of each epoch's set),
-            the length is unknown, and the order is not the plan's.
+        cache: read the remote dataset through this
+            :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
+            label. How epochs read it: ``cache_epochs``.
         cache_dir: instead of ``cache``: cache the remote ``path_or_url`` here,
-            within ``cache_limit`` bytes; the fill workers start now and stop at
-            interpreter exit.
+            within ``cache_limit`` bytes.
         cache_limit: the disk budget for ``cache_dir`` (e.g. ``"50GiB"``).
-        cache_timeout: seconds an epoch start waits for a first complete shard.
+        cache_epochs: ``"whole"`` (default): every epoch reads every record of
+            the remote dataset in the plan's order (the records of
+            ``recordkit.torch``), the shards fetched ahead of the readers within
+            the budget and evicted once the epoch is done with them; the length
+            is known and ``tf.train.Checkpoint`` resumes mid-epoch. One iterator
+            at a time. ``"growing"``: each time the dataset is iterated (each
+            epoch) it takes every complete shard a started cache holds then,
+            pinned until the next epoch starts, so epochs grow as the cache
+            fills (each says at WARNING how much it reads); ``input_context``
+            then splits by shard only, the length is unknown, and the order is
+            not the plan's. See ``docs/cache.md``.
+        cache_timeout: seconds a reader waits for one shard (whole epochs), or
+            an epoch start for a first complete shard (growing epochs).
         num_parallel_reads: on the native path, shards read at once (default
             4), in parallel; their records (small records: chunks of up to 1024
             records or 1 MiB) alternate, so the order is fixed but not the
@@ -386,15 +394,41 @@ def dataset(
     if input_context is not None:
         pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
         shard_files([], pipelines, pipeline)  # validates them
-    cache_epochs = CacheEpochs.open(
+    source = open_cache(
         os.fspath(path_or_url),
         cache=cache,
         cache_dir=cache_dir,
         cache_limit=cache_limit,
         timeout=cache_timeout,
+        mode=cache_epochs,
     )
+    if isinstance(source, WholeEpochs):
+        assert source.manifest is not None
+        schema = schema or Schema.from_json(source.manifest.schema)
+        options = PlanOptions(
+            shuffle=shuffle,
+            seed=seed,
+            batch_size=batch_size,
+            drop_last=drop_remainder,
+            shard_window_bytes=source.window_bytes(shuffle),
+        )
+        shards = source.shard_set(schema)
+        tasks = PlanTasks(shards, options, pipeline, pipelines)
+        tasks.feed = TaskFeed(
+            source,
+            shards,
+            tasks.plan,
+            task_units=tasks.task_units,
+            tasks=tasks.tasks,
+            rank=pipeline,
+            world_size=pipelines,
+        )
+        names = _columns(schema, columns)
+        ds = _planned(tasks, schema, names, batch_size, epoch, epochs, limits)
+        return ds.prefetch(tf.data.AUTOTUNE)
+    growing = source
     path = strip_file_scheme(os.fspath(path_or_url))
-    if cache_epochs is None and "://" not in path and (shuffle or pipelines > 1):
+    if growing is None and "://" not in path and (shuffle or pipelines > 1):
         if not os.path.exists(path):
             raise ShardNotFoundError(f"no such dataset: {path}")
         shards = open_shards(path, schema, partial=partial)
@@ -406,9 +440,9 @@ def dataset(
         ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits)
         return ds.prefetch(tf.data.AUTOTUNE)
     epoch_files = None
-    if cache_epochs is not None:
+    if growing is not None:
         epoch_files, files, schema, manifest = _cached_files(
-            cache_epochs, schema, seed, shuffle, input_context
+            growing, schema, seed, shuffle, input_context
         )
     else:
         _check_complete(strip_file_scheme(os.fspath(path_or_url)), partial)

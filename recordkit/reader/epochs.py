@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,15 @@ if TYPE_CHECKING:
     from .plan import EpochPlan
     from .shards import ShardSet
 
-__all__ = ["CacheEpochs", "EpochShards", "Mode", "WholeEpochs", "WholePass", "open_cache"]
+__all__ = [
+    "CacheEpochs",
+    "EpochShards",
+    "Mode",
+    "TaskFeed",
+    "WholeEpochs",
+    "WholePass",
+    "open_cache",
+]
 
 Mode = Literal["whole", "growing"]
 MODES = ("whole", "growing")
@@ -462,3 +471,71 @@ class WholePass:
             stats["cached"],
             stats["wait_seconds"],
         )
+
+
+class TaskFeed:
+    """Whole epochs for ``recordkit.tf``'s plan tasks (``PlanTasks(feed=...)``).
+
+    TensorFlow runs an epoch's tasks on several threads, a few ahead of the
+    consumer: the first task of an epoch starts that epoch's pass (from that
+    task: a ``tf.train.Checkpoint`` restore resumes mid-epoch), and once every
+    task before task *t* is done the shards no later task reads go. One
+    iterator at a time per dataset.
+
+    Args:
+        whole: the cache's whole epochs.
+        shards: the shard set the tasks read.
+        plan: the plan of an epoch (``PlanTasks.plan``).
+        task_units: units per task.
+        tasks: tasks per epoch.
+        rank: the pipeline id; world_size: the number of pipelines.
+    """
+
+    def __init__(
+        self,
+        whole: WholeEpochs,
+        shards: ShardSet,
+        plan: Callable[[int], EpochPlan],
+        *,
+        task_units: int,
+        tasks: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.whole = whole
+        self.shards = shards
+        self.plan = plan
+        self.task_units = task_units
+        self.tasks = tasks
+        self.rank, self.world_size = rank, world_size
+        self._lock = threading.Lock()
+        self._epoch: int | None = None
+        self._low = 0  # every task before it is done
+        self._done: set[int] = set()
+
+    def begin(self, epoch: int, task: int) -> None:
+        with self._lock:
+            if epoch == self._epoch:
+                return
+            self.whole.end()
+            self._epoch, self._low, self._done = epoch, task, set()
+            start = task * self.task_units
+            self.whole.begin(self.plan(epoch), self.rank, self.world_size, start, self.shards)
+
+    def done(self, epoch: int, task: int) -> None:
+        with self._lock:
+            current = self.whole.pass_
+            if epoch != self._epoch or current is None:
+                return
+            self._done.add(task)
+            low = self._low
+            while low in self._done:
+                self._done.discard(low)
+                low += 1
+            if low == self._low:
+                return
+            self._low = low
+            current.release(low * self.task_units - 1)
+            if low >= self.tasks:  # the epoch is read: its pins go now
+                self.whole.end()
+                self._epoch = None  # iterated again, it starts a new pass
