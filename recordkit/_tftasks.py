@@ -59,6 +59,9 @@ class PlanTasks:
         feed: told when a task starts and ends (``begin(epoch, task)``,
             ``done(epoch, task)``): whole epochs through a shard cache fetch the
             shards ahead and let each go once the tasks before it are done.
+        task_bytes: a task holds at most about this many bytes of records
+            (default 4 MiB); through a shard cache, a fraction of what it holds,
+            so that a task's shards fit beside the next ones'.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class PlanTasks:
         pipeline: int,
         pipelines: int,
         feed: Any = None,
+        task_bytes: int = _TASK_BYTES,
     ) -> None:
         self.shards = shards
         self.feed = feed
@@ -80,7 +84,7 @@ class PlanTasks:
         #: units (batches, or records without a batch size) this pipeline reads per epoch
         self.units = first.unit_count(pipeline, pipelines)
         unit = options.batch_size or 1
-        per_task = min(_TASK_RECORDS, max(1, int(_TASK_BYTES / max(shards.avg_record_bytes, 1))))
+        per_task = min(_TASK_RECORDS, max(1, int(task_bytes / max(shards.avg_record_bytes, 1))))
         self.task_units = max(1, per_task // unit)
         #: tasks per epoch (the same every epoch: the shard set is fixed)
         self.tasks = -(-self.units // self.task_units)

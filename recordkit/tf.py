@@ -413,7 +413,9 @@ def dataset(
             shard_window_bytes=source.window_bytes(shuffle),
         )
         shards = source.shard_set(schema)
-        tasks = PlanTasks(shards, options, pipeline, pipelines)
+        # a task's records span at most two shard windows (a quarter of the budget)
+        task_bytes = max(1, min(4 << 20, source.capacity // 4))
+        tasks = PlanTasks(shards, options, pipeline, pipelines, task_bytes=task_bytes)
         tasks.feed = TaskFeed(
             source,
             shards,

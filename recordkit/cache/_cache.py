@@ -33,7 +33,7 @@ from ._locks import HeldFile
 from ._remote import Remote, RetryOptions
 from ._reservation import Filler, Reservation
 from ._snapshot import Snapshot
-from ._stream import Stream, StreamStats
+from ._stream import Stream, StreamStats, fetch_one
 from ._types import CacheEvents, CacheStatus, FillContext, NoEvents
 
 if TYPE_CHECKING:
@@ -568,48 +568,15 @@ class ShardCache:
         return self._filler.retriable
 
     def _fetch_for_stream(self, info: ShardInfo) -> str:
-        """Fetch one shard a stream needs, in this thread.
-
-        Returns ``"fetched"``, ``"present"`` (it is here already), ``"elsewhere"``
-        (another process is fetching it) or ``"blocked"`` (no room: pinned shards
-        fill the budget). Room is made by evicting any unpinned shard.
-
-        Raises:
-            CacheFullError: the shard is larger than the budget, or the disk is full.
-            DownloadError: the download failed after its retries.
-        """
-        with self.dir.lock():
-            scan = self.dir.scan()
-            if info.path in scan.complete:
-                return "present"
-            if info.path in scan.leased:
-                return "elsewhere"
-            capacity = max(0, self.max_bytes - self.dir.fixed_bytes(scan))
-            lease = self.dir.reserve(
-                info.path,
-                self._filler.need(info, self.dir.store, capacity),
-                max_bytes=self.max_bytes,
-                policy=self.policy,
-                displace=False,
-                on_evict=self.events.evicted,
-            )
-            if lease is None:
-                return "blocked"
-        room = Reservation(
+        """Fetch one shard a stream needs (see ``_stream.fetch_one``)."""
+        return fetch_one(
             self.dir,
-            lease,
-            info.path,
+            self._filler,
+            info,
             max_bytes=self.max_bytes,
-            capacity=capacity,
             policy=self.policy,
             events=self.events,
-            abandoning=lambda: False,
         )
-        try:
-            self._filler.fill(info, room)
-        finally:
-            room.release()
-        return "fetched"
 
     def fill(self) -> int:
         """Fill in this thread (with ``fill_workers`` threads) until nothing is left to do.

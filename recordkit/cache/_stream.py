@@ -25,18 +25,17 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..format.manifest import ShardInfo
 from ._dir import BOOKKEEPING_SLACK, CacheDir
 from ._errors import CacheFullError
 from ._fill import index_bound
 from ._locks import HeldFile
+from ._reservation import Filler, Reservation
+from ._types import CacheEvents
 
-if TYPE_CHECKING:
-    from ._cache import ShardCache
-
-__all__ = ["DirGate", "Stream", "StreamGate", "StreamStats", "footprint"]
+__all__ = ["DirGate", "Stream", "StreamGate", "StreamStats", "fetch_one", "footprint"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +51,78 @@ _POLL_S = 0.25
 # that the pass adds (the budget counts the bookkeeping).
 _PER_SHARD_BOOKKEEPING = 512
 _STATS_LOCK = threading.Lock()
+
+
+class _Cache(Protocol):
+    """What a stream uses of its :class:`~recordkit.cache.ShardCache`."""
+
+    dir: CacheDir
+    max_bytes: int
+
+    def info(self, rel: str) -> ShardInfo: ...
+
+    def _fetch_for_stream(self, info: ShardInfo) -> str: ...
+
+    @property
+    def _retriable(self) -> tuple[type[BaseException], ...]: ...
+
+    def _stream_ended(self, stream: Stream) -> None: ...
+
+    def _notify(self) -> None: ...
+
+
+def fetch_one(
+    directory: CacheDir,
+    filler: Filler,
+    info: ShardInfo,
+    *,
+    max_bytes: int,
+    policy: str,
+    events: CacheEvents,
+) -> str:
+    """Fetch one shard a stream needs, in this thread (``ShardCache._fetch_for_stream``).
+
+    Returns ``"fetched"``, ``"present"`` (it is here already), ``"elsewhere"``
+    (another process is fetching it) or ``"blocked"`` (no room: pinned shards
+    fill the budget). Room is made by evicting any unpinned shard, consumed ones
+    first.
+
+    Raises:
+        CacheFullError: the shard is larger than the budget, or the disk is full.
+        DownloadError: the download failed after its retries.
+    """
+    with directory.lock():
+        scan = directory.scan()
+        if info.path in scan.complete:
+            return "present"
+        if info.path in scan.leased:
+            return "elsewhere"
+        capacity = max(0, max_bytes - directory.fixed_bytes(scan))
+        lease = directory.reserve(
+            info.path,
+            filler.need(info, directory.store, capacity),
+            max_bytes=max_bytes,
+            policy=policy,
+            displace=False,
+            on_evict=events.evicted,
+        )
+        if lease is None:
+            return "blocked"
+    room = Reservation(
+        directory,
+        lease,
+        info.path,
+        max_bytes=max_bytes,
+        capacity=capacity,
+        policy=policy,
+        events=events,
+        abandoning=lambda: False,
+    )
+    try:
+        filler.fill(info, room)
+    finally:
+        room.release()
+    return "fetched"
 
 
 def footprint(info: ShardInfo) -> int:
@@ -106,7 +177,7 @@ class Stream:
 
     def __init__(
         self,
-        cache: ShardCache,
+        cache: _Cache,
         order: Sequence[ShardInfo],
         *,
         epoch: int | None,
@@ -208,8 +279,9 @@ class Stream:
             f"the read-ahead window holds {len(self._admitted)} shard(s), "
             f"{self._window_bytes:,} of {self.capacity:,} bytes, {len(self._present)} of "
             f"them here, {len(self._fetching)} downloading, {len(self._elsewhere)} being "
-            "fetched by another process (a slow remote, or other readers' pins filling "
-            "the budget?)"
+            "fetched by another process (a slow remote? other readers' pins filling "
+            "the budget? or the shards one read needs at once do not fit in it: raise "
+            "the budget)"
         )
 
     def release(self, rels: Iterable[str]) -> None:
