@@ -522,6 +522,7 @@ class ShardCache:
         epoch: int | None = None,
         timeout: float | None = None,
         workers: int | None = None,
+        capacity: int | None = None,
     ) -> Stream:
         """Fetch shards in the order a reader needs them, ahead of it (whole epochs).
 
@@ -539,6 +540,9 @@ class ShardCache:
             epoch: the epoch read (for the eviction policy).
             timeout: seconds a reader waits for one shard.
             workers: concurrent downloads.
+            capacity: hold at most this many bytes of shards (and their indexes)
+                in the window (default: all the budget leaves beside the cache's
+                own files).
         """
         if self._filler.mode != "shards":
             raise ValueError(
@@ -553,6 +557,7 @@ class ShardCache:
             workers=workers or max(1, self.fill_workers),
             timeout=timeout,
             stats=self.stream_stats,
+            capacity=capacity,
         )
         with self._cv:
             self._streams.add(stream)

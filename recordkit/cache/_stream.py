@@ -173,6 +173,8 @@ class Stream:
         workers: concurrent downloads.
         timeout: seconds a reader waits for one shard before :class:`TimeoutError`.
         stats: counters to add to.
+        capacity: the most shard bytes (indexes included) the window holds; default,
+            and at most, what the budget holds beside the cache's own files.
     """
 
     def __init__(
@@ -184,6 +186,7 @@ class Stream:
         workers: int,
         timeout: float | None,
         stats: StreamStats,
+        capacity: int | None = None,
     ) -> None:
         self.cache = cache
         self.dir: CacheDir = cache.dir
@@ -207,6 +210,7 @@ class Stream:
         self._window_bytes = 0  # the footprints of the admitted shards
         self._error: BaseException | None = None
         self._closed = False
+        self._arrived_once = False  # a shard of this pass is here (downloads go parallel)
         self._dirty = True
         self._cv = threading.Condition()
         with self.dir.lock():
@@ -216,6 +220,8 @@ class Stream:
                 - self.dir.fixed_bytes(scan)
                 - _PER_SHARD_BOOKKEEPING * len(self._order)
             )
+            if capacity is not None:
+                self.capacity = min(self.capacity, capacity)
             self._claim: HeldFile = self.dir.pin([], epoch=epoch)
         #: the most shard bytes one reader task may touch: half the window, so the
         #: next task's shards fit beside a task's
@@ -405,10 +411,17 @@ class Stream:
     # -- fetching ------------------------------------------------------------------------------
 
     def _take(self) -> str | None:
-        """The next shard to download (in order), waiting for one; ``None`` when closed."""
+        """The next shard to download (in order), waiting for one; ``None`` when closed.
+
+        Until a first shard of the pass is here, one download at a time: parallel
+        downloads share the link, and the reader waits for the first one alone.
+        """
         with self._cv:
             while not self._closed:
                 now = time.monotonic()
+                if self._fetching and not self._present and not self._arrived_once:
+                    self._cv.wait(_POLL_S)
+                    continue
                 for k, rel in enumerate(self._queue):
                     if self._retry_at.get(rel, 0.0) <= now:
                         del self._queue[k]
@@ -440,6 +453,7 @@ class Stream:
                     pass
                 elif outcome in ("fetched", "present"):
                     self._present.add(rel)
+                    self._arrived_once = True
                     self._cv.notify_all()
                 elif outcome == "elsewhere":
                     self._elsewhere.add(rel)

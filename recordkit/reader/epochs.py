@@ -417,7 +417,10 @@ class WholePass:
         order = wanted[np.argsort(key, kind="stable")]
         infos = whole.infos
         self.stream = whole.cache.stream(
-            [infos[i] for i in order.tolist()], epoch=plan.epoch, timeout=whole.timeout
+            [infos[i] for i in order.tolist()],
+            epoch=plan.epoch,
+            timeout=whole.timeout,
+            capacity=whole.capacity,  # what the plan's windows were sized from
         )
         self._gate = StreamGate(self.stream)
         shards.gate = self._gate
