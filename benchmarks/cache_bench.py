@@ -265,7 +265,9 @@ def whole(args: argparse.Namespace) -> dict:
                     local, batch_size=64, cache_dir=os.path.join(work, "probe"),
                     cache_limit=budget, shuffle=True,
                 )._window  # fmt: skip
-                block = max(1, window // (args.record_kib * 1024)) if shuffle else 0
+                # Streaming's shuffle block: our shard window in samples (its default,
+                # 0 here, where the budget holds the dataset and we read the local order)
+                block = window // (args.record_kib * 1024) if shuffle and window else 0
                 out = subprocess.run(
                     [mds, _MDS_SIDE, "read", "--remote", "s3://bench/mds", "--local",
                      os.path.join(work, f"mds-cache{k}"), "--budget", str(budget),

@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -59,7 +59,7 @@ from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest
-from .reader.epochs import CacheEpochs, Mode, TaskFeed, WholeEpochs, open_cache
+from .reader.epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
 from .storage import is_temp_name, strip_file_scheme
@@ -296,7 +296,7 @@ def dataset(
     cache: Any = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
-    cache_epochs: Mode = "whole",
+    cache_epochs: Literal["whole", "growing"] = "whole",
     cache_timeout: float | None = 600.0,
     partial: bool = False,
     limits: DecodeLimits | None = None,

@@ -54,7 +54,7 @@ from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
-from .reader.epochs import CacheEpochs, Mode, WholeEpochs, open_cache  # noqa: E402
+from .reader.epochs import CacheEpochs, WholeEpochs, open_cache  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
@@ -287,7 +287,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache: ShardCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
-        cache_epochs: Mode = "whole",
+        cache_epochs: Literal["whole", "growing"] = "whole",
         cache_timeout: float | None = 600.0,
         partial: bool = False,
     ) -> None:
@@ -339,7 +339,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache_dir: str | os.PathLike[str] | None,
         cache_limit: int | str | None,
         timeout: float | None,
-        mode: Mode,
+        mode: str,
     ) -> None:
         source = open_cache(
             self.path,
@@ -354,7 +354,7 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         self._whole = source if isinstance(source, WholeEpochs) else None
         self._epochs = source if isinstance(source, CacheEpochs) else None
         self.cache: ShardCache | None = source.cache if source is not None else None
-        self.cache_epochs: Mode | None = mode if source is not None else None
+        self.cache_epochs: str | None = mode if source is not None else None
         self._window = self._whole.window_bytes(self.options.shuffle) if self._whole else 0
         # growing epochs: the shard set changes per epoch (also true in workers, which
         # have no cache); whole epochs read one fixed set, the remote's whole catalog
