@@ -375,3 +375,28 @@ def test_ranks_read_every_record_once_per_epoch(tmp_path):
     assert merged == [i for b in single for i in b["i"].tolist()]
     single.close()
     assert np.array_equal(np.sort(merged), np.arange(TOTAL))
+
+
+def test_the_cache_cli_fills_ahead_and_leaves_a_streaming_reader_alone(tmp_path, capsys):
+    from recordkit.cli import main
+
+    root = tmp_path / "remote"
+    manifest = write_dataset(root, shards=SHARDS, records=RECORDS, size=SIZE)
+    budget = budget_for(manifest, SHARDS / 2)
+    local = tmp_path / "cache"
+    assert main(["cache", "fill", str(root), str(local), "--max-bytes", str(budget)]) == 0
+    filled = sorted(n for n in os.listdir(local) if n.endswith(".tfrecord"))
+    assert 1 <= len(filled) < SHARDS
+    cache = ShardCache(root, local, max_bytes=budget)
+    ds = rkt.RecordDataset(root, batch_size=8, cache=cache)  # in order: shards come one by one
+    it = iter(ds)
+    ids = next(it)["i"].tolist()
+    # while the reader streams: status shows its pins, gc removes nothing it reads
+    assert main(["cache", "status", str(local), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["pinned"] >= 1
+    assert main(["cache", "gc", str(local)]) == 0
+    ids += [i for b in it for i in b["i"].tolist()]
+    assert ids == list(range(TOTAL))
+    assert cache.stream_stats.cached >= 1  # what the CLI filled was not fetched again
+    ds.close()
