@@ -40,7 +40,7 @@ That is how readers read *growing* epochs. *Whole* epochs (the readers'
 default) read every shard every epoch instead: ``cache.stream(order,
 epoch=...)`` returns a :class:`Stream` that fetches the shards in the order the
 reader first needs them, ahead of it and within the budget (a read-ahead window
-pinned by name), and moves on as the reader ``release()``\ s them;
+pinned by name), and moves on as the reader releases them;
 ``cache.stream_stats`` (:class:`StreamStats`) counts what streams did.
 
 Producer mode: when the remote holds raw samples rather than shards,
