@@ -194,6 +194,7 @@ class Stream:
         self.timeout = timeout
         self.stats = stats
         self._order = [i.path for i in order]
+        self._position = {rel: k for k, rel in enumerate(self._order)}
         self._info = {i.path: i for i in order}
         self._fp = {i.path: footprint(i) for i in order}
         self._next = 0  # the next shard of the order to enter the window
@@ -257,7 +258,7 @@ class Stream:
             if rel in self._present:
                 return 0.0
             t0 = time.monotonic()
-            later = rel in self._info and self._order.index(rel) >= self._next
+            later = self._position.get(rel, -1) >= self._next
             if rel not in self._admitted and rel not in self._front and not later:
                 self._front.append(rel)
                 self._info.setdefault(rel, self.cache.info(rel))

@@ -118,3 +118,14 @@ def test_cache_arguments_are_checked(remote, tmp_path):
         pytest.raises(ValueError, match="not both"),
     ):
         rkt.RecordDataset(root, cache=cache, cache_dir=tmp_path / "c", cache_limit="1GiB")
+
+
+def test_the_loader_process_reads_growing_epochs(remote, tmp_path):
+    root, _ = remote
+    with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
+        cache.wait_settled(timeout=60)
+        ds = rkt.RecordDataset(
+            root, batch_size=8, cache=cache, cache_epochs="growing", reader_process=True
+        )
+        assert [i for b in ds for i in b["i"].tolist()] == list(range(SHARDS * RECORDS))
+        ds.close()
