@@ -152,11 +152,13 @@ class StreamStats:
     failures: int = 0
 
     def add(self, **deltas: float) -> None:
+        """Add to several counters at once, atomically."""
         with _STATS_LOCK:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
 
     def as_dict(self) -> dict[str, float]:
+        """A consistent snapshot of the counters."""
         with _STATS_LOCK:
             return asdict(self)
 
@@ -175,6 +177,11 @@ class Stream:
         stats: counters to add to.
         capacity: the most shard bytes (indexes included) the window holds; default,
             and at most, what the budget holds beside the cache's own files.
+
+    Attributes:
+        capacity: the window's bytes, as used.
+        task_limit: the most shard bytes one reader task may touch (half the
+            window, so that the next task's shards fit beside a task's).
     """
 
     def __init__(
@@ -224,8 +231,8 @@ class Stream:
             if capacity is not None:
                 self.capacity = min(self.capacity, capacity)
             self._claim: HeldFile = self.dir.pin([], epoch=epoch)
-        #: the most shard bytes one reader task may touch: half the window, so the
-        #: next task's shards fit beside a task's
+        # the most shard bytes one reader task may touch (half the window, so the
+        # next task's shards fit beside a task's)
         self.task_limit = max(1, self.capacity // 2)
         self._threads = [
             threading.Thread(target=self._schedule, name="recordkit-stream", daemon=True)
