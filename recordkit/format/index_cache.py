@@ -34,7 +34,8 @@ import numpy as np
 
 from ..errors import InvalidIndexError, ShardNotFoundError
 from ._atomic import TMP_MARKER
-from .index import load_index, max_index_bytes, validate_index, write_index
+from .index import write_index
+from .shard_index import ShardIndex, load_index_file
 
 __all__ = [
     "ENV_INDEX_CACHE",
@@ -42,6 +43,7 @@ __all__ = [
     "cache_dir",
     "cache_limit",
     "cached_index",
+    "cached_shard_index",
     "store_index",
 ]
 
@@ -96,9 +98,20 @@ def _entry(directory: str, path: str, st: os.stat_result) -> str:
 def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | None:
     """A cached index for the shard at ``path`` (mapped as ``buf``), validated; else ``None``.
 
+    Every entry and length field is checked (:func:`recordkit.format.validate_index`).
     An entry that does not validate is removed (with a log line) and ``None``
     returned, so the caller rebuilds it.
     """
+    found = cached_shard_index(path, buf, full=True)
+    return None if found is None else found.entries()
+
+
+def cached_shard_index(
+    path: str, buf: bytes | memoryview | object, *, full: bool = False, records: int | None = None
+) -> ShardIndex | None:
+    """:func:`cached_index` in the compact form readers hold, checked as
+    :func:`recordkit.format.shard_index.load_index_file` checks a sidecar (every
+    length field with ``full``, else spread samples now and the rest per run)."""
     directory = cache_dir()
     if directory is None:
         return None
@@ -106,10 +119,8 @@ def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | No
         entry = _entry(directory, path, os.stat(path))
     except OSError:
         return None
-    size = len(buf)  # type: ignore[arg-type]
     try:
-        entries = load_index(entry, max_bytes=max_index_bytes(size))
-        validate_index(entries, buf, path=path, index_file=entry)  # type: ignore[arg-type]
+        index = load_index_file(entry, buf, path=path, full=full, records=records)
     except ShardNotFoundError:
         return None
     except InvalidIndexError as exc:
@@ -119,7 +130,7 @@ def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | No
         return None
     with contextlib.suppress(OSError):
         os.utime(entry)  # least recently used goes first
-    return entries
+    return index
 
 
 def store_index(path: str, entries: np.ndarray) -> str | None:

@@ -208,7 +208,7 @@ class RecordReader:
         for sid, rows in groups:
             recs = records[rows]
             with self.shards.use(sid) as shard:
-                offsets, sizes = shard.offsets[recs], shard.sizes[recs]
+                offsets, sizes = shard.locate(recs)
                 alloc = self.pool.alloc if len(groups) == 1 else None
                 batch = self.decoder.decode(
                     shard.buf, offsets, sizes, alloc=alloc, path=shard.path, records=recs
@@ -288,10 +288,8 @@ class RecordReader:
             for slot, (sid, at) in enumerate(_groups(shard_ids)):
                 shard = self.shards.acquire(sid)
                 held.append(shard)
-                recs = records[at]
                 rec[at, 0] = slot
-                rec[at, 1] = shard.offsets[recs]
-                rec[at, 2] = shard.sizes[recs]
+                rec[at, 1], rec[at, 2] = shard.locate(records[at])
         except BaseException:
             self._release(held)
             raise
