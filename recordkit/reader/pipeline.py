@@ -111,7 +111,12 @@ class _Task:
     unit_of_row: np.ndarray
     shard_ids: np.ndarray
     records: np.ndarray
-    nshards: int  # distinct shards: what the task holds mapped while it runs
+    groups: list[tuple[int, np.ndarray]]  # (shard id, its rows in task order), by shard id
+
+    @property
+    def nshards(self) -> int:
+        """Distinct shards: what the task holds mapped while it runs."""
+        return len(self.groups)
 
 
 @dataclass
@@ -190,16 +195,20 @@ class RecordReader:
         self.native_tasks = native_tasks and decoder.runner() is not None
         # Row widths to allocate for each padded bytes feature in runner tasks: the
         # widest value seen so far, with headroom; a wider one sends its task to
-        # the reference path, which is exact, and widens the guess.
+        # the reference path, which is exact, and widens the guess. While every
+        # task has had the same widest value (values of one size, as often), the
+        # guess is that width exactly: the runner then writes rows where they stay
+        # (it closes up rows allocated wider, an extra pass over the column).
         self._widths: list[int] = [0] * len(decoder.bytes_features)
+        self._same_width: list[bool] = [True] * len(decoder.bytes_features)
         self.native_fallbacks = 0  # runner tasks decoded the reference way instead
 
     # -- one task, on a reader thread ------------------------------------------------
 
     def _decode_task(self, task: _Task) -> _Done:
         t0 = time.perf_counter()
-        shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
-        groups = _groups(shard_ids)  # a shuffled task reads each shard's records in one call
+        records, unit_of_row = task.records, task.unit_of_row
+        groups = task.groups  # a shuffled task reads each shard's records in one call
         kept = np.ones(len(records), dtype=bool)
         parts: list[tuple[Columns, int]] = []
         rows_of_parts: list[np.ndarray] = []
@@ -261,8 +270,7 @@ class RecordReader:
         positions, lengths = plan.unit_positions(split, units)
         shard_ids, records = plan.resolve(positions)
         unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
-        nshards = len(np.unique(shard_ids))
-        return _Task(units, unit_of_row, shard_ids, records, nshards)
+        return _Task(units, unit_of_row, shard_ids, records, _groups(shard_ids))
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order (chunks with no rows included).
@@ -278,14 +286,15 @@ class RecordReader:
 
         ``rows``: the task's rows this piece decodes (``None``: all, in order).
         """
-        shard_ids, records = task.shard_ids, task.records
+        shard_ids, records, groups = task.shard_ids, task.records, task.groups
         if rows is not None:
             shard_ids, records = shard_ids[rows], records[rows]
+            groups = _groups(shard_ids)
         n = len(records)
         rec = np.empty((n, 3), dtype=np.int64)
         held: list[MappedShard] = []  # released once the runner is done with the piece
         try:
-            for slot, (sid, at) in enumerate(_groups(shard_ids)):
+            for slot, (sid, at) in enumerate(groups):
                 shard = self.shards.acquire(sid)
                 held.append(shard)
                 rec[at, 0] = slot
@@ -295,8 +304,13 @@ class RecordReader:
             raise
         widest = int(rec[:, 2].max()) - OVERHEAD if n else 0  # the longest payload
         widths = []
-        for seen in self._widths:
-            guess = widest if not seen else min(widest, seen + (seen >> 2) + 64)
+        for seen, same in zip(self._widths, self._same_width, strict=True):
+            if not seen:
+                guess = widest
+            elif same:
+                guess = min(widest, seen)
+            else:
+                guess = min(widest, seen + (seen >> 2) + 64)
             widths.append(max(guess, 0))
         outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
         bufs = tuple(shard.buf for shard in held)
@@ -384,7 +398,10 @@ class RecordReader:
                 for k, name in enumerate(self.decoder.bytes_features):
                     col = done.chunk.columns.get(name)  # absent when every record was skipped
                     if col is not None:
-                        self._widths[k] = max(self._widths[k], col.shape[1])
+                        seen, width = self._widths[k], col.shape[1]
+                        if seen and width != seen:
+                            self._same_width[k] = False
+                        self._widths[k] = max(seen, width)
                 self._account(done, waited)
                 waited = 0.0
                 yield done.chunk
@@ -468,7 +485,7 @@ def _pieces(task: _Task, cap: int) -> list[np.ndarray | None]:
     """A task's rows in pieces that each touch at most ``cap`` shards (``[None]``: one)."""
     if task.nshards <= cap:
         return [None]
-    groups = _groups(task.shard_ids)
+    groups = task.groups
     return [
         np.concatenate([rows for _, rows in groups[k : k + cap]])
         for k in range(0, len(groups), cap)
@@ -483,7 +500,9 @@ def _groups(shard_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         order = np.arange(len(shard_ids))
         ids = shard_ids
     else:
-        order = np.argsort(shard_ids, kind="stable")
+        # A stable sort; ids that fit 16 bits take NumPy's radix sort (linear).
+        keys = shard_ids.astype(np.uint16) if shard_ids.max() < 1 << 16 else shard_ids
+        order = np.argsort(keys, kind="stable")
         ids = shard_ids[order]
     edges = (np.flatnonzero(np.diff(ids)) + 1).tolist()
     return [
