@@ -142,7 +142,7 @@ class ShardIndex:
         source: as given.
     """
 
-    __slots__ = ("_checked", "_shift", "bounds", "source")
+    __slots__ = ("_all_checked", "_checked", "_shift", "bounds", "source")
 
     def __init__(
         self, bounds: np.ndarray, *, source: str | None = None, checked: bool = False
@@ -155,6 +155,7 @@ class ShardIndex:
         n = len(bounds) - 1
         self._shift = run_shift(int(bounds[-1]), n)
         self._checked = np.full((n + (1 << self._shift) - 1) >> self._shift, checked, dtype=bool)
+        self._all_checked = checked or not n  # then no record needs a look at the array
 
     @classmethod
     def from_entries(
@@ -199,11 +200,13 @@ class ShardIndex:
         The runs they fall in are checked first (:meth:`check`).
         """
         recs = np.asarray(records, dtype=np.int64)
-        runs = recs >> self._shift
-        if not self._checked[runs].all():
-            self._check_runs(np.unique(runs[~self._checked[runs]]), buf, path, recs)
-        start = self.bounds[recs].astype(np.int64)
-        return start, self.bounds[recs + 1].astype(np.int64) - start
+        if not self._all_checked:
+            runs = recs >> self._shift
+            todo = ~self._checked[runs]
+            if todo.any():
+                self._check_runs(np.unique(runs[todo]), buf, path, recs)
+        start = self.bounds[recs]
+        return start.astype(np.int64), np.subtract(self.bounds[recs + 1], start, dtype=np.int64)
 
     def entry(self, record: int, buf: Any, *, path: str | None = None) -> tuple[int, int]:
         """One record's ``(offset, framed size)``, its run checked first."""
@@ -212,7 +215,7 @@ class ShardIndex:
         if not 0 <= record < self.records:
             raise IndexError(f"record {record} of a shard of {self.records}")
         run = record >> self._shift
-        if not self._checked[run]:
+        if not self._all_checked and not self._checked[run]:
             self._check_runs(np.array([run]), buf, path, np.array([record]))
         start = int(self.bounds[record])
         return start, int(self.bounds[record + 1]) - start
@@ -224,6 +227,8 @@ class ShardIndex:
             InvalidIndexError: a length field disagrees with the index (stale index).
             ShardChangedError: the shard shrank under its map.
         """
+        if self._all_checked:
+            return
         runs = np.asarray(records, dtype=np.int64) >> self._shift
         todo = runs[~self._checked[runs]]
         if len(todo):
@@ -264,8 +269,10 @@ class ShardIndex:
             sizes = self.bounds[recs + 1].astype(np.int64) - start
         check_lengths(start, sizes, buf, path=path, where=self.source, records=recs)
         # Only now: a thread that sees the mark may return these records. Racing
-        # threads may check a run twice; the mark only ever goes from False to True.
+        # threads may check a run twice; the marks only ever go from False to True.
         self._checked[runs] = True
+        if self._checked.all():
+            self._all_checked = True
 
 
 def run_shift(nbytes: int, records: int) -> int:
