@@ -46,7 +46,7 @@ import numpy as np
 
 from ..errors import InvalidIndexError, ShardNotFoundError
 from . import guard
-from .framing import DEFAULT_MAX_RECORD_BYTES
+from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD
 from .index import (
     _scan,
     check_entries,
@@ -246,8 +246,23 @@ class ShardIndex:
         if not n:
             return
         recs = np.unique(np.linspace(0, n - 1, min(n, SPOT_CHECKS)).astype(np.int64))
-        start = self.bounds[recs].astype(np.int64)
-        sizes = self.bounds[recs + 1].astype(np.int64) - start
+        self._check_entries(recs, buf, path)
+
+    def _check_entries(self, recs: np.ndarray | None, buf: Any, path: str | None) -> None:
+        """Check records ``recs`` (``None``: all): sizes >= 16, inside the shard (so
+        boundaries that came from a binary copy are as checked as parsed ones), then
+        their length fields."""
+        if recs is None:
+            b = self.bounds.astype(np.int64)
+            start, sizes = b[:-1], np.diff(b)
+        else:
+            start = self.bounds[recs].astype(np.int64)
+            sizes = self.bounds[recs + 1].astype(np.int64) - start
+        bad = (sizes < OVERHEAD) | (start + sizes > self.nbytes)
+        if bad.any():
+            i = int(np.argmax(bad))
+            rec = i if recs is None else int(recs[i])
+            raise entry_error(int(start[i]), int(sizes[i]), rec, self.nbytes, self.source)
         check_lengths(start, sizes, buf, path=path, where=self.source, records=recs)
 
     def _check_runs(self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None) -> None:
@@ -257,17 +272,12 @@ class ShardIndex:
             if cut.any():
                 i = int(asked[np.argmax(cut)])
                 raise guard.changed(buf, path=path, offset=int(self.bounds[i]), record=i)
-        recs: np.ndarray | None = None
-        if len(runs) == len(self._checked):  # all of them (check_all): no gathering of rows
-            b = self.bounds.astype(np.int64)
-            start, sizes = b[:-1], np.diff(b)
-        else:
+        recs: np.ndarray | None = None  # all of them (check_all): no gathering of rows
+        if len(runs) != len(self._checked):
             first = runs << self._shift
             count = np.minimum(first + (1 << self._shift), self.records) - first
             recs = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-            start = self.bounds[recs].astype(np.int64)
-            sizes = self.bounds[recs + 1].astype(np.int64) - start
-        check_lengths(start, sizes, buf, path=path, where=self.source, records=recs)
+        self._check_entries(recs, buf, path)
         # Only now: a thread that sees the mark may return these records. Racing
         # threads may check a run twice; the marks only ever go from False to True.
         self._checked[runs] = True
@@ -305,19 +315,37 @@ def load_index_file(
     path: str,
     full: bool = False,
     records: int | None = None,
+    cache: bool = True,
 ) -> ShardIndex:
     """An index file (a sidecar or a cache entry) for the shard mapped as ``buf``.
+
+    With ``cache``, the boundaries parsed from it before (by any process) come
+    from the per-user cache's binary copy instead of a parse
+    (:func:`recordkit.format.index_cache.cached_bounds`), and a parse leaves one.
 
     Raises:
         ShardNotFoundError: there is no such file.
         InvalidIndexError: it is not a regular file, too large, malformed, or does
             not match the shard (as far as it was checked: see the module docstring).
     """
+    from . import index_cache  # it stores what this module parses
+
     size = len(buf)
-    data = read_index_text(index_file, max_bytes=max_index_bytes(size))
-    index = ShardIndex(parse_bounds(data, size, where=index_file), source=index_file)
-    del data  # up to ~20 bytes a record: not kept past the parse
-    _verify(index, buf, path, full, records)
+    bounds = index_cache.cached_bounds(path, index_file, size) if cache else None
+    parsed = bounds is None
+    if bounds is None:
+        data = read_index_text(index_file, max_bytes=max_index_bytes(size))
+        bounds = parse_bounds(data, size, where=index_file)
+        del data  # up to ~20 bytes a record: not kept past the parse
+    index = ShardIndex(bounds, source=index_file)
+    try:
+        _verify(index, buf, path, full, records)
+    except InvalidIndexError:
+        if not parsed:  # the text it came from is as stale: both are rebuilt
+            index_cache.drop_bounds(path, index_file)
+        raise
+    if parsed and cache:
+        index_cache.store_bounds(path, index_file, index.bounds)
     return index
 
 
@@ -355,7 +383,7 @@ def open_index(
         regular = True
         if os.path.lexists(idx):
             try:
-                return load_index_file(idx, buf, path=path, full=full, records=records)
+                return load_index_file(idx, buf, path=path, full=full, records=records, cache=cache)
             except (InvalidIndexError, ShardNotFoundError) as exc:
                 log.warning("rebuilding index: %s", exc)
                 # Never replace a FIFO or a device someone put there; use the index in memory.

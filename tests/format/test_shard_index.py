@@ -252,3 +252,87 @@ def test_from_entries_is_checked_and_round_trips(tmp_path):
     assert index.unchecked_runs == 0 and np.array_equal(index.entries(), true)
     with pytest.raises(IndexError):
         index.entry(10, b"")
+
+
+# ------------------------------------------------------------- the binary copy in the cache
+
+
+def _bnd_files():
+    from recordkit.format import index_cache
+
+    directory = os.path.join(index_cache.cache_dir() or "", "bounds")
+    return sorted(os.path.join(directory, f) for f in os.listdir(directory))
+
+
+def test_a_parsed_index_is_kept_in_binary_and_read_back(tmp_path, monkeypatch):
+    path, _ = _varied_shard(tmp_path)
+    true = scan_index(path)
+    write_index(index_path(path), true)
+    first = open_index(path)
+    (bnd,) = _bnd_files()
+    assert os.path.getsize(bnd) == 32 + 4 * (len(true) + 1)
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(si, "parse_bounds", no_parse)
+    again = open_index(path)
+    assert np.array_equal(again.bounds, first.bounds) and again.source == index_path(path)
+    buf = open_map(path)
+    assert np.array_equal(again.locate(np.arange(len(true)), buf)[1], true[:, 1])
+    buf.close()
+    monkeypatch.setenv("RECORDKIT_INDEX_CACHE", "off")
+    with pytest.raises(AssertionError, match="parsed again"):
+        open_index(path)
+
+
+def test_a_new_text_index_is_not_read_from_an_old_copy(tmp_path):
+    path, _ = _varied_shard(tmp_path)
+    true = scan_index(path)
+    write_index(index_path(path), true)
+    open_index(path)
+    os.unlink(index_path(path))
+    write_index(index_path(path), _swap(true, 3))  # another file: another key
+    buf = open_map(path)
+    with pytest.raises(InvalidIndexError, match="length field"):
+        index = open_index(path, buf=buf, write=False)
+        index.locate(np.arange(10), buf)
+    buf.close()
+    assert len(_bnd_files()) == 2
+
+
+@pytest.mark.parametrize("damage", ["magic", "short", "last", "middle", "outside"])
+def test_a_damaged_copy_is_dropped_or_caught_before_its_records(tmp_path, damage):
+    path, _ = _varied_shard(tmp_path)
+    true = scan_index(path)
+    write_index(index_path(path), true)
+    open_index(path)
+    (bnd,) = _bnd_files()
+    with open(bnd, "rb") as f:
+        raw = bytearray(f.read())
+    if damage == "magic":
+        raw[0:8] = b"XXXXXXXX"
+    elif damage == "short":
+        raw = raw[:-4]
+    elif damage == "last":
+        raw[-4:] = (12345).to_bytes(4, "little")
+    elif damage == "middle":  # record 1000 one byte longer, 1001 one shorter
+        at = 32 + 4 * 1001
+        raw[at : at + 4] = (int(true[1001, 0]) + 1).to_bytes(4, "little")
+    else:  # a boundary past the end of the shard
+        at = 32 + 4 * 1500
+        raw[at : at + 4] = (1 << 31).to_bytes(4, "little")
+    with open(bnd, "wb") as f:
+        f.write(raw)
+    buf = open_map(path)
+    index = open_index(path, buf=buf)
+    if damage in ("magic", "short", "last"):  # dropped at load: the text is parsed again
+        assert np.array_equal(index.entries(), true)
+    else:  # read, and caught by the check of the run, before any of its records
+        index.locate(np.arange(900), buf, path=path)
+        bad = 1000 if damage == "middle" else 1499
+        with pytest.raises(InvalidIndexError) as info:
+            index.locate(np.array([bad]), buf, path=path)
+        assert info.value.path == index_path(path)
+        assert info.value.record in (bad, bad + 1)
+    buf.close()
