@@ -353,11 +353,16 @@ class RecordReader:
         pending: deque[tuple[_Task, _Prepared, int]] = deque()
         upcoming: list[tuple[_Task, np.ndarray | None] | None] = [next(jobs, None)]
 
+        # Slow start: one task in flight before the first chunk, one more after each,
+        # up to `prefetch`: the first batch waits for one task's preparation (index
+        # loads, length-field checks, maps), not for `prefetch` of them.
+        depth = [1]
+
         def refill() -> None:
             # Admission: pieces in flight hold their shards mapped; one more is
             # submitted only while that stays within the map budget (one always is).
             held = sum(len(prep.held) for _, prep, _ in pending)
-            while len(pending) < self.prefetch:
+            while len(pending) < depth[0]:
                 job = upcoming[0]
                 if job is None:
                     return
@@ -389,6 +394,7 @@ class RecordReader:
                 finally:
                     self._release(prep.held)
                 waited += time.perf_counter() - t0
+                depth[0] = min(self.prefetch, depth[0] + 1)
                 refill()
                 done_parts.append((prep, ok, widths, seconds))
                 if sum(p.n for p, _, _, _ in done_parts) < len(task.records):
@@ -437,8 +443,10 @@ class RecordReader:
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
 
+        depth = [1]  # slow start, as _read_native
+
         def refill() -> None:
-            while len(pending) < self.prefetch:
+            while len(pending) < depth[0]:
                 task = next(tasks, None)
                 if task is None:
                     return
@@ -451,6 +459,7 @@ class RecordReader:
                 t0 = time.perf_counter()
                 done = future.result()
                 waited = time.perf_counter() - t0
+                depth[0] = min(self.prefetch, depth[0] + 1)
                 refill()
                 self._account(done, waited)
                 yield done.chunk
