@@ -192,6 +192,7 @@ def child_read(args: argparse.Namespace) -> None:
     import resource
 
     import numpy as np
+    import numpy.ma
 
     import recordkit as rk
 
