@@ -96,26 +96,35 @@ def _native() -> Any:
 _c: Any = _native()
 
 
-def parse_bounds(data: bytes, shard_size: int, *, where: str | None = None) -> np.ndarray:
+def parse_bounds(
+    data: bytes, shard_size: int, *, where: str | None = None, records: int | None = None
+) -> np.ndarray:
     """Parse index text and check it against a shard of ``shard_size`` bytes.
 
     Returns the ``n + 1`` record boundaries (``uint32`` below 4 GiB, else
     ``uint64``). Every check of :func:`recordkit.format.check_entries` is made;
-    the length fields are not read (the shard is not needed).
+    the length fields are not read (the shard is not needed). ``records``: the
+    lines expected (the manifest's count), which spares counting them first.
 
     Raises:
         InvalidIndexError: a malformed line, or an entry that does not fit the
             shard (naming ``where``, the line and the offset).
     """
-    n = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    out = np.empty(n + 1, dtype=np.uint32 if shard_size < 1 << 32 else np.uint64)
+    dtype = np.uint32 if shard_size < 1 << 32 else np.uint64
     if _c is None:
         entries = parse_index(data, path=where)
         check_entries(entries, shard_size, where=where)
+        out = np.empty(len(entries) + 1, dtype=dtype)
         out[:-1] = entries[:, 0]
         out[-1] = shard_size
         return out
+    if records is None or records < 0 or records > len(data) // 5:  # a line is >= 5 bytes
+        records = _lines(data)
+    out = np.empty(records + 1, dtype=dtype)
     status, line, a, b = _c.parse(data, shard_size, out)
+    if status == _c.COUNT:  # not the count expected: count, and parse again
+        out = np.empty(_lines(data) + 1, dtype=dtype)
+        status, line, a, b = _c.parse(data, shard_size, out)
     if status == _c.OK:
         return out
     if status == _c.MALFORMED:
@@ -126,6 +135,10 @@ def parse_bounds(data: bytes, shard_size: int, *, where: str | None = None) -> n
     if status == _c.END:
         raise end_error(a, line, shard_size, where)
     raise InvalidIndexError(f"malformed index: {line} lines, {a} expected", path=where)
+
+
+def _lines(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
 class ShardIndex:
@@ -335,7 +348,7 @@ def load_index_file(
     parsed = bounds is None
     if bounds is None:
         data = read_index_text(index_file, max_bytes=max_index_bytes(size))
-        bounds = parse_bounds(data, size, where=index_file)
+        bounds = parse_bounds(data, size, where=index_file, records=records)
         del data  # up to ~20 bytes a record: not kept past the parse
     index = ShardIndex(bounds, source=index_file)
     try:
