@@ -257,14 +257,30 @@ def test_from_entries_is_checked_and_round_trips(tmp_path):
 # ------------------------------------------------------------- the binary copy in the cache
 
 
+@pytest.fixture
+def any_size(monkeypatch):
+    """Binary copies for index texts of any size (the tests' shards are small)."""
+    monkeypatch.setattr(si, "BINARY_MIN_TEXT", 0)
+
+
+def test_short_index_texts_are_parsed_not_copied(tmp_path):
+    path, _ = _varied_shard(tmp_path)
+    write_index(index_path(path), scan_index(path))
+    assert os.path.getsize(index_path(path)) < si.BINARY_MIN_TEXT
+    open_index(path)
+    assert _bnd_files() == []
+
+
 def _bnd_files():
     from recordkit.format import index_cache
 
     directory = os.path.join(index_cache.cache_dir() or "", "bounds")
+    if not os.path.isdir(directory):
+        return []
     return sorted(os.path.join(directory, f) for f in os.listdir(directory))
 
 
-def test_a_parsed_index_is_kept_in_binary_and_read_back(tmp_path, monkeypatch):
+def test_a_parsed_index_is_kept_in_binary_and_read_back(tmp_path, monkeypatch, any_size):
     path, _ = _varied_shard(tmp_path)
     true = scan_index(path)
     write_index(index_path(path), true)
@@ -286,7 +302,7 @@ def test_a_parsed_index_is_kept_in_binary_and_read_back(tmp_path, monkeypatch):
         open_index(path)
 
 
-def test_a_new_text_index_is_not_read_from_an_old_copy(tmp_path):
+def test_a_new_text_index_is_not_read_from_an_old_copy(tmp_path, any_size):
     path, _ = _varied_shard(tmp_path)
     true = scan_index(path)
     write_index(index_path(path), true)
@@ -302,7 +318,7 @@ def test_a_new_text_index_is_not_read_from_an_old_copy(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["magic", "short", "last", "middle", "outside"])
-def test_a_damaged_copy_is_dropped_or_caught_before_its_records(tmp_path, damage):
+def test_a_damaged_copy_is_dropped_or_caught_before_its_records(tmp_path, damage, any_size):
     path, _ = _varied_shard(tmp_path)
     true = scan_index(path)
     write_index(index_path(path), true)
