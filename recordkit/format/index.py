@@ -352,6 +352,7 @@ def check_lengths(
         lengths = np.zeros(len(offsets), dtype=np.uint64)
         for k in range(8):  # the little-endian u64 length fields, a byte column at a time
             lengths |= raw[offsets + k].astype(np.uint64) << np.uint64(8 * k)
+        del raw  # an error's traceback must not keep the map exported (it could not close)
     mismatch = lengths != (sizes - OVERHEAD).astype(np.uint64)
     if mismatch.any():
         i = int(np.argmax(mismatch))
