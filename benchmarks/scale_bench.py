@@ -23,7 +23,11 @@ readers: ``recordkit.Dataset(path)`` and
 - growth: each size N divisible by ``--growth`` (16) is also measured at
   N/16 shards, and the ratios 16x records in 16x shards are printed;
 - ``--repeat N``: each cell measured N times (sizes and readers alternating),
-  medians reported (the machine is shared: one run is noisy).
+  medians reported (the machine is shared: one run is noisy);
+- the per-user index cache (``RECORDKIT_INDEX_CACHE``) is the children's as the
+  environment sets it, so after the first reader of a dataset the indexes load from
+  their binary copies there; ``--cold-index`` gives every child an empty one (each
+  index text parsed, as by the first process to read the dataset).
 
 The cache fill rate: ``ShardCache(src, dir).fill()`` from a local folder of
 ``--cache-shards`` (4000) tiny shards, seconds per thousand shards published,
@@ -293,9 +297,14 @@ def child_cache(args: argparse.Namespace) -> None:
     os._exit(0)
 
 
-def run_child(args: list[str], timeout: float) -> dict:
-    """Run a child; its last JSON line is the result (a crash or timeout keeps the last one)."""
+def run_child(args: list[str], timeout: float, index_cache: str | None = None) -> dict:
+    """Run a child; its last JSON line is the result (a crash or timeout keeps the last one).
+
+    ``index_cache``: the child's ``RECORDKIT_INDEX_CACHE`` (default: as this process has it).
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if index_cache is not None:
+        env["RECORDKIT_INDEX_CACHE"] = index_cache
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -473,6 +482,12 @@ def main() -> None:
     ap.add_argument(
         "--repeat", type=int, default=1, help="measurements per cell (medians are reported)"
     )
+    ap.add_argument(
+        "--cold-index",
+        action="store_true",
+        help="each reader starts with an empty per-user index cache (no binary index copies: "
+        "every index text is parsed, as the first process to read a dataset does)",
+    )
     ap.add_argument("--cache-shards", type=int, default=4000)
     ap.add_argument("--cache-records", type=int, default=16, help="records per cache shard")
     ap.add_argument("--cache-workers", type=int, default=2)
@@ -512,9 +527,12 @@ def main() -> None:
             f"made in {info['seconds']} s ({info['links']} links, {info['copies']} copies)"
         )
     runs: dict = {}
+    cold = os.path.join(args.data, "cold-index-cache")
     for _ in range(args.repeat):  # sizes and readers alternate within each repeat
         for n in sizes:
             for reader in readers:
+                if args.cold_index:  # every child starts with an empty per-user index cache
+                    shutil.rmtree(cold, ignore_errors=True)
                 runs.setdefault((reader, n), []).append(
                     run_child(
                         [
@@ -528,8 +546,10 @@ def main() -> None:
                             f"--spread={args.spread}",
                         ],
                         args.timeout,
+                        cold if args.cold_index else None,
                     )
                 )
+    shutil.rmtree(cold, ignore_errors=True)
     results = {key: _median_run(rs) for key, rs in runs.items()}
     if sizes:
         report_reads(results, readers, sizes, args.records, args.growth)
