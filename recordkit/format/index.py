@@ -252,7 +252,7 @@ def validate_index(
     """Check that ``entries`` describe the shard in ``buf`` exactly.
 
     Entries must start at 0, be contiguous, have sizes >= 16, end at the file
-    size (:func:`check_entries`), and every record's length field must equal its
+    size (``check_entries``), and every record's length field must equal its
     size minus 16. The last check reads one 8-byte field per record through the
     page cache; it is what catches an index left over from a different shard of
     the same size.
@@ -379,7 +379,7 @@ def ensure_index(
     length field). Otherwise one from the per-user cache
     (``recordkit.format.index_cache``), validated the same way; else a
     CRC-checked scan builds it. Readers hold the compact form instead
-    (:func:`recordkit.format.shard_index.open_index`).
+    (``recordkit.format.shard_index.open_index``).
 
     Args:
         shard_path: the shard file.
