@@ -73,4 +73,7 @@ class _CallableModule(types.ModuleType):
 _module = sys.modules[__name__]
 _module.__class__ = _CallableModule
 _module.__signature__ = inspect.signature(convert)  # type: ignore[attr-defined]
-_module.__doc__ = f"{convert.__doc__}\n\nThe package ``recordkit.convert``:\n{__doc__}"
+_module.__doc__ = (
+    f"{inspect.cleandoc(convert.__doc__ or '')}\n\n"
+    f"The package ``recordkit.convert``: {inspect.cleandoc(__doc__ or '')}"
+)
