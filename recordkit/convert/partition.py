@@ -4,9 +4,15 @@ Everything a task needs travels in a small, picklable :class:`PartitionTask`:
 the source object (its location and options, never samples), the items, the
 schema as JSON and the destination as ``(url, storage_options)``. The worker
 builds its own filesystem, reads its items, writes shards through
-:class:`~recordkit.writer.ShardWriter` (each published atomically with its
-index) and, last, publishes a done-marker listing them. Only that list of
-shard entries goes back to the parent.
+:class:`~recordkit.writer.sequence.ShardSequence` (each shard published
+atomically with its index) and, last, publishes a done-marker listing them. Only that list of
+shard entries goes back to the parent (and, for ``tf.train.SequenceExample``
+payloads, the :class:`~recordkit.codec.SequenceSchema` of what it wrote).
+
+A source whose payloads are SequenceExamples (its ``payload_kind()`` says
+``"sequence_example"``) implements ``sequence_records(item, found)``: like
+``records``, but it decodes every payload whole, refuses one that does not
+decode (naming file, offset and record) and adds each to ``found``.
 """
 
 from __future__ import annotations
@@ -15,17 +21,19 @@ import errno
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
-from ..format.manifest import ShardInfo
+from ..codec.sequence import SequenceSchema
+from ..format.framing import OVERHEAD
+from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
 from ..storage import open_target
-from ..writer.shard import ShardWriter
+from ..writer.sequence import ShardSequence
 from ._errors import DiskFullError, add_note, is_transient
 
-__all__ = ["PartitionResult", "PartitionTask", "run_partition"]
+__all__ = ["PartitionResult", "PartitionTask", "Reporter", "Tally", "run_partition", "write_items"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,7 @@ class PartitionTask:
     Attributes:
         index: the partition number.
         items: its source items.
-        source: the ``converters.Source`` (location and options only).
+        source: the ``recordkit.converters.Source`` (location and options only).
         schema: the schema in JSON form.
         dst: the dataset URL or path.
         storage_options: fsspec options for ``dst``.
@@ -55,6 +63,7 @@ class PartitionTask:
         fsync: fsync shards before publishing.
         retries: attempts after the first on transient errors.
         retry_backoff: seconds before the first retry (doubled each time).
+        payload: the records' payload kind (``"example"``, ``"sequence_example"``).
     """
 
     index: int
@@ -71,6 +80,7 @@ class PartitionTask:
     fsync: bool
     retries: int
     retry_backoff: float
+    payload: str = "example"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +93,8 @@ class PartitionResult:
         items: source items read.
         size: source bytes read (the items' sizes).
         attempts: how many attempts it took.
+        schema: for SequenceExample payloads, the ``SequenceSchema`` JSON of the
+            records written (``None`` for Examples).
     """
 
     index: int
@@ -90,6 +102,7 @@ class PartitionResult:
     items: int
     size: int
     attempts: int = 1
+    schema: dict[str, Any] | None = None
 
     @property
     def records(self) -> int:
@@ -105,6 +118,8 @@ class PartitionResult:
             "size": self.size,
             "shards": [s.to_json() for s in self.shards],
         }
+        if self.schema is not None:
+            doc["schema"] = self.schema
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -116,9 +131,18 @@ class PartitionResult:
                 ShardInfo(s["path"], int(s["records"]), int(s["bytes"]), int(s["crc32c"]))
                 for s in doc["shards"]
             )
-            result = cls(int(doc["partition"]), shards, int(doc["items"]), int(doc["size"]))
+            schema = doc.get("schema")
+            if schema is not None:
+                SequenceSchema.from_json(schema)  # a marker that is not one is redone
+            result = cls(
+                int(doc["partition"]),
+                shards,
+                int(doc["items"]),
+                int(doc["size"]),
+                schema=schema,
+            )
             return str(doc["fingerprint"]), result
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:  # SchemaError too
             raise ValueError(f"malformed done-marker: {exc!r}") from exc
 
 
@@ -126,8 +150,13 @@ def _noop(items: int, size: int, records: int) -> None:
     pass
 
 
-class _Counter:
-    """Forwards progress and remembers it, so a retried attempt can take it back."""
+class Tally:
+    """Forwards progress to ``report`` and remembers it, so an attempt that is
+    retried (or redone) can take back what it counted: :meth:`undo`.
+
+    Args:
+        report: where the progress goes.
+    """
 
     def __init__(self, report: Reporter) -> None:
         self.report = report
@@ -140,42 +169,69 @@ class _Counter:
         self.report(items, size, records)
 
     def undo(self) -> None:
-        self.report(-self.done[0], -self.done[1], -self.done[2])
+        """Report minus everything counted so far, and start from zero."""
+        if any(self.done):
+            self.report(-self.done[0], -self.done[1], -self.done[2])
+        self.done = [0, 0, 0]
 
 
-def _write(task: PartitionTask, report: Reporter) -> tuple[ShardInfo, ...]:
+def write_items(
+    shards: ShardSequence,
+    source: Any,
+    items: Sequence[Any],
+    schema: Schema,
+    report: Reporter,
+    *,
+    before_write: Callable[[int, int], None] | None = None,
+    sequences: SequenceSchema | None = None,
+) -> None:
+    """Write the records of ``items`` (a source's, in order) into ``shards``.
+
+    ``report(1, item.size, records)`` follows each item. An error from the
+    source gets a note naming the item (``while converting source item
+    'f03.jsonl'``; a source may call its items something else through an
+    ``item_label`` attribute). ``before_write(framed_size, item_number)`` runs
+    before each record and may raise to stop (the cache's reservation cap).
+    With ``sequences`` the records are SequenceExamples: the source's
+    ``sequence_records(item, sequences)`` yields them, each counted into it.
+    """
+    label = getattr(source, "item_label", "source item")
+    for n, item in enumerate(items):
+        records = 0
+        try:
+            if sequences is not None:
+                payloads = source.sequence_records(item, sequences)
+            else:
+                payloads = source.records(item, schema)
+            for payload in payloads:
+                if before_write is not None:
+                    before_write(len(payload) + OVERHEAD, n)
+                shards.write(payload)
+                records += 1
+        except Exception as exc:
+            add_note(exc, f"while converting {label} {item.key!r}")
+            raise
+        report(1, int(item.size), records)
+
+
+def _write(
+    task: PartitionTask, report: Reporter
+) -> tuple[tuple[ShardInfo, ...], SequenceSchema | None]:
     schema = Schema.from_json(task.schema)
+    found = SequenceSchema() if task.payload == SEQUENCE_EXAMPLE else None
     target = open_target(task.dst, task.storage_options)
-    shards: list[ShardInfo] = []
-    current: ShardWriter | None = None
+    shards = ShardSequence(
+        target,
+        task.shard_prefix,
+        shard_size=task.shard_size,
+        max_records=task.max_records,
+        fsync=task.fsync,
+    )
     try:
-        for item in task.items:
-            records = 0
-            try:
-                for payload in task.source.records(item, schema):
-                    framed = len(payload) + 16
-                    if current is not None and (
-                        (current.records and current.bytes + framed > task.shard_size)
-                        or (task.max_records is not None and current.records >= task.max_records)
-                    ):
-                        shards.append(current.publish())
-                        current = None
-                    if current is None:
-                        name = f"{task.shard_prefix}-{len(shards):05d}.tfrecord"
-                        current = ShardWriter(target, name, fsync=task.fsync)
-                    current.write(payload)
-                    records += 1
-            except Exception as exc:
-                add_note(exc, f"while converting source item {item.key!r}")
-                raise
-            report(1, int(item.size), records)
-        if current is not None:
-            shards.append(current.publish())
-            current = None
-        return tuple(shards)
+        write_items(shards, task.source, task.items, schema, report, sequences=found)
+        return shards.close(), found
     finally:
-        if current is not None:
-            current.discard()
+        shards.discard()  # what an error left in progress (nothing after close)
         target.close()
 
 
@@ -189,21 +245,22 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     report = report or _noop
     attempt = 0
     while True:
-        counter = _Counter(report)
+        tally = Tally(report)
         try:
-            shards = _write(task, counter)
+            shards, found = _write(task, tally)
             break
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
-                    "published are kept"
+                    "published are kept",
+                    errno=exc.errno,
                 ) from exc
             if attempt >= task.retries or not is_transient(exc):
                 raise
             error = exc
-        counter.undo()  # the retry counts its items again
+        tally.undo()  # the retry counts its items again
         delay = task.retry_backoff * 2**attempt
         attempt += 1
         log.warning(
@@ -221,6 +278,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         items=len(task.items),
         size=sum(int(i.size) for i in task.items),
         attempts=attempt + 1,
+        schema=None if found is None else found.to_json(),
     )
     state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
     try:

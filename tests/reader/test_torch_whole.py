@@ -140,6 +140,17 @@ def test_a_shard_larger_than_the_budget_is_an_error_saying_so(tmp_path):
     assert err.value.path == "part-00000.tfrecord"
 
 
+@pytest.mark.parametrize("mode", ["whole", "growing"])
+def test_tfds_options_are_refused_through_a_cache(tmp_path, mode):
+    root = tmp_path / "remote"
+    write_dataset(root, shards=2, records=RECORDS, size=SIZE)
+    for option in ({"split": "train"}, {"decode_images": True}):
+        with pytest.raises(ValueError, match="not a dataset read through a shard cache"):
+            rkt.RecordDataset(
+                root, cache_dir=tmp_path / "c", cache_limit="1GiB", cache_epochs=mode, **option
+            )
+
+
 def test_growing_epochs_say_how_much_they_read(tmp_path, caplog):
     root = tmp_path / "remote"
     manifest = write_dataset(root, shards=8, records=RECORDS, size=SIZE)

@@ -51,6 +51,12 @@ def test_cache_dir_reads_a_remote_folder(remote, tmp_path):
     assert len(ids) == len(set(ids)) and ids
     with pytest.raises(ValueError, match="cache_limit"):
         rtf.dataset(root, cache_dir=tmp_path / "d")
+    for mode in ("whole", "growing"):  # tensorflow-datasets options are for local folders
+        for option in ({"split": "train"}, {"decode_images": True}):
+            with pytest.raises(ValueError, match="not a dataset read through a shard cache"):
+                rtf.dataset(
+                    root, cache_dir=tmp_path / "e", cache_limit="1GiB", cache_epochs=mode, **option
+                )
 
 
 def _budget(manifest, shards: float) -> int:
