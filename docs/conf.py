@@ -18,6 +18,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # recordkit and converters from this checkout
 sys.path.insert(0, str(HERE / "_ext"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # autodoc imports recordkit.tf
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # and its oneDNN notice (absl's log)
 
 from recordkit import __version__  # noqa: E402
 

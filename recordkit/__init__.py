@@ -10,7 +10,7 @@ first use (``recordkit.torch``, ``recordkit.tf``, ``recordkit.convert``,
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
 from ._version import __version__
@@ -19,6 +19,10 @@ from .codec.schema import Bytes, Float32, Int64, Schema, Tensor
 from .dataset import Dataset
 from .verify import Problem, VerifyReport, build_index, verify
 from .writer import Writer
+
+if TYPE_CHECKING:  # what type checkers see; at run time these load on first use (below)
+    from .convert.function import write
+    from .convert.run import convert
 
 __all__ = [
     "Bytes",

@@ -10,6 +10,7 @@ conversion starts, Dask only when ``engine="dask"`` runs.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from typing import Any
@@ -57,10 +58,22 @@ __all__ = [
 
 
 class _CallableModule(types.ModuleType):
-    """Lets ``recordkit.convert(...)`` call :func:`convert` although it is a package."""
+    """Lets ``recordkit.convert(...)`` call :func:`convert` although it is a package.
+
+    ``inspect.signature(recordkit.convert)`` is the function's (through
+    ``__signature__``), and the package's docstring starts with the function's, so
+    ``help(recordkit.convert)`` shows how to call it first. Type checkers see the
+    function: ``recordkit/__init__.py`` binds ``convert`` to it for them.
+    """
 
     def __call__(self, *args: Any, **kwargs: Any) -> ConvertResult:
         return convert(*args, **kwargs)
 
 
-sys.modules[__name__].__class__ = _CallableModule
+_module = sys.modules[__name__]
+_module.__class__ = _CallableModule
+_module.__signature__ = inspect.signature(convert)  # type: ignore[attr-defined]
+_module.__doc__ = (
+    f"{inspect.cleandoc(convert.__doc__ or '')}\n\n"
+    f"The package ``recordkit.convert``: {inspect.cleandoc(__doc__ or '')}"
+)

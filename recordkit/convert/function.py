@@ -346,10 +346,10 @@ def write(
             input is not a JSON value or a path.
         DatasetExistsError: ``out`` holds another dataset (or a partial run of
             other inputs) and not ``overwrite``.
-        PartitionsFailedError: partitions failed (an ``ExceptionGroup`` of what
+        ~recordkit.errors.PartitionsFailedError: partitions failed (an ``ExceptionGroup`` of what
             ``fn`` raised, each with notes naming the input and the partition).
             The rest are published and a rerun resumes after them.
-        ConvertError: the writer processes stopped making progress.
+        ~recordkit.errors.ConvertError: the writer processes stopped making progress.
     """
     t0 = time.monotonic()
     check_not_loading_main("recordkit.write")

@@ -61,6 +61,10 @@ class ReaderStats:
         skipped: corrupt records skipped (``on_error="skip"`` or ``"warn"``).
         wait_seconds: time the consuming thread spent waiting for data.
         decode_seconds: time reader threads spent verifying and decoding (summed over threads).
+        remote_wait_seconds: the part of ``wait_seconds`` spent waiting for shards
+            still on their way from remote storage (whole epochs through a shard
+            cache): 0 while the cache's read-ahead keeps up, so training waits for
+            the network only when the network is slower than training.
     """
 
     records: int = 0
@@ -69,6 +73,7 @@ class ReaderStats:
     skipped: int = 0
     wait_seconds: float = 0.0
     decode_seconds: float = 0.0
+    remote_wait_seconds: float = 0.0
 
     def add(self, **deltas: float) -> None:
         """Add to several counters at once, atomically: ``stats.add(records=64, batches=1)``."""
@@ -116,7 +121,12 @@ class _Task:
     unit_of_row: np.ndarray
     shard_ids: np.ndarray
     records: np.ndarray
-    nshards: int  # distinct shards: what the task holds mapped while it runs
+    groups: list[tuple[int, np.ndarray]]  # (shard id, its rows in task order), by shard id
+
+    @property
+    def nshards(self) -> int:
+        """Distinct shards: what the task holds mapped while it runs."""
+        return len(self.groups)
 
 
 @dataclass
@@ -195,8 +205,12 @@ class RecordReader:
         self.native_tasks = native_tasks and decoder.runner() is not None
         # Row widths to allocate for each padded bytes feature in runner tasks: the
         # widest value seen so far, with headroom; a wider one sends its task to
-        # the reference path, which is exact, and widens the guess.
+        # the reference path, which is exact, and widens the guess. While every
+        # task has had the same widest value (values of one size, as often), the
+        # guess is that width exactly: the runner then writes rows where they stay
+        # (it closes up rows allocated wider, an extra pass over the column).
         self._widths: list[int] = [0] * len(decoder.bytes_features)
+        self._same_width: list[bool] = [True] * len(decoder.bytes_features)
         self.native_fallbacks = 0  # runner tasks decoded the reference way instead
 
     # -- one task, on a reader thread ------------------------------------------------
@@ -204,7 +218,7 @@ class RecordReader:
     def _decode_task(self, task: _Task) -> _Done:
         t0 = time.perf_counter()
         shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
-        groups = _groups(shard_ids)  # a shuffled task reads each shard's records in one call
+        groups = task.groups  # a shuffled task reads each shard's records in one call
         kept = np.ones(len(records), dtype=bool)
         parts: list[tuple[Columns, int]] = []
         rows_of_parts: list[np.ndarray] = []
@@ -213,7 +227,7 @@ class RecordReader:
         for sid, rows in groups:
             recs = records[rows]
             with self.shards.use(sid) as shard:
-                offsets, sizes = shard.offsets[recs], shard.sizes[recs]
+                offsets, sizes = shard.locate(recs)
                 alloc = self.pool.alloc if len(groups) == 1 else None
                 batch = self.decoder.decode(
                     shard.buf, offsets, sizes, alloc=alloc, path=shard.path, records=recs
@@ -250,6 +264,8 @@ class RecordReader:
         per_record = max(self._avg_bytes, 1.0)
         per_task = max(1, min(self.task_records // size, int(self.task_bytes / per_record) // size))
         cap = max(1, self.shards.max_open // 2)
+        gate = self.shards.gate
+        limit = gate.limit if gate is not None else 0
         step = units.step
         first = units.start
         while first < units.stop:
@@ -258,6 +274,10 @@ class RecordReader:
             )
             if task.nshards > cap and len(task.units) > 1:
                 task = self._locate(plan, split, task.units[: _units_within(task, cap)])
+            if limit and len(task.units) > 1:  # a cache holds what a task touches at once
+                k = _units_within_bytes(task, limit, self.shards.nbytes)
+                if k < len(task.units):
+                    task = self._locate(plan, split, task.units[:k])
             yield task
             first = task.units.stop
 
@@ -266,8 +286,7 @@ class RecordReader:
         positions, lengths = plan.unit_positions(split, units)
         shard_ids, records = plan.resolve(positions)
         unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
-        nshards = len(np.unique(shard_ids))
-        return _Task(units, unit_of_row, shard_ids, records, nshards)
+        return _Task(units, unit_of_row, shard_ids, records, _groups(shard_ids))
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order (chunks with no rows included).
@@ -283,27 +302,31 @@ class RecordReader:
 
         ``rows``: the task's rows this piece decodes (``None``: all, in order).
         """
-        shard_ids, records = task.shard_ids, task.records
+        shard_ids, records, groups = task.shard_ids, task.records, task.groups
         if rows is not None:
             shard_ids, records = shard_ids[rows], records[rows]
+            groups = _groups(shard_ids)
         n = len(records)
         rec = np.empty((n, 3), dtype=np.int64)
         held: list[MappedShard] = []  # released once the runner is done with the piece
         try:
-            for slot, (sid, at) in enumerate(_groups(shard_ids)):
+            for slot, (sid, at) in enumerate(groups):
                 shard = self.shards.acquire(sid)
                 held.append(shard)
-                recs = records[at]
                 rec[at, 0] = slot
-                rec[at, 1] = shard.offsets[recs]
-                rec[at, 2] = shard.sizes[recs]
+                rec[at, 1], rec[at, 2] = shard.locate(records[at])
         except BaseException:
             self._release(held)
             raise
         widest = int(rec[:, 2].max()) - OVERHEAD if n else 0  # the longest payload
         widths = []
-        for seen in self._widths:
-            guess = widest if not seen else min(widest, seen + (seen >> 2) + 64)
+        for seen, same in zip(self._widths, self._same_width, strict=True):
+            if not seen:
+                guess = widest
+            elif same:
+                guess = min(widest, seen)
+            else:
+                guess = min(widest, seen + (seen >> 2) + 64)
             widths.append(max(guess, 0))
         outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
         bufs = tuple(shard.buf for shard in held)
@@ -346,11 +369,18 @@ class RecordReader:
         pending: deque[tuple[_Task, _Prepared, int]] = deque()
         upcoming: list[tuple[_Task, np.ndarray | None] | None] = [next(jobs, None)]
 
-        def refill() -> None:
+        # Slow start: one task in flight before the first chunk, one more after each,
+        # up to `prefetch`: the first batch waits for one task's preparation (index
+        # loads, length-field checks, maps), not for `prefetch` of them.
+        depth = [1]
+
+        def refill(wait: bool) -> None:
             # Admission: pieces in flight hold their shards mapped; one more is
-            # submitted only while that stays within the map budget (one always is).
+            # submitted only while that stays within the map budget (one always is),
+            # and only once its shards are here (a cache may be fetching them): with
+            # ``wait`` and nothing pending it waits for them, else it waits its turn.
             held = sum(len(prep.held) for _, prep, _ in pending)
-            while len(pending) < self.prefetch:
+            while len(pending) < depth[0]:
                 job = upcoming[0]
                 if job is None:
                     return
@@ -359,6 +389,8 @@ class RecordReader:
                     pending
                     and held + (task.nshards if rows is None else cap) > self.shards.max_open
                 ):
+                    return
+                if not self._arrived(task, rows, waiting=wait and not pending):
                     return
                 upcoming[0] = next(jobs, None)
                 prep = self._prepare(task, rows)
@@ -371,7 +403,7 @@ class RecordReader:
                 pending.append((task, prep, task_id))
 
         try:
-            refill()
+            refill(True)
             done_parts: list[tuple[_Prepared, bool, Any, float]] = []
             waited = 0.0
             while pending:
@@ -382,19 +414,27 @@ class RecordReader:
                 finally:
                     self._release(prep.held)
                 waited += time.perf_counter() - t0
-                refill()
+                depth[0] = min(self.prefetch, depth[0] + 1)
+                refill(False)  # the chunk in hand goes out first: its reader may let shards go
                 done_parts.append((prep, ok, widths, seconds))
                 if sum(p.n for p, _, _, _ in done_parts) < len(task.records):
+                    if not pending:
+                        refill(True)
                     continue  # more pieces of this task to come
                 done = self._join(task, done_parts)
                 done_parts = []
                 for k, name in enumerate(self.decoder.bytes_features):
                     col = done.chunk.columns.get(name)  # absent when every record was skipped
                     if col is not None:
-                        self._widths[k] = max(self._widths[k], col.shape[1])
+                        seen, width = self._widths[k], col.shape[1]
+                        if seen and width != seen:
+                            self._same_width[k] = False
+                        self._widths[k] = max(seen, width)
                 self._account(done, waited)
                 waited = 0.0
                 yield done.chunk
+                if not pending:
+                    refill(True)
         finally:
             runner.close()
             runner.drop()  # waits for a task in progress; the shards are then let go
@@ -427,27 +467,54 @@ class RecordReader:
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
 
-        def refill() -> None:
-            while len(pending) < self.prefetch:
-                task = next(tasks, None)
+        upcoming: list[_Task | None] = [None]
+        depth = [1]  # slow start, as _read_native
+
+        def refill(wait: bool) -> None:
+            # wait: nothing is pending, so a task whose shards are still on their
+            # way (a cache fetching them) is waited for; else it waits its turn
+            while len(pending) < depth[0]:
+                task = upcoming[0]
                 if task is None:
                     return
+                if not self._arrived(task, None, waiting=wait and not pending):
+                    return
+                upcoming[0] = next(tasks, None)
                 pending.append(executor.submit(self._decode_task, task))
 
         try:
-            refill()
+            upcoming[0] = next(tasks, None)
+            refill(True)
             while pending:
                 future = pending.popleft()
                 t0 = time.perf_counter()
                 done = future.result()
                 waited = time.perf_counter() - t0
-                refill()
+                depth[0] = min(self.prefetch, depth[0] + 1)
+                refill(False)  # the chunk in hand goes out first: its reader may let shards go
                 self._account(done, waited)
                 yield done.chunk
+                if not pending:
+                    refill(True)
         finally:
             for future in pending:
                 future.cancel()
             executor.shutdown(wait=True, cancel_futures=True)
+
+    def _arrived(self, task: _Task, rows: np.ndarray | None, *, waiting: bool) -> bool:
+        """Whether a task's shards can be mapped now (a cache may still be fetching
+        them); with ``waiting`` (nothing else to hand out), wait until they can."""
+        ids = task.shard_ids if rows is None else task.shard_ids[rows]
+        if self.shards.gate is None:
+            return True
+        unique = np.unique(ids).tolist()
+        if self.shards.ready(unique):
+            return True
+        if not waiting:
+            return False
+        waited = self.shards.wait(unique)
+        self.stats.add(remote_wait_seconds=waited, wait_seconds=waited)
+        return True
 
     def _account(self, done: _Done, waited: float) -> None:
         self.stats.add(
@@ -471,11 +538,24 @@ def _units_within(task: _Task, cap: int) -> int:
     return max(1, units_before // task.units.step)
 
 
+def _units_within_bytes(task: _Task, limit: int, nbytes: np.ndarray) -> int:
+    """How many of a task's leading units touch shards of at most ``limit`` bytes (>= 1)."""
+    ids, first_rows = np.unique(task.shard_ids, return_index=True)
+    order = np.argsort(first_rows)
+    total = np.cumsum(nbytes[ids[order]])
+    over = np.flatnonzero(total > limit)
+    if not len(over):
+        return len(task.units)
+    row = int(first_rows[order[over[0]]])  # the first row of the shard that passes the limit
+    units_before = int(task.unit_of_row[row]) - task.units.start
+    return max(1, units_before // task.units.step)
+
+
 def _pieces(task: _Task, cap: int) -> list[np.ndarray | None]:
     """A task's rows in pieces that each touch at most ``cap`` shards (``[None]``: one)."""
     if task.nshards <= cap:
         return [None]
-    groups = _groups(task.shard_ids)
+    groups = task.groups
     return [
         np.concatenate([rows for _, rows in groups[k : k + cap]])
         for k in range(0, len(groups), cap)
@@ -490,7 +570,9 @@ def _groups(shard_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         order = np.arange(len(shard_ids))
         ids = shard_ids
     else:
-        order = np.argsort(shard_ids, kind="stable")
+        # A stable sort; ids that fit 16 bits take NumPy's radix sort (linear).
+        keys = shard_ids.astype(np.uint16) if shard_ids.max() < 1 << 16 else shard_ids
+        order = np.argsort(keys, kind="stable")
         ids = shard_ids[order]
     edges = (np.flatnonzero(np.diff(ids)) + 1).tolist()
     return [

@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,10 +46,11 @@ from ..format.complete import check_complete
 from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from ..format.shard_index import open_index
 from ..storage import is_remote, is_temp_name, strip_file_scheme
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
-__all__ = ["MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
+__all__ = ["Gate", "MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,23 @@ _SHARD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
 _FD_SHARE = 4
 _MIN_OPEN, _MAX_OPEN = 8, 4096  # 4096 maps stay far below vm.max_map_count (65530)
 ENV_MAX_OPEN = "RECORDKIT_MAX_OPEN_SHARDS"
+
+
+class Gate(Protocol):
+    """Says when a shard may be mapped (a cache that fetches shards as they are needed).
+
+    Attributes:
+        limit: the most shard bytes one reader task may touch (what the cache can
+            hold at once beside the next task's); 0: no limit.
+    """
+
+    limit: int
+
+    def ready(self, rel: str) -> bool:
+        """Whether shard ``rel`` (its path relative to the root) is there now."""
+
+    def wait(self, rel: str) -> float:
+        """Block until it is; return the seconds waited."""
 
 
 def max_open_shards() -> int:
@@ -103,23 +121,25 @@ def find_shards(root: str) -> list[str]:
 
 
 class MappedShard:
-    """A shard mapped read-only, with its validated index as NumPy arrays.
+    """A shard mapped read-only, with its index in the compact form readers hold.
 
     Opening checks the file against what the shard set expects (size and record
     count, from the manifest or from counting): a mismatch is a
     :class:`~recordkit.errors.ManifestError` for a manifest's shard, a
-    :class:`~recordkit.errors.ShardChangedError` otherwise.
+    :class:`~recordkit.errors.ShardChangedError` otherwise. The index is loaded
+    and checked as :mod:`recordkit.format.shard_index` says: whole against the
+    file's size now, and each run of records' length fields before any record of
+    the run is located (:meth:`locate`, :meth:`entry`, ``offsets``, ``sizes``).
 
     Attributes:
         info: the manifest entry (or one made up for a foreign shard).
         path: absolute file path.
         buf: the ``mmap`` (``b""`` for an empty file).
         nbytes: the file size in bytes (still known after :meth:`close`).
-        offsets: int64 record offsets.
-        sizes: int64 framed record sizes.
+        index: the :class:`~recordkit.format.shard_index.ShardIndex`.
     """
 
-    __slots__ = ("buf", "info", "nbytes", "offsets", "path", "pins", "sizes")
+    __slots__ = ("buf", "index", "info", "nbytes", "path", "pins")
 
     def __init__(
         self,
@@ -144,20 +164,39 @@ class MappedShard:
                 raise mismatch(f"shard is {self.nbytes} bytes, {what} {info.bytes}", path=self.path)
             # A manifest's shards are ours: a lost index goes back beside them. A foreign
             # shard's goes to the per-user cache unless the user asked for it beside.
-            entries = ensure_index(self.path, buf=self.buf, write=write_index or listed)
-            if len(entries) != info.records:
+            self.index = open_index(
+                self.path, buf=self.buf, write=write_index or listed, records=info.records
+            )
+            if self.index.records != info.records:
                 raise mismatch(
-                    f"shard has {len(entries)} records, {what} {info.records}", path=self.path
+                    f"shard has {self.index.records} records, {what} {info.records}",
+                    path=self.path,
                 )
         except BaseException:
             self.close()
             raise
-        self.offsets = np.ascontiguousarray(entries[:, 0])
-        self.sizes = np.ascontiguousarray(entries[:, 1])
 
     @property
     def records(self) -> int:
-        return len(self.offsets)
+        return self.index.records
+
+    def locate(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The int64 offsets and framed sizes of ``records`` (their index runs checked)."""
+        return self.index.locate(records, self.buf, path=self.path)
+
+    def entry(self, record: int) -> tuple[int, int]:
+        """One record's ``(offset, framed size)`` (its index run checked)."""
+        return self.index.entry(record, self.buf, path=self.path)
+
+    @property
+    def offsets(self) -> _Column:
+        """``shard.offsets[records]``: int64 offsets, as :meth:`locate` gives them."""
+        return _Column(self, 0)
+
+    @property
+    def sizes(self) -> _Column:
+        """``shard.sizes[records]``: int64 framed sizes, as :meth:`locate` gives them."""
+        return _Column(self, 1)
 
     def check(self) -> None:
         """Raise :class:`~recordkit.errors.ShardChangedError` if the file has shrunk.
@@ -178,13 +217,9 @@ class MappedShard:
 
     def payload(self, i: int, *, verify: bool = True) -> memoryview:
         """The payload of record ``i`` as a view into the map (CRC-checked)."""
+        offset, size = self.entry(i)
         return read_record(
-            self.buf,
-            int(self.offsets[i]),
-            path=self.path,
-            record=i,
-            verify=verify,
-            expected_size=int(self.sizes[i]),
+            self.buf, offset, path=self.path, record=i, verify=verify, expected_size=size
         )
 
     def close(self) -> bool:
@@ -197,6 +232,28 @@ class MappedShard:
                 log.debug("%s still has live views; leaving the unmap to GC", self.path)
                 return False
         return True
+
+
+class _Column:
+    """One column of a shard's index, indexed like the int64 arrays it replaced.
+
+    ``column[i]`` is an int, ``column[records]`` an int64 array; either way the
+    index runs of the records are checked first, so no location leaves the index
+    unchecked.
+    """
+
+    __slots__ = ("_k", "_shard")
+
+    def __init__(self, shard: MappedShard, k: int) -> None:
+        self._shard, self._k = shard, k
+
+    def __len__(self) -> int:
+        return self._shard.records
+
+    def __getitem__(self, records: Any) -> Any:
+        if isinstance(records, (int, np.integer)):
+            return self._shard.entry(int(records))[self._k]
+        return self._shard.locate(np.asarray(records, dtype=np.int64))[self._k]
 
 
 class ShardSet:
@@ -249,6 +306,10 @@ class ShardSet:
         self._open: OrderedDict[int, MappedShard] = OrderedDict()  # least recently used first
         self._pid = os.getpid()
         _LIVE.add(self)
+        #: set by a reader through a shard cache that fetches shards as they are needed:
+        #: ``gate.wait(info.path)`` before a shard is first mapped, ``gate.ready(path)``
+        #: to ask without waiting (see ``recordkit.cache.Stream``)
+        self.gate: Gate | None = None
         if schema is None and view is not None:
             schema = view.schema
         self.schema: Schema = schema if schema is not None else self._schema()
@@ -266,7 +327,7 @@ class ShardSet:
             with self.use(i) as shard:
                 take = min(shard.records, _INFER_RECORDS - len(examples))
                 for j in range(take):
-                    offset = int(shard.offsets[j])
+                    offset = shard.entry(j)[0]
                     try:
                         examples.append(decode_example(shard.payload(j)))
                     except CorruptRecordError as exc:
@@ -309,6 +370,9 @@ class ShardSet:
         A shard already open is checked for having shrunk; a shard opened now is
         checked against its expected size and record count.
         """
+        gate = self.gate
+        if gate is not None and i not in self._open:
+            gate.wait(self.infos[i].path)  # outside the lock: others read meanwhile
         with self._lock:
             self._forked()
             shard = self._open.get(i)
@@ -327,6 +391,20 @@ class ShardSet:
             shard.pins += 1
             self._trim()
             return shard
+
+    def ready(self, ids: Sequence[int] | np.ndarray) -> bool:
+        """Whether shards ``ids`` can be mapped without waiting for a gate."""
+        gate = self.gate
+        if gate is None:
+            return True
+        return all(i in self._open or gate.ready(self.infos[i].path) for i in ids)
+
+    def wait(self, ids: Sequence[int] | np.ndarray) -> float:
+        """Wait until shards ``ids`` can be mapped; the seconds waited."""
+        gate = self.gate
+        if gate is None:
+            return 0.0
+        return sum(gate.wait(self.infos[i].path) for i in ids if i not in self._open)
 
     def release(self, shard: MappedShard) -> None:
         """Let go of a shard from :meth:`acquire` (it stays mapped while the budget allows)."""

@@ -157,7 +157,7 @@ def test_reading_writes_nothing_beside_foreign_shards(tf: ModuleType, tmp_path: 
     _same(list(ds), theirs)
     _same([ds[i] for i in range(len(ds))], theirs)
     assert _listing(root) == before
-    cached = sorted(Path(index_cache.cache_dir() or "").iterdir())
+    cached = sorted(Path(index_cache.cache_dir() or "").glob("*.idx"))
     assert len(cached) == 2 and all(p.suffix == ".idx" for p in cached)
     # The cached index is the one `recordkit index` would write.
     rk.build_index(root)
@@ -182,7 +182,7 @@ def test_cached_index_is_validated_not_trusted(
     root = _foreign(tf, tmp_path / "tfds")
     rk.Dataset(root)
     directory = Path(index_cache.cache_dir() or "")
-    entries = sorted(directory.iterdir())
+    entries = sorted(directory.glob("*.idx"))
     for p in entries:  # a lying index: contiguous, but the wrong record sizes
         lines = p.read_text().splitlines()
         p.write_text("".join(f"{i * 16} 16\n" for i in range(len(lines))))
@@ -192,7 +192,7 @@ def test_cached_index_is_validated_not_trusted(
     assert "dropping cached index" in caplog.text
     assert all(
         p.read_text().startswith("0 ") and not p.read_text().startswith("0 16\n")
-        for p in directory.iterdir()
+        for p in directory.glob("*.idx")
     )
 
 
@@ -200,23 +200,23 @@ def test_cache_key_follows_size_and_mtime(tf: ModuleType, tmp_path: Path):
     root = _foreign(tf, tmp_path / "tfds")
     rk.Dataset(root)
     directory = Path(index_cache.cache_dir() or "")
-    first = {p.name for p in directory.iterdir()}
+    first = {p.name for p in directory.glob("*.idx")}
     _write(tf, root / "train.tfrecord-00001-of-00002", n=7)  # rewritten in place
     assert len(rk.Dataset(root)) == 32
-    assert len({p.name for p in directory.iterdir()} - first) == 1
+    assert len({p.name for p in directory.glob("*.idx")} - first) == 1
 
 
 def test_cache_is_bounded(tf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     root = _foreign(tf, tmp_path / "tfds")
     directory = Path(index_cache.cache_dir() or "")
     rk.Dataset(root)
-    sizes = {p.name: p.stat().st_size for p in directory.iterdir()}
-    for p in directory.iterdir():
+    sizes = {p.name: p.stat().st_size for p in directory.glob("*.idx")}
+    for p in directory.glob("*.idx"):
         p.unlink()
     # Room for the larger index alone: writing the second drops the first.
     monkeypatch.setenv(index_cache.ENV_INDEX_CACHE_BYTES, str(max(sizes.values())))
     rk.Dataset(root)
-    left = [p.name for p in directory.iterdir()]
+    left = [p.name for p in directory.glob("*.idx")]
     assert len(left) == 1 and sum(sizes[n] for n in left) <= max(sizes.values())
 
 
@@ -608,7 +608,7 @@ def test_cache_lists_its_directory_once_per_process(
     monkeypatch.setattr(index_cache.os, "scandir", counting_scandir)
     assert len(rk.Dataset(root)) == 70
     assert [p for p in listings if p == index_cache.cache_dir()] == [index_cache.cache_dir()]
-    assert len(list(Path(index_cache.cache_dir() or "").iterdir())) == 12
+    assert len(list(Path(index_cache.cache_dir() or "").glob("*.idx"))) == 12
 
 
 def test_head_shows_raw_and_sequence_records(
