@@ -97,10 +97,7 @@ def infer_format(src: str, storage_options: dict[str, Any] | None = None) -> Inf
     claimers = {fmt: [rel for rel in names if cls.claims(rel)] for fmt, cls in converters}
     # A format's companion files (MDS's index.json) are its own where it claims files.
     taken = {
-        name
-        for fmt, cls in converters
-        if claimers[fmt]
-        for name in getattr(cls, "companions", ())
+        name for fmt, cls in converters if claimers[fmt] for name in getattr(cls, "companions", ())
     }
     claimed: Counter[str] = Counter()
     example: dict[str, str] = {}
