@@ -9,7 +9,7 @@ preempted job would; a new loader restores it (``iterator.set_state()``) and
 finishes. Every record id read is checked against an uninterrupted run: each record
 once per epoch, nothing read twice across the resume.
 
-    pip install 'recordkit[grain]'
+    pip install -e '.[grain]'    # from a checkout of recordkit
     python examples/grain/train.py [--data DIR] [--workers 2]
 """
 

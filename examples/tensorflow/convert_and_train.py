@@ -10,7 +10,7 @@
 
     python examples/tensorflow/convert_and_train.py [--workdir DIR] [--epochs 5]
 
-Needs TensorFlow (``pip install 'recordkit[tf-cpu]'``).
+Needs TensorFlow (from a checkout: ``pip install -e '.[tf-cpu]'``).
 """
 
 from __future__ import annotations
