@@ -477,7 +477,7 @@ def dataset(
         options = PlanOptions(
             shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
         )
-        tasks = PlanTasks(shards, options, pipeline, pipelines)
+        tasks = PlanTasks(shards, options, pipeline, pipelines, feature_spec(shards.schema, names))
         ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits, finish)
         return ds.prefetch(tf.data.AUTOTUNE)
     epoch_files = None
