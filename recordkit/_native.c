@@ -643,25 +643,6 @@ static inline const uint8_t *rd_len(const uint8_t *p, const uint8_t *end, uint64
     return p;
 }
 
-/* Skip the value of an unknown field whose tag has just been read. */
-static const uint8_t *skip_field(const uint8_t *p, const uint8_t *end, uint64_t tag) {
-    uint64_t v;
-    if ((tag >> 3) == 0 || tag > 0xFFFFFFFFu) return NULL;
-    switch (tag & 7) {
-    case 0:
-        return rd_varint(p, end, &v);
-    case 1:
-        return end - p >= 8 ? p + 8 : NULL;
-    case 2:
-        p = rd_len(p, end, &v);
-        return p ? p + v : NULL;
-    case 5:
-        return end - p >= 4 ? p + 4 : NULL;
-    default:
-        return NULL;
-    }
-}
-
 /* Strict UTF-8, as Python's str(key, "utf-8") (no surrogates, no overlongs, <= U+10FFFF). */
 static int utf8_valid(const uint8_t *s, size_t n) {
     size_t i = 0;
@@ -807,6 +788,15 @@ static inline int kind_of_tag(uint64_t tag) {
     return tag == 0x0A ? KIND_BYTES : tag == 0x12 ? KIND_FLOAT : tag == 0x1A ? KIND_INT64 : 0;
 }
 
+/*
+ * A field that a message does not define (an unknown number, or a known one with
+ * another wire type) makes the record "malformed" here: protobuf would skip it and
+ * drop what it holds, and the reference (recordkit/codec/example.py) refuses the
+ * record with an UnknownFieldError naming the field, which the callers' reference
+ * path then raises. So every parser below takes exactly the fields its message
+ * defines, and nothing is ever skipped.
+ */
+
 /* One map<string, Feature> entry: key = 1, value = 2, either absent, repeated or reordered. */
 static int parse_entry(const uint8_t *p, const uint8_t *stop, Ctx *cx) {
     const uint8_t *entry = p, *key = p, *run = NULL, *run_end = NULL, *since = NULL;
@@ -826,10 +816,7 @@ static int parse_entry(const uint8_t *p, const uint8_t *stop, Ctx *cx) {
             while (p < fend) { /* the Feature: a oneof of three lists */
                 if (!(p = rd_varint(p, fend, &tag))) return -1;
                 int k = kind_of_tag(tag);
-                if (!k) {
-                    if (!(p = skip_field(p, fend, tag))) return -1;
-                    continue;
-                }
+                if (!k) return -1; /* a field Feature does not define */
                 if (!(p = rd_len(p, fend, &len))) return -1;
                 if (k == kind) { /* the same member again: protobuf merges */
                     nruns++;
@@ -841,8 +828,8 @@ static int parse_entry(const uint8_t *p, const uint8_t *stop, Ctx *cx) {
                 }
                 p += len;
             }
-        } else if (!(p = skip_field(p, stop, tag))) {
-            return -1;
+        } else {
+            return -1; /* a field the map entry does not define */
         }
     }
     if (!utf8_valid(key, (size_t)key_len)) return -1;
@@ -864,10 +851,7 @@ static int parse_features(const uint8_t *p, const uint8_t *end, Ctx *cx) {
     uint64_t tag, len;
     while (p < end) {
         if (!(p = rd_varint(p, end, &tag))) return -1;
-        if (tag != 0x0A) {
-            if (!(p = skip_field(p, end, tag))) return -1;
-            continue;
-        }
+        if (tag != 0x0A) return -1; /* a field Features does not define */
         if (!(p = rd_len(p, end, &len))) return -1;
         if (parse_entry(p, p + len, cx) < 0) return -1;
         p += len;
@@ -887,8 +871,8 @@ static int parse_example(const uint8_t *p, const uint8_t *end, Ctx *cx) {
             /* SequenceExample.feature_lists: never read its context alone; the
                Python reference raises SequenceExampleError for this record. */
             return -1;
-        } else if (!(p = skip_field(p, end, tag))) {
-            return -1;
+        } else {
+            return -1; /* a field Example does not define */
         }
     }
     return 0;
@@ -929,7 +913,8 @@ static int scan_list(int kind, const uint8_t *p, const uint8_t *end, Acc *a) {
             }
             p += len;
         } else if ((kind == KIND_FLOAT && tag == 0x0D) || (kind == KIND_INT64 && tag == 0x08)) {
-            const uint8_t *q = skip_field(p, end, tag); /* one unpacked value */
+            uint64_t v; /* one unpacked value */
+            const uint8_t *q = tag == 0x08 ? rd_varint(p, end, &v) : end - p >= 4 ? p + 4 : NULL;
             if (!q) return -1;
             if (a->chunks++ == 0) {
                 a->first = p;
@@ -937,32 +922,31 @@ static int scan_list(int kind, const uint8_t *p, const uint8_t *end, Acc *a) {
             }
             a->count++;
             p = q;
-        } else if (!(p = skip_field(p, end, tag))) {
-            return -1;
+        } else {
+            return -1; /* a field the list does not define */
         }
     }
     return 0;
 }
 
-/* Scan every list submessage of the final kind in the winning entry (rare: merged lists). */
+/* Scan every list submessage of the final kind in the winning entry (rare: merged lists).
+ * parse_entry has checked the entry: it holds keys (0x0A) and Features (0x12) only. */
 static int rescan_entry(const KeyState *s, Acc *a) {
     const uint8_t *p = s->entry, *stop = s->entry_end;
     uint64_t tag, len;
     while (p < stop) {
         if (!(p = rd_varint(p, stop, &tag))) return -1;
-        if (tag != 0x12) {
-            if (!(p = skip_field(p, stop, tag))) return -1;
+        if (tag != 0x0A && tag != 0x12) return -1;
+        if (!(p = rd_len(p, stop, &len))) return -1;
+        if (tag == 0x0A) { /* the key */
+            p += len;
             continue;
         }
-        if (!(p = rd_len(p, stop, &len))) return -1;
         const uint8_t *fend = p + len;
         while (p < fend) {
             if (!(p = rd_varint(p, fend, &tag))) return -1;
             int k = kind_of_tag(tag);
-            if (!k) {
-                if (!(p = skip_field(p, fend, tag))) return -1;
-                continue;
-            }
+            if (!k) return -1;
             if (!(p = rd_len(p, fend, &len))) return -1;
             if (k == s->kind && p >= s->since && scan_list(k, p, p + len, a) < 0) return -1;
             p += len;

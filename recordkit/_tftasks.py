@@ -10,7 +10,12 @@ per record. ``recordkit.tf`` splits the buffer with ``tf.strings.substr``.
 
 The copy is one native ``gather`` per shard the task touches (GIL released,
 under the SIGBUS guard), one shard held at a time, so a task stays within the
-shard set's map budget however many shards it touches. Records go out in rows
+shard set's map budget however many shards it touches. Before it, one native
+``parse_batch`` checks every record's framing, CRCs and Example structure, and
+the values of the features TensorFlow will parse (``keys``): TensorFlow's parser
+skips a field that a message does not define, so such a record is refused here,
+by name (an :class:`~recordkit.errors.UnknownFieldError` naming file, offset
+and record), as every recordkit reader refuses it. Records go out in rows
 of ``row`` bytes, a record taking ``ceil(length / row)`` consecutive rows;
 ``row`` is the dataset's mean payload (at least 64 bytes): records of one size
 take one row each, and whatever the spread of sizes the padding is under one
@@ -21,10 +26,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from .codec import decode_example
+from .errors import CorruptRecordError
 from .format import guard
 from .format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD
 from .reader.plan import EpochPlan, PlanOptions, Split
@@ -56,6 +64,8 @@ class PlanTasks:
         options: the plan's options (shuffle, seed, batch size, drop_last).
         pipeline: this pipeline's id (the plan's rank).
         pipelines: the number of input pipelines (the plan's world size).
+        keys: the features TensorFlow parses from the records (their values are
+            checked too; the structure of every feature always is).
         feed: told when a task starts and ends (``begin(epoch, task)``,
             ``done(epoch, task)``): whole epochs through a shard cache fetch the
             shards ahead and let each go once the tasks before it are done.
@@ -70,11 +80,15 @@ class PlanTasks:
         options: PlanOptions,
         pipeline: int,
         pipelines: int,
+        keys: Iterable[str] = (),
         feed: Any = None,
         task_bytes: int = _TASK_BYTES,
     ) -> None:
         self.shards = shards
         self.feed = feed
+        self.keys = frozenset(keys)
+        # surrogatepass: a name no record can hold (a lone surrogate) still gets a key
+        self._keys = tuple(sorted(k.encode("utf-8", "surrogatepass") for k in self.keys))
         self.options = options
         self.split = Split(rank=pipeline, world_size=pipelines)
         self._lock = threading.Lock()
@@ -126,7 +140,9 @@ class PlanTasks:
         result before the call returns.
 
         Raises:
-            CorruptRecordError: a record's framing or CRC is bad (file, offset, record).
+            CorruptRecordError: a record's framing or CRC is bad, or its payload is
+                not an Example recordkit reads whole (``UnknownFieldError``,
+                ``SequenceExampleError``, ...), naming file, offset and record.
             ShardChangedError: a shard shrank under the reader.
         """
         if self.feed is None:
@@ -148,7 +164,7 @@ class PlanTasks:
             with self.shards.use(s) as m:
                 m.check()
                 r = rec[idx]
-                _verify(m, r)
+                _verify(m, r, self._keys, self.keys)
                 size = m.sizes[r] - OVERHEAD
                 rows = -(-size // row)
                 end = at + int(rows.sum())
@@ -189,21 +205,39 @@ def _groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
     ]
 
 
-def _verify(m: Any, r: np.ndarray) -> None:
-    """Check the framing and both CRCs of records ``r`` of a mapped shard."""
+def _verify(m: Any, r: np.ndarray, keys: tuple[bytes, ...], names: frozenset[str]) -> None:
+    """Check the framing, both CRCs and the payload (as :func:`_reference` does) of
+    records ``r`` of a mapped shard."""
     if _native is None or guard.map_of(m.buf) is None:
         for i in r.tolist():
-            m.payload(i)  # read_record: raises the exact error
+            _reference(m, i, names)
         return
     offsets, sizes = m.offsets[r], m.sizes[r]
     try:
-        status, _ = _native.parse_batch(m.buf, offsets, sizes, (), True, DEFAULT_MAX_RECORD_BYTES)
+        status, _ = _native.parse_batch(m.buf, offsets, sizes, keys, True, DEFAULT_MAX_RECORD_BYTES)
     except guard.MapFault:
         raise guard.changed(m.buf, path=m.path) from None
     bad = np.flatnonzero(np.frombuffer(status, np.intc))
     if len(bad):
-        m.payload(int(r[bad[0]]))  # the reference read names file, offset and record
-        raise AssertionError("parse_batch and read_record disagree")  # pragma: no cover
+        _reference(m, int(r[bad[0]]), names)  # names file, offset and record
+        raise AssertionError("parse_batch and the reference disagree")  # pragma: no cover
+
+
+def _reference(m: Any, i: int, names: frozenset[str]) -> None:
+    """Record ``i`` read and parsed the reference way: the exact error, if any.
+
+    The payload is parsed as an Example (the values of ``names`` decoded), so a
+    field that a message does not define is an ``UnknownFieldError`` here, where
+    TensorFlow's parser would skip it.
+    """
+    payload = m.payload(i)  # read_record: framing and CRCs
+    offset = int(m.offsets[i])
+    data = guard.read(payload, 0, len(payload), path=m.path, offset=offset, record=i, check=False)
+    del payload  # a private copy is parsed: no view of the map outlives the call
+    try:
+        decode_example(data, keys=names)
+    except CorruptRecordError as exc:
+        raise exc.located(m.path, offset, i) from None
 
 
 def _gather(

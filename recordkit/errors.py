@@ -6,6 +6,7 @@ that only know the standard library can still catch it sensibly::
     RecordkitError (Exception)
     ├── CorruptRecordError (ValueError)      bad framing, CRC mismatch, bad payload
     │   ├── SequenceExampleError             a SequenceExample where an Example is read
+    │   ├── UnknownFieldError                a payload field its message type does not define
     │   ├── TruncatedRecordError             a record cut short (also in the length field)
     │   └── RecordTooLargeError              a length field or zstd frame over the limit
     ├── CompressedTFRecordError (ValueError) a GZIP/ZLIB TFRecord where random access is needed
@@ -79,6 +80,7 @@ __all__ = [
     "SourceError",
     "SourceNotFoundError",
     "TruncatedRecordError",
+    "UnknownFieldError",
 ]
 
 
@@ -169,6 +171,48 @@ class SequenceExampleError(CorruptRecordError):
     Its context parses as an Example's features; its feature lists would be
     dropped. recordkit refuses it rather than return a partial sample.
     """
+
+
+class UnknownFieldError(CorruptRecordError):
+    """A payload field that its message type does not define.
+
+    Protobuf parsers, TensorFlow's among them, skip such a field (a field number
+    the ``.proto`` does not name, or a known number with another wire type), so
+    whatever it holds is dropped without a word. recordkit refuses the record
+    instead: it is an error, never a sample read in part. The message names the
+    field, its wire type and where it sits, e.g. ``field 9 (varint) inside
+    Feature 'k' at payload byte 57, which tf.train.Example does not define: ...``.
+
+    Attributes:
+        field_number: the field's number.
+        wire_type: its wire type, by name (``"varint"``, ``"64-bit"``,
+            ``"length-delimited"``, ``"group start"``, ``"group end"``, ``"32-bit"``).
+        where: the message it sits in (``"Feature 'k'"``, ``"the Int64List of
+            feature 'k'"``, ...).
+        message: the message type read (``"tf.train.Example"`` or
+            ``"tf.train.SequenceExample"``).
+        at: the payload byte where its tag starts.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        field_number: int = 0,
+        wire_type: str = "",
+        where: str = "",
+        message: str = "",
+        at: int | None = None,
+        path: str | None = None,
+        offset: int | None = None,
+        record: int | None = None,
+    ) -> None:
+        self.field_number = field_number
+        self.wire_type = wire_type
+        self.where = where
+        self.message = message
+        self.at = at
+        super().__init__(reason, path=path, offset=offset, record=record)
 
 
 class TruncatedRecordError(CorruptRecordError):

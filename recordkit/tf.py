@@ -476,7 +476,9 @@ def dataset(
         shards = source.shard_set(schema)
         # a task's records span at most two shard windows (a quarter of the budget)
         task_bytes = max(1, min(4 << 20, source.capacity // 4))
-        tasks = PlanTasks(shards, options, pipeline, pipelines, task_bytes=task_bytes)
+        names = _columns(schema, columns)
+        keys = feature_spec(schema, names)
+        tasks = PlanTasks(shards, options, pipeline, pipelines, keys, task_bytes=task_bytes)
         tasks.feed = TaskFeed(
             source,
             shards,
@@ -486,7 +488,6 @@ def dataset(
             rank=pipeline,
             world_size=pipelines,
         )
-        names = _columns(schema, columns)
         ds = _planned(tasks, schema, names, batch_size, epoch, epochs, limits)
         return ds.prefetch(tf.data.AUTOTUNE)
     growing = source
@@ -555,7 +556,7 @@ def dataset(
         options = PlanOptions(
             shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
         )
-        tasks = PlanTasks(shards, options, pipeline, pipelines)
+        tasks = PlanTasks(shards, options, pipeline, pipelines, feature_spec(shards.schema, names))
         images = images_step(named_images, shards.schema, names, task_locator(tasks))
         ds = _planned(
             tasks, shards.schema, names, batch_size, epoch, epochs, limits, images, finish

@@ -21,21 +21,25 @@ any order.
 Decoding follows the protobuf parser's semantics, so that a record means the
 same thing here as in ``tf.io.parse_example``: a repeated map key replaces the
 earlier entry, repeated occurrences of the same message field merge, the last
-member of the ``oneof`` set wins, repeated scalars are accepted packed, unpacked
-or mixed, and unknown fields are skipped. Values are views into the payload
-where the wire format allows it. Anything malformed raises
-:class:`~recordkit.errors.CorruptRecordError` naming the payload byte; no length
-read from the payload is used before it is checked against the payload's end.
+member of the ``oneof`` set wins, and repeated scalars are accepted packed,
+unpacked or mixed. One departure, on purpose: protobuf skips a field that the
+message does not define (an unknown field number, or a known one with another
+wire type), and so would drop whatever it holds without a word; here it is an
+:class:`~recordkit.errors.UnknownFieldError` naming the field, its wire type and
+where it sits. Values are views into the payload where the wire format allows it.
+Anything malformed raises :class:`~recordkit.errors.CorruptRecordError` naming
+the payload byte; no length read from the payload is used before it is checked
+against the payload's end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import CorruptRecordError, SchemaError, SequenceExampleError
+from ..errors import CorruptRecordError, SchemaError, SequenceExampleError, UnknownFieldError
 
 __all__ = ["KINDS", "decode_example", "encode_example"]
 
@@ -56,6 +60,86 @@ _BYTES_TYPES = (bytes, bytearray, memoryview)
 
 def _bad(what: str, pos: int) -> CorruptRecordError:
     return CorruptRecordError(f"malformed tf.train.Example: {what} at payload byte {pos}")
+
+
+# --------------------------------------------------------------------------- unknown fields
+
+_WIRE_NAMES = ("varint", "64-bit", "length-delimited", "group start", "group end", "32-bit")
+
+
+class _Scope(NamedTuple):
+    """How errors name the messages a parse is in (an Example's, or a SequenceExample's)."""
+
+    message: str  # the message type read
+    features: str  # its Features message
+    feature: str  # what a map entry's key (or a list's name) names
+    value: str  # what the entry's Feature message is called
+
+
+_EXAMPLE = _Scope("tf.train.Example", "Example.features", "feature", "Feature")
+
+
+def _unknown(
+    buf: memoryview, start: int, end: int, pos: int, tag: int, where: str, message: str
+) -> CorruptRecordError:
+    """The error for a field the message ``[start, end)`` does not define.
+
+    ``pos`` is where the field's tag ended; a tag that is not a valid one (field
+    number 0, wire type 6 or 7) is malformed rather than unknown.
+    """
+    at = _tag_start(buf, start, end, pos)
+    number, wire = tag >> 3, tag & 7
+    if number == 0:
+        return _bad("field number 0", at)
+    if tag > 0xFFFF_FFFF:
+        return _bad(f"tag {tag} out of range", at)
+    if wire > 5:
+        return _bad(f"unsupported wire type {wire}", at)
+    return UnknownFieldError(
+        f"field {number} ({_WIRE_NAMES[wire]}) inside {where} at payload byte {at}, which "
+        f"{message} does not define: TensorFlow would drop it silently, so the record is "
+        "refused",
+        field_number=number,
+        wire_type=_WIRE_NAMES[wire],
+        where=where,
+        message=message,
+        at=at,
+    )
+
+
+def _tag_start(buf: memoryview, start: int, end: int, pos: int) -> int:
+    """Where the tag that ends at ``pos`` starts: found by walking the message from
+    ``start`` (the fields before it parsed), so a tag written in more bytes than it
+    needs is located exactly too."""
+    at = start
+    try:
+        while at < pos:
+            tag, after = _read_varint(buf, at, end)
+            if after == pos:
+                return at
+            at = _skip(buf, after, end, tag)
+    except (CorruptRecordError, IndexError):
+        pass
+    return pos - 1  # not reached for a tag the parsers read
+
+
+def _entry_key(buf: memoryview, start: int, stop: int) -> str:
+    """The key of the map entry ``[start, stop)`` as an error names it (the last key
+    field before anything unreadable; protobuf's default, the empty key, if none)."""
+    key: Any = b""
+    pos = start
+    try:
+        while pos < stop:
+            tag, pos = _read_varint(buf, pos, stop)
+            if tag == _LEN1:
+                size, pos = _read_len(buf, pos, stop)
+                key = buf[pos : pos + size]
+                pos += size
+            else:
+                pos = _skip(buf, pos, stop, tag)
+    except (CorruptRecordError, IndexError):
+        pass
+    return repr(str(key, "utf-8", "replace"))
 
 
 # --------------------------------------------------------------------------- varints
@@ -302,8 +386,10 @@ def decode_example(
 
     Args:
         payload: the serialized message; values returned are views into it.
-        keys: if given, only these features are materialized (the rest are still
-            parsed and checked, but no arrays or slices are built for them).
+        keys: if given, only these features are materialized: the structure of
+            every feature is still parsed and checked (the map entries and the
+            ``Feature`` messages), the values of the others are not (their lists
+            are neither decoded nor looked into).
 
     Returns:
         Feature name -> ``(kind, values)``: ``("bytes", list[memoryview])``,
@@ -312,6 +398,8 @@ def decode_example(
         zero-copy views when the floats are packed in one run.
 
     Raises:
+        UnknownFieldError: the payload holds a field its message does not define.
+        SequenceExampleError: the payload is a ``SequenceExample`` (it has feature lists).
         CorruptRecordError: the payload is not a well-formed ``Example``.
     """
     buf = memoryview(payload)
@@ -343,18 +431,18 @@ def decode_example(
                     "list; read it whole with rk.Dataset(path, sequence_example=True)"
                 )
             else:
-                pos = _skip(buf, pos, end, tag)
+                raise _unknown(buf, 0, end, pos, tag, "the Example", _EXAMPLE.message)
         for name, (kind, runs) in spans.items():
             if keys is not None and name not in keys:
                 continue
             if kind is None:
                 out[name] = (None, None)
             elif kind == "bytes":
-                out[name] = ("bytes", _bytes_values(buf, runs))
+                out[name] = ("bytes", _bytes_values(buf, runs, name))
             elif kind == "float":
-                out[name] = ("float", _float_values(buf, runs))
+                out[name] = ("float", _float_values(buf, runs, name))
             else:
-                out[name] = ("int64", _int64_values(buf, runs))
+                out[name] = ("int64", _int64_values(buf, runs, name))
     except IndexError:
         raise _bad("truncated field", end) from None
     return out
@@ -395,7 +483,7 @@ def _read_len(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
 
 
 def _skip(buf: memoryview, pos: int, end: int, tag: int) -> int:
-    """Skip the value of an unknown field whose tag has just been read."""
+    """Skip the value of a field whose tag has just been read."""
     wire = tag & 7
     if tag >> 3 == 0:
         raise _bad("field number 0", pos - 1)
@@ -414,13 +502,21 @@ def _skip(buf: memoryview, pos: int, end: int, tag: int) -> int:
     return pos + width
 
 
-def _parse_features(buf: memoryview, pos: int, end: int, spans: dict[str, list[Any]]) -> None:
+def _parse_features(
+    buf: memoryview,
+    pos: int,
+    end: int,
+    spans: dict[str, list[Any]],
+    scope: _Scope = _EXAMPLE,
+) -> None:
     """Record each map entry of a ``Features`` message as ``spans[key] = [kind, runs]``.
 
     The common layout (one key, one value holding one list) takes the inline
     fast paths; anything else, including protobuf's merge rules, the general ones.
+    ``scope`` names the messages in errors.
     """
-    read_varint, skip, kinds = _read_varint, _skip, _KIND_OF_TAG
+    read_varint, kinds = _read_varint, _KIND_OF_TAG
+    start = pos
     while pos < end:
         tag = buf[pos]
         pos += 1
@@ -428,8 +524,7 @@ def _parse_features(buf: memoryview, pos: int, end: int, spans: dict[str, list[A
             if tag > 0x7F:
                 tag, pos = read_varint(buf, pos - 1, end)
             if tag != _LEN1:
-                pos = skip(buf, pos, end, tag)
-                continue
+                raise _unknown(buf, start, end, pos, tag, scope.features, scope.message)
         size = buf[pos]
         pos += 1
         if size > 0x7F:
@@ -439,7 +534,7 @@ def _parse_features(buf: memoryview, pos: int, end: int, spans: dict[str, list[A
         stop = pos + size
         # A map entry: key = 1, value = 2; either may be absent, repeated or reordered.
         key: Any = b""
-        key_at = pos
+        key_at = entry_at = pos
         state: list[Any] = [None, None]
         while pos < stop:
             tag = buf[pos]
@@ -463,7 +558,7 @@ def _parse_features(buf: memoryview, pos: int, end: int, spans: dict[str, list[A
                     size, pos = read_varint(buf, pos - 1, stop)
                 if size > stop - pos:
                     raise _bad(f"length {size} runs past the end of its message", pos)
-                fend = pos + size
+                fstart, fend = pos, pos + size
                 while pos < fend:  # the Feature: a oneof of three lists
                     tag = buf[pos]
                     pos += 1
@@ -471,8 +566,8 @@ def _parse_features(buf: memoryview, pos: int, end: int, spans: dict[str, list[A
                         tag, pos = read_varint(buf, pos - 1, fend)
                     kind = kinds.get(tag)
                     if kind is None:
-                        pos = skip(buf, pos, fend, tag)
-                        continue
+                        where = f"{scope.value} {_entry_key(buf, entry_at, stop)}"
+                        raise _unknown(buf, fstart, fend, pos, tag, where, scope.message)
                     size = buf[pos]
                     pos += 1
                     if size > 0x7F:
@@ -486,17 +581,22 @@ def _parse_features(buf: memoryview, pos: int, end: int, spans: dict[str, list[A
                         state[1] = [(pos, pos + size)]
                     pos += size
             else:
-                pos = skip(buf, pos, stop, tag)
+                where = f"the map entry of {scope.feature} {_entry_key(buf, entry_at, stop)}"
+                raise _unknown(buf, entry_at, stop, pos, tag, where, scope.message)
         try:
             spans[str(key, "utf-8")] = state
         except UnicodeDecodeError:
             raise _bad("feature key is not valid UTF-8", key_at) from None
 
 
-def _bytes_values(buf: memoryview, runs: list[tuple[int, int]]) -> list[memoryview]:
+def _bytes_values(
+    buf: memoryview, runs: list[tuple[int, int]], name: str = "", scope: _Scope = _EXAMPLE
+) -> list[memoryview]:
+    """The values of a (merged) ``BytesList``; ``name`` and ``scope`` name it in errors."""
     values: list[memoryview] = []
     append, read_varint = values.append, _read_varint
-    for pos, end in runs:
+    for start, end in runs:
+        pos = start
         while pos < end:
             tag = buf[pos]
             pos += 1
@@ -512,16 +612,27 @@ def _bytes_values(buf: memoryview, runs: list[tuple[int, int]]) -> list[memoryvi
                 append(buf[pos : pos + size])
                 pos += size
             else:
-                pos = _skip(buf, pos, end, tag)
+                where = f"the BytesList of {scope.feature} {name!r}"
+                raise _unknown(buf, start, end, pos, tag, where, scope.message)
     return values
 
 
 def _scalar_runs(
-    buf: memoryview, runs: list[tuple[int, int]], packed: int, unpacked: int
+    buf: memoryview,
+    runs: list[tuple[int, int]],
+    packed: int,
+    unpacked: int,
+    name: str = "",
+    scope: _Scope = _EXAMPLE,
 ) -> list[tuple[int, int]]:
-    """The byte runs holding a repeated scalar's values, packed or not."""
+    """The byte runs holding a repeated scalar's values, packed or not.
+
+    ``unpacked`` is the tag of one unpacked value (``0x0D``: a ``FloatList``'s,
+    ``0x08``: an ``Int64List``'s); ``name`` and ``scope`` name the list in errors.
+    """
     out = []
-    for pos, end in runs:
+    for start, end in runs:
+        pos = start
         while pos < end:
             tag = buf[pos]
             pos += 1
@@ -533,16 +644,20 @@ def _scalar_runs(
                     out.append((pos, pos + size))
                 pos += size
             elif tag == unpacked:
-                start = pos
+                value = pos
                 pos = _skip(buf, pos, end, tag)
-                out.append((start, pos))
+                out.append((value, pos))
             else:
-                pos = _skip(buf, pos, end, tag)
+                kind = "FloatList" if unpacked == _FIXED32_1 else "Int64List"
+                where = f"the {kind} of {scope.feature} {name!r}"
+                raise _unknown(buf, start, end, pos, tag, where, scope.message)
     return out
 
 
-def _float_values(buf: memoryview, runs: list[tuple[int, int]]) -> np.ndarray:
-    runs = _scalar_runs(buf, runs, _LEN1, _FIXED32_1)
+def _float_values(
+    buf: memoryview, runs: list[tuple[int, int]], name: str = "", scope: _Scope = _EXAMPLE
+) -> np.ndarray:
+    runs = _scalar_runs(buf, runs, _LEN1, _FIXED32_1, name, scope)
     for start, stop in runs:
         if (stop - start) & 3:
             raise _bad(f"packed floats of {stop - start} bytes (not a multiple of 4)", start)
@@ -554,8 +669,10 @@ def _float_values(buf: memoryview, runs: list[tuple[int, int]]) -> np.ndarray:
     return np.frombuffer(b"".join([buf[a:b] for a, b in runs]), _F4)
 
 
-def _int64_values(buf: memoryview, runs: list[tuple[int, int]]) -> np.ndarray:
-    runs = _scalar_runs(buf, runs, _LEN1, _VARINT1)
+def _int64_values(
+    buf: memoryview, runs: list[tuple[int, int]], name: str = "", scope: _Scope = _EXAMPLE
+) -> np.ndarray:
+    runs = _scalar_runs(buf, runs, _LEN1, _VARINT1, name, scope)
     if not runs:
         return np.empty(0, np.int64)
     if len(runs) == 1:

@@ -9,7 +9,9 @@ From ``tensorflow/core/example/example.proto`` and ``feature.proto``::
 Read with the protobuf parser's semantics, as :func:`~recordkit.codec.decode_example`
 reads an Example: a repeated map key replaces the earlier entry, a repeated
 ``FeatureList`` value merges (its steps concatenate), the last ``oneof`` member
-of a ``Feature`` wins and repeated occurrences of the same member merge. An
+of a ``Feature`` wins and repeated occurrences of the same member merge. As
+there, a field that a message does not define is an
+:class:`~recordkit.errors.UnknownFieldError` (protobuf would skip it). An
 Example payload reads as a SequenceExample with no feature lists.
 
 :class:`SequenceSchema` says what a set of SequenceExamples holds (each context
@@ -25,19 +27,22 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptRecordError, SchemaError
+from ..errors import CorruptRecordError, SchemaError, UnknownFieldError
 from .example import (
     _KIND_OF_TAG,
     _LEN1,
     _LEN2,
     _bad,
     _bytes_values,
+    _entry_key,
     _float_values,
     _int64_values,
     _parse_features,
     _read_len,
     _read_varint,
+    _Scope,
     _skip,
+    _unknown,
 )
 
 __all__ = [
@@ -63,6 +68,7 @@ def decode_sequence_example(
         as in the protobuf, in kind).
 
     Raises:
+        UnknownFieldError: the payload holds a field its message does not define.
         CorruptRecordError: the payload is not a well-formed message.
     """
     buf = memoryview(payload)
@@ -77,18 +83,23 @@ def decode_sequence_example(
             tag, pos = _read_varint(buf, pos, end)
             if tag == _LEN1:
                 size, pos = _read_len(buf, pos, end)
-                _parse_features(buf, pos, pos + size, spans)
+                _parse_features(buf, pos, pos + size, spans, _CONTEXT)
                 pos += size
             elif tag == _LEN2:
                 size, pos = _read_len(buf, pos, end)
                 _parse_feature_lists(buf, pos, pos + size, lists)
                 pos += size
             else:
-                pos = _skip(buf, pos, end, tag)
-        context = {name: _values(buf, state) for name, state in spans.items()}
-        steps = {name: [_values(buf, s) for s in states] for name, states in lists.items()}
+                raise _unknown(buf, 0, end, pos, tag, "the SequenceExample", _MESSAGE)
+        context = {name: _values(buf, state, name, _CONTEXT) for name, state in spans.items()}
+        steps = {
+            name: [_values(buf, s, name, _step(i)) for i, s in enumerate(states)]
+            for name, states in lists.items()
+        }
     except IndexError:
         raise _sequence_error(_bad("truncated field", end)) from None
+    except UnknownFieldError:  # named for a SequenceExample already
+        raise
     except CorruptRecordError as exc:  # the Example parsers' errors, named for what this is
         raise _sequence_error(exc) from None
     return context, steps
@@ -99,20 +110,27 @@ def _sequence_error(exc: CorruptRecordError) -> CorruptRecordError:
 
 
 _EXAMPLE, _SEQUENCE = "malformed tf.train.Example", "malformed tf.train.SequenceExample"
+_MESSAGE = "tf.train.SequenceExample"
+_CONTEXT = _Scope(_MESSAGE, "SequenceExample.context", "context feature", "context Feature")
+
+
+def _step(i: int) -> _Scope:
+    """How errors name step ``i`` of a feature list (its lists' values)."""
+    return _Scope(_MESSAGE, "", f"step {i} of feature list", "")
 
 
 def _parse_feature_lists(
     buf: memoryview, pos: int, end: int, lists: dict[str, list[list[Any]]]
 ) -> None:
+    start = pos
     while pos < end:
         tag, pos = _read_varint(buf, pos, end)
         if tag != _LEN1:
-            pos = _skip(buf, pos, end, tag)
-            continue
+            raise _unknown(buf, start, end, pos, tag, "SequenceExample.feature_lists", _MESSAGE)
         size, pos = _read_len(buf, pos, end)
         stop = pos + size
         key: Any = b""
-        key_at = pos
+        key_at = entry = pos
         steps: list[list[Any]] = []
         while pos < stop:  # a map entry: key = 1, value = 2, in any order, repeated
             tag, pos = _read_varint(buf, pos, stop)
@@ -122,37 +140,48 @@ def _parse_feature_lists(
                 pos += size
             elif tag == _LEN2:
                 size, pos = _read_len(buf, pos, stop)
-                steps.extend(_parse_feature_list(buf, pos, pos + size))  # merge: concatenate
+                # merge: the steps concatenate
+                steps.extend(_parse_feature_list(buf, pos, pos + size, (entry, stop), len(steps)))
                 pos += size
             else:
-                pos = _skip(buf, pos, stop, tag)
+                where = f"the map entry of feature list {_entry_key(buf, entry, stop)}"
+                raise _unknown(buf, entry, stop, pos, tag, where, _MESSAGE)
         try:
             lists[str(key, "utf-8")] = steps  # a repeated key replaces the earlier entry
         except UnicodeDecodeError:
             raise _bad("feature list key is not valid UTF-8", key_at) from None
 
 
-def _parse_feature_list(buf: memoryview, pos: int, end: int) -> list[list[Any]]:
-    steps = []
+def _parse_feature_list(
+    buf: memoryview, pos: int, end: int, entry: tuple[int, int], first: int
+) -> list[list[Any]]:
+    """The steps of one ``FeatureList`` (``entry``: its map entry's bounds, ``first``:
+    the number of its first step, for errors)."""
+    start = pos
+    steps: list[list[Any]] = []
     while pos < end:
         tag, pos = _read_varint(buf, pos, end)
         if tag == _LEN1:
             size, pos = _read_len(buf, pos, end)
-            steps.append(_parse_feature(buf, pos, pos + size))
+            steps.append(_parse_feature(buf, pos, pos + size, entry, first + len(steps)))
             pos += size
         else:
-            pos = _skip(buf, pos, end, tag)
+            where = f"FeatureList {_entry_key(buf, *entry)}"
+            raise _unknown(buf, start, end, pos, tag, where, _MESSAGE)
     return steps
 
 
-def _parse_feature(buf: memoryview, pos: int, end: int) -> list[Any]:
+def _parse_feature(
+    buf: memoryview, pos: int, end: int, entry: tuple[int, int], step: int
+) -> list[Any]:
+    start = pos
     state: list[Any] = [None, None]
     while pos < end:
         tag, pos = _read_varint(buf, pos, end)
         kind = _KIND_OF_TAG.get(tag)
         if kind is None:
-            pos = _skip(buf, pos, end, tag)
-            continue
+            where = f"the Feature of step {step} of feature list {_entry_key(buf, *entry)}"
+            raise _unknown(buf, start, end, pos, tag, where, _MESSAGE)
         size, pos = _read_len(buf, pos, end)
         if state[0] == kind:  # the same oneof member again: protobuf merges
             state[1].append((pos, pos + size))
@@ -162,15 +191,15 @@ def _parse_feature(buf: memoryview, pos: int, end: int) -> list[Any]:
     return state
 
 
-def _values(buf: memoryview, state: list[Any]) -> Values:
+def _values(buf: memoryview, state: list[Any], name: str, scope: _Scope) -> Values:
     kind, runs = state
     if kind is None:
         return (None, None)
     if kind == "bytes":
-        return ("bytes", _bytes_values(buf, runs))
+        return ("bytes", _bytes_values(buf, runs, name, scope))
     if kind == "float":
-        return ("float", _float_values(buf, runs))
-    return ("int64", _int64_values(buf, runs))
+        return ("float", _float_values(buf, runs, name, scope))
+    return ("int64", _int64_values(buf, runs, name, scope))
 
 
 def as_stored(kind: str | None, values: Any) -> Any:

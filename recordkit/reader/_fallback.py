@@ -27,7 +27,6 @@ from ..codec.example import (
     _read_len,
     _read_varint,
     _scalar_runs,
-    _skip,
 )
 from ..errors import CorruptRecordError
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD
@@ -251,8 +250,8 @@ def _parse_record(
             pos += size
         elif tag == 0x12:  # a SequenceExample's feature_lists: the reference says so
             raise CorruptRecordError("SequenceExample")
-        else:
-            pos = _skip(payload, pos, end, tag)
+        else:  # a field the Example does not define: the reference names it
+            raise CorruptRecordError("unknown field")
     out = [_NO_SPANS] * nkeys
     for name, k in wanted.items():
         entry = entries.get(name)
@@ -296,8 +295,8 @@ def _bytes_span(payload: memoryview, runs: list[tuple[int, int]]) -> tuple[int, 
                     first, nbytes = pos, size
                 count += 1
                 pos += size
-            else:
-                pos = _skip(payload, pos, end, tag)
+            else:  # a field the BytesList does not define: the reference names it
+                raise CorruptRecordError("unknown field")
     return KIND_BYTES, count, first, nbytes
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from recordkit.codec import KINDS, decode_example, encode_example
-from recordkit.errors import CorruptRecordError, SchemaError
+from recordkit.errors import CorruptRecordError, SchemaError, UnknownFieldError
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 FEATURE = st.one_of(
@@ -106,17 +106,32 @@ def example_of(*entries):
     return field(1, 2, b"".join(entries))
 
 
+def has_unknown_fields(proto):
+    """Whether protobuf skipped a field anywhere in the message (it keeps them aside)."""
+    known = type(proto)()
+    known.CopyFrom(proto)
+    known.DiscardUnknownFields()  # recursive
+    return known.SerializeToString(deterministic=True) != proto.SerializeToString(
+        deterministic=True
+    )
+
+
 def same_as_protobuf(pb, payload):
-    """Our decode equals protobuf's, or both reject the payload."""
+    """Our decode equals protobuf's, or both reject the payload, or protobuf parses it
+    only by skipping a field, which we refuse (UnknownFieldError)."""
     try:
-        theirs = from_proto(pb[0].Example.FromString(bytes(payload)))
+        proto = pb[0].Example.FromString(bytes(payload))
     except Exception:
-        theirs = None
+        proto = None
     try:
         ours = from_ours(decode_example(payload))
+    except UnknownFieldError:
+        assert proto is None or has_unknown_fields(proto)
+        return
     except CorruptRecordError:
         ours = None
-    assert ours == theirs
+    assert ours == (None if proto is None else from_proto(proto))
+    assert proto is None or not has_unknown_fields(proto)  # nothing dropped, silently
 
 
 # --------------------------------------------------------------------------- TF oracle
@@ -231,18 +246,6 @@ PROTOBUF_RULES = {
             ),
         )
     ),
-    "unknown fields of every skippable wire type, everywhere": field(9, 0, varint(2**63))
-    + field(
-        1,
-        2,
-        field(15, 1, b"\x00" * 8)
-        + entry(
-            "a",
-            field(7, 5, b"abcd")
-            + field(3, 2, field(2, 2, b"zz") + field(1, 2, varint(42)) + field(4, 1, b"\x01" * 8)),
-        ),
-    )
-    + field(2**29 - 1, 2, b"ignored"),
     # Example.features with a 2-byte tag and a 3-byte length, holding one entry
     # whose length is a 2-byte varint.
     "non-minimal tag and length varints": b"\x8a\x00\x8a\x80\x00"
@@ -273,15 +276,153 @@ def test_protobuf_rules_without_tensorflow():
     assert decoded == {"b": (None, None)}
 
 
+# Fields a message does not define: protobuf skips them (TensorFlow with it), dropping
+# what they hold; the codec refuses the record, naming the field, its wire type, where it
+# sits and its tag's payload byte.
+UNKNOWN_FIELDS = {
+    "in the Example": (
+        example_of(entry("a", b"")) + field(9, 0, varint(2**63)),
+        "field 9 (varint) inside the Example at payload byte 9",
+    ),
+    "in Example.features": (
+        field(1, 2, field(15, 1, b"\x00" * 8) + entry("a", b"")),
+        "field 15 (64-bit) inside Example.features at payload byte 2",
+    ),
+    "in a map entry, before its key": (
+        example_of(field(1, 2, field(3, 5, b"abcd") + field(1, 2, b"k") + field(2, 2, b""))),
+        "field 3 (32-bit) inside the map entry of feature 'k' at payload byte 4",
+    ),
+    "in a Feature, before the key": (
+        example_of(field(1, 2, field(2, 2, field(7, 5, b"abcd")) + field(1, 2, b"k"))),
+        "field 7 (32-bit) inside Feature 'k' at payload byte 6",
+    ),
+    "in a Feature, after its list": (
+        example_of(entry("a", field(3, 2, field(1, 2, varint(42))) + field(9, 0, varint(1)))),
+        "field 9 (varint) inside Feature 'a' at payload byte 14",
+    ),
+    "in a BytesList": (
+        example_of(entry("b", field(1, 2, field(1, 2, b"x") + field(2, 2, b"zz")))),
+        "field 2 (length-delimited) inside the BytesList of feature 'b' at payload byte 14",
+    ),
+    "in an Int64List": (
+        example_of(entry("i", field(3, 2, field(1, 2, varint(42)) + field(4, 1, b"\x01" * 8)))),
+        "field 4 (64-bit) inside the Int64List of feature 'i' at payload byte 14",
+    ),
+    "in a FloatList": (
+        example_of(entry("f", field(2, 2, field(5, 0, varint(1))))),
+        "field 5 (varint) inside the FloatList of feature 'f' at payload byte 11",
+    ),
+    "int64 values as fixed32 (a known number, another wire type)": (
+        example_of(entry("i", field(3, 2, field(1, 5, b"abcd")))),
+        "field 1 (32-bit) inside the Int64List of feature 'i' at payload byte 11",
+    ),
+    "floats as varints": (
+        example_of(entry("f", field(2, 2, field(1, 0, varint(3))))),
+        "field 1 (varint) inside the FloatList of feature 'f' at payload byte 11",
+    ),
+    "bytes as a varint": (
+        example_of(entry("b", field(1, 2, field(1, 0, varint(3))))),
+        "field 1 (varint) inside the BytesList of feature 'b' at payload byte 11",
+    ),
+    "Example.features as a varint": (
+        field(1, 0, varint(3)),
+        "field 1 (varint) inside the Example at payload byte 0",
+    ),
+    "a group": (
+        example_of(entry("a", field(1, 3) + field(1, 4))),
+        "field 1 (group start) inside Feature 'a' at payload byte 9",
+    ),
+    "a group holding a field": (
+        field(1, 3) + field(1, 0, varint(1)) + field(1, 4),
+        "field 1 (group start) inside the Example at payload byte 0",
+    ),
+    "a group end alone": (field(1, 4), "field 1 (group end) inside the Example at payload byte 0"),
+    "the largest field number, its tag in 5 bytes": (
+        example_of(entry("a", b"")) + field(2**29 - 1, 2, b"ignored"),
+        f"field {2**29 - 1} (length-delimited) inside the Example at payload byte 9",
+    ),
+    "a tag written in more bytes than it needs": (
+        example_of(entry("a", b"\xc8\x80\x00" + varint(1))),
+        "field 9 (varint) inside Feature 'a' at payload byte 9",
+    ),
+    "a huge length it never reads": (
+        example_of(entry("k", b"\x22" + varint(2**60) + b"\x00" * 16)),
+        "field 4 (length-delimited) inside Feature 'k' at payload byte 9",
+    ),
+    "before a malformed field": (
+        example_of(entry("a", field(9, 0, varint(1)))) + b"\x0a\x80",
+        "field 9 (varint) inside Feature 'a' at payload byte 9",
+    ),
+    "a value past the end (fixed64)": (
+        b"\x09\x00",
+        "field 1 (64-bit) inside the Example at payload byte 0",
+    ),
+    "an 11-byte varint": (
+        b"\x08" + b"\x80" * 10 + b"\x01",
+        "field 1 (varint) inside the Example at payload byte 0",
+    ),
+}
+# Those that protobuf also rejects: a malformed part, or a value past the end.
+PROTOBUF_REJECTS = {
+    "a group end alone",
+    "a huge length it never reads",
+    "before a malformed field",
+    "a value past the end (fixed64)",
+    "an 11-byte varint",
+}
+
+
+@pytest.mark.parametrize(("payload", "message"), UNKNOWN_FIELDS.values(), ids=list(UNKNOWN_FIELDS))
+def test_unknown_fields_are_refused_by_name(payload, message):
+    with pytest.raises(UnknownFieldError) as info:
+        decode_example(payload)
+    err = info.value
+    assert err.reason == (
+        f"{message}, which tf.train.Example does not define: TensorFlow would drop it "
+        "silently, so the record is refused"
+    )
+    assert isinstance(err, CorruptRecordError) and err.message == "tf.train.Example"
+    assert f"field {err.field_number} ({err.wire_type}) inside {err.where} at payload byte " in (
+        err.reason
+    )
+    located = err.located("a.tfrecord", 16, 1)
+    assert type(located) is UnknownFieldError and located.field_number == err.field_number
+    assert str(located) == f"a.tfrecord:16:1: {err.reason}"
+    # keys= leaves the values of other features unread, never the Example's structure
+    if "List" not in message:
+        with pytest.raises(UnknownFieldError):
+            decode_example(payload, keys=())
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize(
+    "payload",
+    [p for n, (p, _) in UNKNOWN_FIELDS.items() if n not in PROTOBUF_REJECTS],
+    ids=[n for n in UNKNOWN_FIELDS if n not in PROTOBUF_REJECTS],
+)
+def test_protobuf_reads_them_by_dropping_the_field(pb, payload):
+    """What we refuse, protobuf parses, keeping the field aside and out of the Example."""
+    proto = pb[0].Example.FromString(payload)
+    assert has_unknown_fields(proto)
+    known = pb[0].Example()
+    known.CopyFrom(proto)
+    known.DiscardUnknownFields()
+    assert from_proto(known) == from_proto(proto)  # what TensorFlow's Example holds: no trace
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("name", sorted(PROTOBUF_REJECTS))
+def test_protobuf_rejects_the_others(pb, name):
+    with pytest.raises(Exception):  # noqa: B017 - upb raises its own DecodeError
+        pb[0].Example.FromString(UNKNOWN_FIELDS[name][0])
+
+
 MALFORMED = {
-    "group start": example_of(entry("a", field(1, 3))),
-    "group end": field(1, 4),
     "wire type 6": example_of(entry("a", b"\x0e")),
     "wire type 7": b"\x0f",
     "field number 0": example_of(b"\x02\x00"),
     "bad UTF-8 key": field(1, 2, field(1, 2, field(1, 2, b"\xff\xfe"))),
     "truncated varint": b"\x0a\x80",
-    "11-byte varint": b"\x08" + b"\x80" * 10 + b"\x01",
     "11-byte packed int64": example_of(
         entry("a", field(3, 2, field(1, 2, b"\x80" * 10 + b"\x01")))
     ),
@@ -292,7 +433,6 @@ MALFORMED = {
     ),
     "packed floats not a multiple of 4": example_of(entry("a", field(2, 2, field(1, 2, b"abc")))),
     "fixed32 past the end": example_of(entry("a", field(2, 2, b"\x0d\x00\x00"))),
-    "fixed64 past the end": b"\x09\x00",
     "length past the end": b"\x0a\x05\x0a\x00",
     "inner length past its message": field(1, 2, b"\x0a\x03\x0a\x05k") + b"\x00" * 8,
 }
@@ -307,8 +447,8 @@ def test_malformed_payloads_raise(payload):
 @pytest.mark.tf
 @pytest.mark.parametrize(
     "payload",
-    [v for k, v in MALFORMED.items() if not k.startswith("group")],  # protobuf skips groups
-    ids=[k for k in MALFORMED if not k.startswith("group")],
+    MALFORMED.values(),
+    ids=list(MALFORMED),
 )
 def test_protobuf_rejects_them_too(pb, payload):
     with pytest.raises(Exception):  # noqa: B017 - upb raises its own DecodeError
@@ -327,7 +467,6 @@ HUGE_LENGTHS = {
     "Feature.bytes_list": example_of(field(1, 2, field(1, 2, b"k") + field(2, 2, _huge(0x0A)))),
     "BytesList.value": example_of(entry("k", field(1, 2, _huge(0x0A)))),
     "Int64List.value": example_of(entry("k", field(3, 2, _huge(0x0A)))),
-    "unknown field": example_of(entry("k", _huge(0x22))),
 }
 
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from recordkit.codec import decode_example, decode_sequence_example
-from recordkit.errors import CorruptRecordError, SequenceExampleError
+from recordkit.errors import CorruptRecordError, SequenceExampleError, UnknownFieldError
 
-from .test_example import entry, field, intent, varint
+from .test_example import entry, field, has_unknown_fields, intent, varint
 
 pytestmark = pytest.mark.tf
 
@@ -92,11 +92,74 @@ CASES = {
         2,
         _flist("m", _feature("int64", [1]) + _feature("bytes", [b"q"]) + _feature("bytes", [b"r"])),
     ),
-    "unknown fields skipped": field(9, 0, varint(5))
-    + field(
-        2, 2, field(15, 2, b"zz") + _flist("a", _feature("int64", [4]) + field(8, 0, varint(1)))
+}
+
+# Fields a message does not define: protobuf skips them, the decoder names them.
+UNKNOWN = {
+    "in the SequenceExample": (
+        CONTEXT + field(9, 0, varint(5)),
+        "field 9 (varint) inside the SequenceExample at payload byte 30",
+    ),
+    "in the context's Features": (
+        field(1, 2, field(4, 0, varint(1))),
+        "field 4 (varint) inside SequenceExample.context at payload byte 2",
+    ),
+    "in a context Feature": (
+        field(1, 2, entry("id", _feature("int64", [7]) + field(6, 5, b"abcd"))),
+        "field 6 (32-bit) inside context Feature 'id' at payload byte 15",
+    ),
+    "in a context Int64List": (
+        field(1, 2, entry("id", field(3, 2, field(1, 2, varint(7)) + field(2, 0, varint(1))))),
+        "field 2 (varint) inside the Int64List of context feature 'id' at payload byte 15",
+    ),
+    "in FeatureLists": (
+        field(2, 2, field(15, 2, b"zz") + _flist("a", _feature("int64", [4]))),
+        "field 15 (length-delimited) inside SequenceExample.feature_lists at payload byte 2",
+    ),
+    "in a FeatureLists map entry": (
+        field(2, 2, field(1, 2, field(3, 0, varint(1)) + field(1, 2, b"k"))),
+        "field 3 (varint) inside the map entry of feature list 'k' at payload byte 4",
+    ),
+    "in a FeatureList, before its key": (
+        field(2, 2, field(1, 2, field(2, 2, field(2, 0, varint(1))) + field(1, 2, b"k"))),
+        "field 2 (varint) inside FeatureList 'k' at payload byte 6",
+    ),
+    "in a step's Feature": (
+        field(
+            2, 2, _flist("a", _feature("int64", [4]), _feature("int64", [5]) + field(8, 0, b"\x01"))
+        ),
+        "field 8 (varint) inside the Feature of step 1 of feature list 'a' at payload byte 23",
+    ),
+    "in a step's BytesList, in a merged FeatureList": (
+        field(
+            2,
+            2,
+            field(
+                1,
+                2,
+                field(1, 2, b"w")
+                + field(2, 2, field(1, 2, _feature("bytes", [b"x"])))
+                + field(
+                    2, 2, field(1, 2, field(1, 2, field(1, 2, b"y") + field(3, 1, b"8bytes!!")))
+                ),
+            ),
+        ),
+        "field 3 (64-bit) inside the BytesList of step 1 of feature list 'w' at payload byte 25",
     ),
 }
+
+
+@pytest.mark.parametrize(("payload", "message"), UNKNOWN.values(), ids=list(UNKNOWN))
+def test_unknown_fields_are_refused_by_name(pb, payload, message):
+    proto = pb.SequenceExample.FromString(payload)  # protobuf reads it, dropping the field
+    assert has_unknown_fields(proto)
+    with pytest.raises(UnknownFieldError) as info:
+        decode_sequence_example(payload)
+    assert info.value.reason == (
+        f"{message}, which tf.train.SequenceExample does not define: TensorFlow would drop it "
+        "silently, so the record is refused"
+    )
+    assert info.value.message == "tf.train.SequenceExample"
 
 
 @pytest.mark.parametrize("payload", list(CASES.values()), ids=list(CASES))

@@ -23,6 +23,7 @@ import pytest
 
 import recordkit
 from recordkit.codec import decode_example
+from recordkit.errors import UnknownFieldError
 from recordkit.format import iter_records
 
 pytestmark = pytest.mark.tf
@@ -47,7 +48,14 @@ def _record_count(path: Path) -> int:
     return count
 
 
-RECORDS = [(name, i) for name in GOLDEN_FILES for i in range(_record_count(GOLDEN / name))]
+# Examples with fields their messages do not define: TensorFlow skips them, we refuse.
+UNKNOWN_FIELDS = "unknown_fields.tfrecord"
+RECORDS = [
+    (name, i)
+    for name in GOLDEN_FILES
+    if name != UNKNOWN_FIELDS
+    for i in range(_record_count(GOLDEN / name))
+]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +86,7 @@ def test_golden_files_present() -> None:
         "large.tfrecord",
         "lists.tfrecord",
         "scalars.tfrecord",
+        "unknown_fields.tfrecord",
         "wire_variants.tfrecord",
     }
     assert (GOLDEN / "README.md").is_file()
@@ -182,6 +191,48 @@ def test_decode_example_matches_tf(tf: ModuleType, name: str, record: int) -> No
         for key in spec:
             kind = theirs[key][0]
             _assert_values_equal(key, kind, ours[key][1], parsed[key].values.numpy())
+
+
+# What each record of unknown_fields.tfrecord holds that its message does not define.
+UNKNOWN = [
+    "field 15 (length-delimited) inside the Example at payload byte 14",
+    "field 9 (varint) inside Feature 'a' at payload byte 14",
+    "field 2 (varint) inside the Int64List of feature 'a' at payload byte 14",
+    "field 5 (32-bit) inside the BytesList of feature 'b' at payload byte 14",
+    "field 3 (varint) inside the map entry of feature 'c' at payload byte 14",
+    "field 1 (64-bit) inside the FloatList of feature 'f' at payload byte 11",
+]
+
+
+def test_fields_tensorflow_skips_are_refused_by_name(tf: ModuleType, tmp_path: Path) -> None:
+    """TensorFlow reads these records by skipping a field (for one, a whole entry): what
+    that field held is gone without a word. Every recordkit reader refuses them."""
+    path = GOLDEN / UNKNOWN_FIELDS
+    payloads = _tf_payloads(tf, path)
+    assert len(payloads) == len(UNKNOWN)
+    offset = 0
+    shard = tmp_path / UNKNOWN_FIELDS
+    shutil.copyfile(path, shard)
+    for record, (payload, where) in enumerate(zip(payloads, UNKNOWN, strict=True)):
+        theirs = tf.train.Example.FromString(payload)  # parses: the field is skipped
+        known = tf.train.Example()
+        known.CopyFrom(theirs)
+        known.DiscardUnknownFields()
+        assert known.SerializeToString() != theirs.SerializeToString()  # it held one
+        with pytest.raises(UnknownFieldError) as info:
+            decode_example(payload)
+        assert info.value.reason.startswith(f"{where}, which tf.train.Example does not define")
+        ds = recordkit.Dataset(shard, raw=True)  # every record as stored: but not this one
+        with pytest.raises(UnknownFieldError) as info:
+            ds[record]
+        assert str(info.value).startswith(f"{shard}:{offset}:{record}: {where}, ")
+        offset += len(payload) + 16
+    schema = recordkit.Schema(
+        a=recordkit.Int64((None,)), b=recordkit.Bytes((None,)), f=recordkit.Float32((None,))
+    )
+    report = recordkit.verify(shard, schema=schema)
+    assert [p.record for p in report.problems] == list(range(len(UNKNOWN)))
+    assert all("which tf.train.Example does not define" in p.message for p in report.problems)
 
 
 # ------------------------------------------------------------------------------ Dataset

@@ -4,8 +4,11 @@ Every shard here is written by ``tf.io.TFRecordWriter``; payloads are ``tf.train
 messages serialised by TensorFlow's own protobuf (``deterministic=True``, so a rerun with
 the same TF/protobuf gives byte-identical files), except ``wire_variants.tfrecord``,
 whose payloads are hand-encoded protobuf that TensorFlow accepts but never emits itself
-(unpacked repeated fields, duplicate map keys, unknown fields, ...). The script checks
-that TensorFlow parses each of those the way this file says it does before writing it.
+(unpacked repeated fields, duplicate map keys, ...), and ``unknown_fields.tfrecord``,
+whose Examples hold fields that their messages do not define: TensorFlow's parser
+skips them (what they hold is dropped, silently), recordkit refuses each such record
+with an ``UnknownFieldError`` naming the field. The script checks that TensorFlow
+parses each of those the way this file says it does before writing it.
 
 The tests (``tests/compat/test_golden.py``) do not trust expectations stored here: they
 ask TensorFlow live what each record contains and compare recordkit against that.
@@ -264,14 +267,6 @@ def wire_cases() -> list[WireCase]:
             {"a": ("int64_list", [1]), "b": ("int64_list", [2])},
         ),
         (
-            "unknown fields in Feature and in Example are skipped",
-            _raw_example(
-                _entry("a", _packed_ints(1) + _tag(9, 0) + _varint(5)),
-                trailer=_tag(15, 2) + _varint(3) + b"abc" + _tag(14, 5) + b"\0\0\0\0",
-            ),
-            {"a": ("int64_list", [1])},
-        ),
-        (
             "map entry without a value: a Feature with no kind",
             _raw_example(_ld(1, _ld(1, b"nv"))),
             {"nv": (None, [])},
@@ -280,6 +275,50 @@ def wire_cases() -> list[WireCase]:
             "map entry without a key: the empty key",
             _raw_example(_ld(1, _ld(2, _packed_ints(4)))),
             {"": ("int64_list", [4])},
+        ),
+    ]
+
+
+def unknown_field_cases() -> list[WireCase]:
+    """Examples with a field their message does not define: TensorFlow skips it."""
+    return [
+        (
+            "fields in the Example itself (a newer writer's top-level fields)",
+            _raw_example(
+                _entry("a", _packed_ints(1)),
+                trailer=_tag(15, 2) + _varint(3) + b"abc" + _tag(14, 5) + b"\0\0\0\0",
+            ),
+            {"a": ("int64_list", [1])},
+        ),
+        (
+            "a varint in a Feature, after its list",
+            _raw_example(_entry("a", _packed_ints(1) + _tag(9, 0) + _varint(5))),
+            {"a": ("int64_list", [1])},
+        ),
+        (
+            "a varint in an Int64List, between its values",
+            _raw_example(
+                _entry(
+                    "a", _ld(3, _ld(1, _varint(1)) + _tag(2, 0) + _varint(7) + _ld(1, _varint(2)))
+                )
+            ),
+            {"a": ("int64_list", [1, 2])},
+        ),
+        (
+            "a fixed32 in a BytesList",
+            _raw_example(_entry("b", _ld(1, _ld(1, b"x") + _tag(5, 5) + b"\0\0\0\0"))),
+            {"b": ("bytes_list", [b"x"])},
+        ),
+        (
+            "a varint in a map entry, after its value (protobuf then drops the whole entry; "
+            "tf.io.parse_example refuses the record)",
+            _raw_example(_ld(1, _ld(1, b"c") + _ld(2, _packed_ints(3)) + _tag(3, 0) + _varint(1))),
+            {},
+        ),
+        (
+            "floats as fixed64 values (a known field number, another wire type)",
+            _raw_example(_entry("f", _ld(2, _tag(1, 1) + b"\0" * 8))),
+            {"f": ("float_list", [])},
         ),
     ]
 
@@ -331,6 +370,11 @@ FILES: dict[str, tuple[Callable[[], list[bytes]], str]] = {
         "hand-encoded valid protobuf TF accepts but never writes: "
         + "; ".join(name for name, _, _ in wire_cases()),
     ),
+    "unknown_fields.tfrecord": (
+        lambda: [payload for _, payload, _ in unknown_field_cases()],
+        "fields that their message does not define, which TensorFlow skips and recordkit "
+        "refuses (UnknownFieldError): " + "; ".join(name for name, _, _ in unknown_field_cases()),
+    ),
     "large.tfrecord": (
         large_records,
         f"a {LARGE_PAYLOAD_BYTES}-byte bytes value (>16 MiB record, repeating "
@@ -377,7 +421,7 @@ def _protobuf_version() -> str:
 
 def main() -> int:
     GOLDEN.mkdir(parents=True, exist_ok=True)
-    for name, payload, expected in wire_cases():
+    for name, payload, expected in wire_cases() + unknown_field_cases():
         _check_wire_case(name, payload, expected)
     rows = []
     for name, (make, about) in FILES.items():

@@ -12,6 +12,7 @@ extension did not build.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -29,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from recordkit.codec import Bytes, Float32, Int64, Schema, Tensor, decode_example, encode_example
-from recordkit.errors import CorruptRecordError, SchemaError
+from recordkit.errors import CorruptRecordError, SchemaError, UnknownFieldError
 from recordkit.format import crc32c as reference_crc32c
 from recordkit.format import frame, iter_records, read_record
 from recordkit.reader import _fallback, decode
@@ -350,6 +351,19 @@ WIRE = {
     "unknown fields inside a list": example(
         entry(b"a", field(3, 2, field(2, 0, varint(1)) + field(1, 2, varint(11))))
     ),
+    "unknown field in an unwanted Feature": example(
+        entry(b"a", packed_ints(1)), entry(b"zz", field(9, 0, varint(1)))
+    ),
+    "unknown field in an unwanted list": example(
+        entry(b"a", packed_ints(1)), entry(b"zz", field(3, 2, field(2, 0, varint(1))))
+    ),
+    "unknown field in a map entry": example(field(1, 2, field(1, 2, b"a") + field(3, 0, b"\x01"))),
+    "int64 as fixed32": example(entry(b"a", field(3, 2, field(1, 5, b"abcd")))),
+    "float as a varint": example(entry(b"f", field(2, 2, field(1, 0, varint(1))))),
+    "bytes as a varint": example(entry(b"b", field(1, 2, field(1, 0, varint(1))))),
+    "a group in the Example": example(
+        entry(b"a", packed_ints(1)), trailer=field(1, 3) + field(1, 4)
+    ),
     "overlong tag": example(entry(b"a", b"\x9a\x00" + varint(2) + field(1, 2, varint(12)))),
     "bytes lists merged": example(entry(b"b", byteslist(b"x") + byteslist(b"y"))),
     "one of two bytes values": example(entry(b"b", byteslist(b"x", b"y"))),
@@ -452,7 +466,8 @@ def payloads(draw, schema: Schema) -> bytes:
         return schema.encode({n: value_of(draw, t) for n, t in schema.features.items()})
     if choice < 7:  # the same, encoded as protobuf may but our writer never does
         payload = schema.encode({n: value_of(draw, t) for n, t in schema.features.items()})
-        return draw(rewired(payload))
+        # ... and now and then with fields the Example does not define (refused)
+        return draw(rewired(payload, unknown=draw(st.integers(0, 3)) == 0))
     if choice < 8:  # the same names, any kinds and counts (or no kind at all)
         names = list(schema.names) + [f"{n}/shape" for n in schema.names]
         kinds = st.sampled_from(["bytes", "int64", "float", None])
@@ -477,8 +492,9 @@ def _chunks(draw, values: list[Any]) -> list[list[Any]]:
     return [values[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def _list_messages(draw, kind: str, values: Any) -> bytes:
-    """One feature's values as 1-3 list submessages (which protobuf merges)."""
+def _list_messages(draw, kind: str, values: Any, unknown: bool) -> bytes:
+    """One feature's values as 1-3 list submessages (which protobuf merges); with
+    ``unknown``, perhaps with a field the list does not define."""
     tag = {"bytes": 1, "float": 2, "int64": 3}[kind]
     out = b""
     for part in _chunks(draw, list(values)):
@@ -497,17 +513,19 @@ def _list_messages(draw, kind: str, values: Any) -> bytes:
                 body += b"".join(field(1, 5, np.float32(v).tobytes()) for v in run)
             else:
                 body += b"".join(field(1, 0, varint(int(v))) for v in run)
-            if draw(st.integers(0, 5)) == 0:
+            if unknown and draw(st.integers(0, 5)) == 0:
                 body += field(7, 0, varint(1))  # an unknown field inside the list
         out += field(tag, 2, body)
     return out
 
 
 @st.composite
-def rewired(draw, payload: bytes) -> bytes:
+def rewired(draw, payload: bytes, unknown: bool = False) -> bytes:
     """``payload`` re-encoded with wire choices protobuf reads as the same Example:
     reordered entries, stale duplicates, value before key, unpacked or split
-    lists, merged list submessages, replaced oneof members, unknown fields."""
+    lists, merged list submessages, replaced oneof members; with ``unknown``, also
+    fields a message does not define (protobuf skips them; the reference refuses
+    the record)."""
     entries = []
     for name, (kind, values) in draw(st.permutations(list(decode_example(payload).items()))):
         key = field(1, 2, name.encode())
@@ -517,15 +535,21 @@ def rewired(draw, payload: bytes) -> bytes:
         if kind is not None:
             if draw(st.integers(0, 3)) == 0:  # another oneof member first: replaced
                 feature += packed_ints(5) if kind == "bytes" else byteslist(b"x")
-            feature += _list_messages(draw, kind, values)
-        if draw(st.integers(0, 4)) == 0:
+            feature += _list_messages(draw, kind, values, unknown)
+        if unknown and draw(st.integers(0, 4)) == 0:
             feature += field(9, 1, b"12345678")  # an unknown field in the Feature
         value = field(2, 2, feature)
         entries.append(field(1, 2, value + key if draw(st.booleans()) else key + value))
     cut = draw(st.integers(0, len(entries)))  # Example.features given once or twice
     out = field(1, 2, b"".join(entries[:cut])) if cut else b""
-    out += field(1, 2, b"".join(entries[cut:])) + field(15, 2, b"unknown")
-    assert _canonical(out) == _canonical(payload)  # the same Example
+    out += field(1, 2, b"".join(entries[cut:]))
+    if not unknown:
+        assert _canonical(out) == _canonical(payload)  # the same Example
+        return out
+    if draw(st.booleans()):
+        out += field(15, 2, b"unknown")  # an unknown field in the Example
+    with contextlib.suppress(UnknownFieldError):  # perhaps none was drawn
+        assert _canonical(out) == _canonical(payload)
     return out
 
 
@@ -576,10 +600,23 @@ def test_rewired_records_match_the_reference(impl, fuse, data, bytes_as):
         sample = {n: value_of(data.draw, t) for n, t in REWIRE_SCHEMA.features.items()}
         payload = REWIRE_SCHEMA.encode(sample)  # fast and slow records interleave
         records.append(data.draw(rewired(payload)) if data.draw(st.booleans()) else payload)
+    unknown = data.draw(st.integers(0, len(records)))  # one with unknown fields, perhaps
+    if unknown < len(records):
+        records[unknown] = data.draw(rewired(records[unknown], unknown=True))
     buf, offsets, sizes = shard(records)
     batch = check(REWIRE_SCHEMA, buf, offsets, sizes, bytes_as=bytes_as)
-    assert batch.n == len(records)
+    refused = [i for i, p in enumerate(records) if _has_unknown_field(p)]
+    assert [i for i, _ in batch.bad] == refused and batch.n == len(records) - len(refused)
+    assert all(isinstance(err, UnknownFieldError) for _, err in batch.bad)
     parse_both(BatchDecoder(REWIRE_SCHEMA), buf, offsets, sizes)
+
+
+def _has_unknown_field(payload: bytes) -> bool:
+    try:
+        decode_example(payload)
+    except UnknownFieldError:
+        return True
+    return False
 
 
 # ------------------------------------------------------------------------------ golden files
@@ -624,7 +661,9 @@ def assert_spans_match(impl, buf, status, spans, keys, payloads) -> None:
                 assert out.tobytes() == values.tobytes()
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in GOLDEN.glob("*.tfrecord")))
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in GOLDEN.glob("*.tfrecord") if p.name != "unknown_fields.tfrecord")
+)
 def test_golden_files_parse_like_decode_example(impl, name):
     buf, offsets, sizes, payloads = _golden(name)
     names = sorted({k for p in payloads for k in decode_example(p)} | {"missing"})
@@ -633,6 +672,23 @@ def test_golden_files_parse_like_decode_example(impl, name):
     status = np.frombuffer(status_b, np.int32)
     spans = np.frombuffer(spans_b, np.int64).reshape(len(offsets), len(keys), 4)
     assert_spans_match(impl, buf, status, spans, keys, payloads)
+
+
+def test_golden_unknown_fields_are_never_taken(impl):
+    """Records holding fields their messages do not define (TensorFlow skips them): the
+    fast path refuses each, whichever features are asked for, and the reference names
+    the field."""
+    buf, offsets, sizes, _ = _golden("unknown_fields.tfrecord")
+    for keys in ((b"a", b"b", b"c", b"f"), ()):
+        status_b, _ = impl.parse_batch(buf, offsets, sizes, keys, True)
+        status = np.frombuffer(status_b, np.int32).tolist()
+        if keys:
+            assert status == [impl.STATUS_MALFORMED] * len(offsets)
+        else:  # the values of no feature are read: the fields inside lists go unseen
+            assert status == [impl.STATUS_MALFORMED] * 2 + [0, 0] + [impl.STATUS_MALFORMED, 0]
+    schema = Schema(a=Int64((None,)), b=Bytes((None,)), f=Float32((None,)))
+    batch = check(schema, buf, offsets, sizes)
+    assert batch.n == 0 and all(isinstance(e, UnknownFieldError) for _, e in batch.bad)
 
 
 @pytest.mark.parametrize("name", ["scalars.tfrecord", "lists.tfrecord", "large.tfrecord"])
