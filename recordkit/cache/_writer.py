@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
-from ..convert import add_note, is_transient
+from ..convert import add_note
 from ..format.framing import OVERHEAD
+from ..retry import RetryPolicy, is_transient
 from ..writer.shard import ShardWriter
 from ._staged import Staged, discard, is_disk_full, staged_names
 
@@ -62,8 +63,7 @@ class ProduceTask:
         source: the ``converters.Source`` (its location and options, never samples).
         schema: the schema in JSON form.
         fsync: fsync the shard and the index before handing them back.
-        retries: attempts after the first on transient source errors.
-        retry_backoff: seconds before the first retry, doubled each time.
+        retry: how transient source errors are retried (the whole partition again).
     """
 
     path: str
@@ -74,8 +74,7 @@ class ProduceTask:
     source: Any
     schema: dict[str, Any]
     fsync: bool
-    retries: int
-    retry_backoff: float
+    retry: RetryPolicy
 
 
 class OutgrewError(Exception):
@@ -184,25 +183,18 @@ def produce(task: ProduceTask, report: Callable[[int], None]) -> Staged:
     staged = staged_names(task.final, task.lease_id)
     os.makedirs(os.path.dirname(task.final), exist_ok=True)
     schema = Schema.from_json(task.schema)
-    attempt = 0
-    while True:
+
+    def attempt() -> Staged:
         try:
             return _write(task, schema, staged, report)
-        except Exception as exc:
+        except BaseException:
             discard(staged)
-            if isinstance(exc, OutgrewError) or attempt >= task.retries or not is_transient(exc):
-                raise
-            delay = task.retry_backoff * 2**attempt
-            attempt += 1
-            log.warning(
-                "%s: transient source error (%s), retry %d of %d in %.1f s",
-                task.path,
-                exc,
-                attempt,
-                task.retries,
-                delay,
-            )
-            time.sleep(delay)
+            raise
+
+    def worth_retrying(exc: BaseException) -> bool:
+        return not isinstance(exc, OutgrewError) and is_transient(exc)
+
+    return task.retry.call(attempt, what=f"{task.path}: source", retry_if=worth_retrying)
 
 
 def run_task(task: ProduceTask, report: Callable[[int], None]) -> tuple[Any, ...]:

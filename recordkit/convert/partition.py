@@ -14,16 +14,16 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
 from ..format.manifest import ShardInfo
+from ..retry import RetryPolicy
 from ..storage import open_target
 from ..writer.shard import ShardWriter
-from ._errors import DiskFullError, add_note, is_transient
+from ._errors import DiskFullError, add_note
 
 __all__ = ["PartitionResult", "PartitionTask", "run_partition"]
 
@@ -53,8 +53,7 @@ class PartitionTask:
         shard_size: roll-over size in bytes.
         max_records: roll-over record count, or ``None``.
         fsync: fsync shards before publishing.
-        retries: attempts after the first on transient errors.
-        retry_backoff: seconds before the first retry (doubled each time).
+        retry: how transient errors are retried (the whole partition again).
     """
 
     index: int
@@ -69,8 +68,7 @@ class PartitionTask:
     shard_size: int
     max_records: int | None
     fsync: bool
-    retries: int
-    retry_backoff: float
+    retry: RetryPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,40 +185,30 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     is safe. A full disk raises :class:`DiskFullError`.
     """
     report = report or _noop
-    attempt = 0
-    while True:
-        counter = _Counter(report)
+    counters: list[_Counter] = []
+
+    def attempt() -> tuple[ShardInfo, ...]:
+        if counters:
+            counters[-1].undo()  # the retry counts its items again
+        counters.append(_Counter(report))
         try:
-            shards = _write(task, counter)
-            break
-        except Exception as exc:
-            if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return _write(task, counters[-1])
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
                     "published are kept"
                 ) from exc
-            if attempt >= task.retries or not is_transient(exc):
-                raise
-            error = exc
-        counter.undo()  # the retry counts its items again
-        delay = task.retry_backoff * 2**attempt
-        attempt += 1
-        log.warning(
-            "partition %d: transient error (%s), retry %d of %d in %.1f s",
-            task.index,
-            error,
-            attempt,
-            task.retries,
-            delay,
-        )
-        time.sleep(delay)
+            raise
+
+    shards = task.retry.call(attempt, what=f"partition {task.index}")
     result = PartitionResult(
         task.index,
         shards,
         items=len(task.items),
         size=sum(int(i.size) for i in task.items),
-        attempts=attempt + 1,
+        attempts=len(counters),
     )
     state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
     try:

@@ -33,7 +33,7 @@ from ..errors import DatasetExistsError, ManifestError, SchemaError
 from ..format.complete import Incomplete, find_incomplete, mark_finished, mark_started
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..storage import Location, is_remote, is_temp_name, open_target, strip_file_scheme
-from ._errors import ConvertError, PartitionsFailedError, add_note, is_transient
+from ._errors import ConvertError, PartitionsFailedError, add_note
 from .partition import STATE_DIR, PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
 from .progress import NullProgress, Progress
@@ -106,26 +106,13 @@ def plan_conversion(
         schema=schema,
         **dict(source_options or {}),
     )
-    items = _with_retries(source.list_items, options or ConvertOptions(), what=f"listing {src}")
+    policy = (options or ConvertOptions()).retry_policy
+    items = policy.call(source.list_items, what=f"listing {src}")
     resolved = source.resolve_schema(items)
     if not isinstance(resolved, Schema):
         raise SchemaError(f"{format}: resolve_schema returned {resolved!r}, not a Schema")
     metadata = source.metadata(items)
     return source, make_plan(format, items, resolved, metadata, options or ConvertOptions())
-
-
-def _with_retries(fn: Any, options: ConvertOptions, *, what: str) -> Any:
-    """``fn()``, retried with backoff on transient remote errors."""
-    for attempt in range(options.retries + 1):
-        try:
-            return fn()
-        except Exception as exc:
-            if attempt >= options.retries or not is_transient(exc):
-                raise
-            delay = options.retry_backoff * 2**attempt
-            log.warning("%s: transient error (%s); retry in %.1f s", what, exc, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
 
 
 def _read(loc: Location, name: str) -> bytes | None:
@@ -314,8 +301,7 @@ def _tasks(plan: Plan, source: Any, dst: str, so: dict[str, Any], todo: list[int
             shard_size=opts.shard_bytes,
             max_records=opts.max_records,
             fsync=opts.fsync,
-            retries=opts.retries,
-            retry_backoff=opts.retry_backoff,
+            retry=opts.retry_policy,
         )
         for i in todo
     ]
