@@ -319,3 +319,18 @@ def test_cache_fill_exit_status_says_whether_the_budget_was_filled(
         assert "1 shard(s) could not be fetched" in err
         gets = [r for r in http.requests if r[1] == "/ds/part-00006.tfrecord"]
         assert len(gets) == RetryPolicy().shard_attempts  # tried again after each cooldown
+
+
+def test_on_s3_no_such_key_means_no_manifest(s3, tmp_path):
+    url = s3.bucket() + "/ds"
+    write_dataset(url, shards=2, records=5, size=100, storage_options=s3.storage_options)
+    opts = {"max_bytes": "1MiB", "storage_options": s3.storage_options, "retry": FAST}
+    cache = ShardCache(url, tmp_path / "a", **opts)
+    assert cache.fill() == 2
+    with cache.snapshot(0) as snap:
+        assert snap.manifest is not None
+    s3.filesystem().rm(url + "/recordkit.json")
+    cache = ShardCache(url, tmp_path / "b", **opts)
+    assert cache.fill() == 2
+    with cache.snapshot(0) as snap:
+        assert snap.manifest is None and snap.records == 10
