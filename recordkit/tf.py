@@ -58,7 +58,7 @@ from .codec.limits import DecodeLimits
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
-from .format.manifest import MANIFEST_NAME, Manifest
+from .format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .reader.epochs import CacheEpochs
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
@@ -146,7 +146,13 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
         )
     gfile = tf.io.gfile
     manifest_path = _join(path, MANIFEST_NAME)
-    if gfile.isdir(path) and gfile.exists(manifest_path):
+    local = "://" not in path
+    if local and os.path.isdir(path) and os.path.lexists(manifest_path):
+        # recordkit's own reading: a FIFO or a directory there is refused, never waited on
+        manifest = read_manifest(path)
+        files = [_join(path, s.path) for s in manifest.shards]
+        return files, schema or Schema.from_json(manifest.schema), manifest
+    if not local and gfile.isdir(path) and gfile.exists(manifest_path):
         with gfile.GFile(manifest_path, "rb") as f:
             manifest = Manifest.loads(f.read(), path=manifest_path)
         files = [_join(path, s.path) for s in manifest.shards]

@@ -104,6 +104,27 @@ CREATE TRIGGER changes_del AFTER DELETE ON shards WHEN OLD.present = 1 BEGIN
     INSERT INTO changes(path, present, bytes, index_bytes) VALUES (OLD.path, 0, 0, 0);
 END;
 """
+# Rows another program (or a damaged disk) may have left, which the queries below would
+# choke on: counted at open, and a database with any is rebuilt like an unreadable one.
+_INT = "typeof({0}) = 'integer' AND {0} BETWEEN 0 AND 9007199254740992"
+_NUM = "typeof({0}) IN ('integer', 'real') AND abs({0}) < 1e18"
+_WRONG_SHAPE = f"""SELECT
+ (SELECT count(*) FROM shards WHERE NOT (
+    typeof(path) = 'text' AND path != '' AND path NOT LIKE '/%' AND path NOT LIKE '%\\%'
+    AND '/' || path || '/' NOT LIKE '%/../%' AND '/' || path || '/' NOT LIKE '%/./%'
+    AND path NOT LIKE '%//%' AND instr(path, char(0)) = 0
+    AND present IN (0, 1) AND {_INT.format("bytes")} AND {_INT.format("index_bytes")}
+    AND {_INT.format("seen")} AND {_INT.format("uses")} AND {_INT.format("reads")}
+    AND {_NUM.format("published")} AND {_NUM.format("used")}
+    AND (consumed IS NULL OR {_INT.format("consumed")})
+    AND typeof(extra) = 'text' AND json_valid(extra) AND json_type(extra) = 'object'))
+ + (SELECT count(*) FROM totals WHERE NOT ({_INT.format("bytes")}))
+ + (SELECT count(*) FROM settings WHERE NOT ({_INT.format("value")}))
+ + (SELECT count(*) FROM changes WHERE NOT (typeof(path) = 'text' AND present IN (0, 1)
+    AND {_INT.format("bytes")} AND {_INT.format("index_bytes")}))
+ + ((SELECT count(*) FROM totals) != 1)
+ + ((SELECT bytes FROM totals) != (SELECT coalesce(sum(present * (bytes + index_bytes)), 0)
+    FROM shards))"""
 # The change log keeps this many entries (trimmed at each commit); a process further
 # behind reloads the whole set. Small: the log's pages count against the budget.
 _CHANGES_KEPT = 256
@@ -163,10 +184,16 @@ class Store:
                 self.fresh = True
             elif version != _LAYOUT:
                 raise sqlite3.DatabaseError(f"layout {version}, expected {_LAYOUT}")
-            ok = conn.execute("PRAGMA quick_check").fetchone()[0]
+            ok = conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
             if ok != "ok":
                 raise sqlite3.DatabaseError(ok)
             conn.execute("SELECT bytes FROM totals WHERE id = 0").fetchone()[0]
+            bad = conn.execute(_WRONG_SHAPE).fetchone()[0]
+            if bad:  # sqlite keeps any value in any column: another program's rows
+                raise sqlite3.DatabaseError(f"{bad} value(s) of the wrong type or range")
+            for table, column in (("shards", "path"), ("shards", "extra"), ("changes", "path")):
+                for (raw,) in conn.execute(f"SELECT CAST({column} AS BLOB) FROM {table}"):
+                    bytes(raw).decode("utf-8")  # sqlite does not check; Python would, later
         except BaseException:
             conn.close()
             raise
@@ -175,7 +202,7 @@ class Store:
     def _open(self) -> sqlite3.Connection:
         try:
             return self._connect()
-        except (sqlite3.DatabaseError, TypeError) as exc:
+        except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
             log.warning(
                 "cache state %s is unreadable (%s); rebuilding it from the directory",
                 self.path,

@@ -414,7 +414,7 @@ def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) 
 
 def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, list[ShardInfo]]:
     if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        if os.path.lexists(os.path.join(path, MANIFEST_NAME)):  # a broken link is not "none"
             manifest = read_manifest(path)
             return path, manifest, list(manifest.shards)
         names = find_shards(path)

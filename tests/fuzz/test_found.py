@@ -1,0 +1,140 @@
+"""What the fuzz suite found, each pinned by a plain test (issue 22, item 7).
+
+Every one of these raised an exception outside the ``RecordkitError`` family
+(or crashed a reader) before it was fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+
+import numpy as np
+import pytest
+
+import recordkit as rk
+from recordkit.cache import ShardCache
+from recordkit.errors import CorruptRecordError, InvalidIndexError, ManifestError, SchemaError
+from recordkit.format.index import load_index, scan_index
+
+FIRST = "path = (SELECT min(path) FROM shards)"
+SCHEMA = rk.Schema(i=rk.Int64(), x=rk.Tensor("uint8", (4,)))
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    root = tmp_path / "ds"
+    with rk.Writer(root, SCHEMA, max_records=4, fsync=False) as w:
+        for i in range(8):
+            w.write({"i": i, "x": np.full(4, i, np.uint8)})
+    return root
+
+
+def test_scanning_a_shard_with_a_bad_payload_crc_names_the_record(dataset):
+    """Was ``BufferError: cannot close exported pointers exist``: the error's traceback
+    held a view of the map that scan_index then closed."""
+    path = dataset / "part-00000.tfrecord"
+    data = bytearray(path.read_bytes())
+    data[20] ^= 1  # inside the first payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError, match="payload CRC mismatch"):
+        scan_index(path, verify=True)
+
+
+def test_sidecars_that_cannot_be_opened_are_named(dataset):
+    """Was ``OSError: [Errno 40] Too many levels of symbolic links`` from every reader."""
+    idx = dataset / "part-00000.tfrecord.idx"
+    idx.unlink()
+    os.symlink(idx.name, idx)  # a loop
+    with pytest.raises(InvalidIndexError, match="cannot be opened"):
+        load_index(idx)
+    with rk.Dataset(dataset) as ds:  # rebuilt in memory, as for any bad index
+        assert [int(s["i"]) for s in ds] == list(range(8))
+    manifest = dataset / "recordkit.json"
+    manifest.unlink()
+    os.symlink(manifest.name, manifest)
+    with pytest.raises(ManifestError, match="cannot be opened"):
+        rk.Dataset(dataset)
+
+
+@pytest.mark.parametrize("dtype", ["01", "0:", {"": []}, [1, 2], "uint9"])
+def test_a_manifest_dtype_that_numpy_cannot_parse_is_a_schema_error(dataset, dtype):
+    """Was ``SyntaxError`` ("01"), ``ValueError`` ("0:", a dict) from numpy."""
+    path = dataset / "recordkit.json"
+    doc = json.loads(path.read_text())
+    doc["schema"]["features"][1]["dtype"] = dtype
+    path.write_text(json.dumps(doc))
+    with pytest.raises((SchemaError, ManifestError)):
+        rk.Dataset(dataset)
+    assert not rk.verify(dataset).ok
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE settings SET value = 'x'",
+        "UPDATE settings SET value = 1e300",
+        "UPDATE totals SET bytes = 'x'",
+        "UPDATE shards SET extra = '{'",
+        "UPDATE totals SET bytes = bytes + 1",  # the running total no longer adds up
+        f"UPDATE shards SET path = '../../outside' WHERE {FIRST}",
+        f"UPDATE shards SET path = CAST(X'ff00' AS TEXT) WHERE {FIRST}",  # not UTF-8
+    ],
+)
+def test_a_cache_state_of_the_wrong_shape_is_rebuilt(dataset, tmp_path, sql, caplog):
+    """Was ``ValueError``, ``OverflowError``, ``UnicodeDecodeError`` from the store, on
+    every start, until the file was deleted by hand."""
+    root = tmp_path / "c"
+    cache = ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0)
+    assert cache.fill() == 2
+    cache.dir.store.close()
+    conn = sqlite3.connect(root / ".recordkit-cache" / "state.db", isolation_level=None)
+    conn.execute(sql)
+    conn.close()
+    again = ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0)
+    assert again.fill() == 2
+    assert "rebuilding it from the directory" in caplog.text
+    with again.snapshot(0) as snap:
+        assert snap.records == 8
+
+
+def test_a_cache_bookkeeping_folder_that_is_a_file_is_replaced(dataset, tmp_path):
+    """Was ``FileExistsError`` on every start."""
+    root = tmp_path / "c"
+    ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0).fill()
+    leases = root / ".recordkit-cache" / "leases"
+    os.rmdir(leases)
+    leases.write_bytes(b"not a folder")
+    assert ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0).fill() == 2
+    assert leases.is_dir()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"path": "part-00000.tfrecord", "bytes": 5},  # no records
+        {"path": "part-00000.tfrecord", "records": "4", "bytes": 5},
+        {"records": 4, "bytes": 5},
+        {"path": "../x", "records": 4, "bytes": 5},
+        {"path": "part-00000.tfrecord", "records": 4, "bytes": 5, "extra": 1},
+    ],
+)
+def test_a_saved_catalog_of_the_wrong_shape_is_ignored(dataset, tmp_path, entry):
+    """Was ``TypeError``/``KeyError`` when the remote was away and the saved catalog used."""
+    root = tmp_path / "c"
+    ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0).fill()
+    path = root / ".recordkit-cache" / "catalog.json"
+    doc = json.loads(path.read_text())
+    doc["shards"][0] = entry
+    path.write_text(json.dumps(doc))
+    with pytest.raises(rk.errors.ShardNotFoundError, match="not a cache"):
+        ShardCache(None, root, max_bytes="1MiB")  # reader-only: the catalog is all it has
+    away = dataset.with_name("away")
+    os.rename(dataset, away)
+    try:  # the remote away and the saved catalog unusable: an error that says so
+        with pytest.raises(rk.errors.ShardNotFoundError):
+            ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0).catalog()
+    finally:
+        os.rename(away, dataset)
+    assert ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0).fill() == 2
