@@ -138,3 +138,27 @@ def test_a_saved_catalog_of_the_wrong_shape_is_ignored(dataset, tmp_path, entry)
     finally:
         os.rename(away, dataset)
     assert ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0).fill() == 2
+
+
+def test_a_manifest_that_is_a_broken_link_is_not_taken_for_none(dataset):
+    """Was read (and verified ok) as a folder of foreign TFRecords: no schema, no checks."""
+    manifest = dataset / "recordkit.json"
+    manifest.unlink()
+    os.symlink("gone.json", manifest)
+    with pytest.raises(rk.errors.ShardNotFoundError, match="no manifest"):
+        rk.Dataset(dataset)
+    report = rk.verify(dataset)
+    assert not report.ok and "dangling" in str(report)
+
+
+@pytest.mark.timeout(60)
+def test_recordkit_tf_refuses_a_fifo_manifest_without_blocking(dataset):
+    """Was: blocked for ever in TensorFlow's GFile.read()."""
+    pytest.importorskip("tensorflow")
+    import recordkit.tf as rtf
+
+    manifest = dataset / "recordkit.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    with pytest.raises(ManifestError, match="FIFO"):
+        rtf.dataset(dataset)
