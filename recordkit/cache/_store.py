@@ -41,6 +41,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..errors import RecordkitError
+from ..format.manifest import normalize_shard_path
 from ._errors import CacheFullError
 
 log = logging.getLogger(__name__)
@@ -475,23 +477,51 @@ class Store:
         n = 0
         with self._write() as db:
             for rel, m in shards.items():
-                if not isinstance(rel, str) or not isinstance(m, dict):
+                row = _history_row(rel, m)
+                if row is None:
                     continue
-                try:
-                    cols = [float(m.get(c, 0) or 0) for c in _COLUMNS[:5]]
-                    consumed = m.get("consumed")
-                    consumed = None if consumed is None else int(consumed)
-                except (TypeError, ValueError):
-                    continue
-                extra = {k: v for k, v in m.items() if k not in _COLUMNS}
                 db.execute(
                     "INSERT OR IGNORE INTO shards(path, seen, published, used, uses, reads, "
                     "consumed, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (rel, *cols, consumed, json.dumps(extra, sort_keys=True)),
+                    row,
                 )
                 n += 1
-            db.execute("UPDATE settings SET value = ? WHERE key = 'epoch'", (int(epoch),))
+            epoch = epoch if _count(epoch) is not None else 0
+            db.execute("UPDATE settings SET value = ? WHERE key = 'epoch'", (epoch,))
         return n
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as a count the store keeps (an integral number in [0, 2**53)), or None."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    ok = type(value) is int and 0 <= value < 1 << 53
+    return value if ok else None
+
+
+def _history_row(rel: Any, m: Any) -> tuple[Any, ...] | None:
+    """A row for a ``state.json`` entry, or ``None`` for one of the wrong shape."""
+    if not isinstance(rel, str) or not isinstance(m, dict):
+        return None
+    try:
+        rel = normalize_shard_path(rel)
+    except RecordkitError:
+        return None
+    counts = [_count(m.get(c, 0) or 0) for c in ("seen", "uses", "reads")]
+    times = [m.get(c, 0) or 0 for c in ("published", "used")]
+    consumed = m.get("consumed")
+    if any(c is None for c in counts) or (consumed is not None and _count(consumed) is None):
+        return None
+    if not all(type(t) in (int, float) and abs(t) < 1e18 for t in times):
+        return None  # (NaN fails the comparison too)
+    try:
+        extra = {k: v for k, v in m.items() if k not in _COLUMNS}
+        text = json.dumps(extra, allow_nan=False, sort_keys=True)
+    except ValueError:
+        return None
+    seen, uses, reads = counts
+    published, used = (float(t) for t in times)
+    return (rel, seen, published, used, uses, reads, _count(consumed), text)
 
 
 def _loads(text: str) -> dict[str, Any]:

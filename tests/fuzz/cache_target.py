@@ -30,6 +30,7 @@ from recordkit.retry import RetryPolicy
 from .readers import attempt, canon
 from .targets import _VALUES, SCHEMAS, _mutated, _tree_edit, sample
 
+_SHARDS = [f"part-0000{k}.tfrecord" for k in range(4)] + ["../x", "/abs", "", "a/../b"]
 FAST = RetryPolicy(attempts=1, backoff=0.0, cooldown=0.0, shard_attempts=1)
 META = ".recordkit-cache"
 _SQL = [
@@ -96,9 +97,26 @@ def _damage(draw: st.DrawFn, catalog: Any) -> tuple[str, Any]:
                 "pin",
                 "shard",
                 "stray",
+                "state.json",
             ]
         )
     )
+    if what == "state.json":  # the history a recordkit before the sqlite store left
+        entry = st.dictionaries(
+            st.sampled_from(["seen", "published", "used", "uses", "reads", "consumed", "crc32c"]),
+            st.one_of(
+                _VALUES, st.floats(), st.integers(-(2**70), 2**70), st.sampled_from([2**63, -1])
+            ),
+            max_size=5,
+        )
+        names = st.one_of(st.sampled_from(_SHARDS), st.text(max_size=6))
+        doc = st.one_of(
+            st.fixed_dictionaries(
+                {"shards": st.dictionaries(names, entry | _VALUES, max_size=4), "epoch": _VALUES}
+            ),
+            _VALUES,
+        )
+        return what, json.dumps(draw(doc), allow_nan=True).encode()
     if what == "db-sql":
         stmt = draw(st.sampled_from(_SQL))
         return what, stmt.format(col=draw(st.sampled_from(_COLUMNS)), value=draw(_SQL_VALUES))
@@ -207,6 +225,9 @@ class _CacheState:
             # (unless an earlier damage put a file in the folder's place)
             with contextlib.suppress(NotADirectoryError), open(path, "wb") as f:
                 f.write(content)
+        elif what == "state.json":
+            with open(os.path.join(meta, "state.json"), "wb") as f:
+                f.write(arg)
         elif what == "stray":
             path = os.path.join(root, arg)
             if arg.endswith(("leases", "junk")):

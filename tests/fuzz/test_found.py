@@ -162,3 +162,18 @@ def test_recordkit_tf_refuses_a_fifo_manifest_without_blocking(dataset):
     os.mkfifo(manifest)
     with pytest.raises(ManifestError, match="FIFO"):
         rtf.dataset(dataset)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"consumed": 2**70}, {"seen": float("nan")}, {"uses": 1e300}, {"used": "x"}, {"seen": -1}],
+)
+def test_a_legacy_state_json_of_the_wrong_shape_is_skipped(dataset, tmp_path, entry):
+    """Was ``OverflowError: Python int too large to convert to SQLite INTEGER``."""
+    root = tmp_path / "c"
+    ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0).fill()
+    doc = {"epoch": 2**70, "shards": {"part-00000.tfrecord": entry, "../x": {"seen": 1}}}
+    (root / ".recordkit-cache" / "state.json").write_text(json.dumps(doc))
+    cache = ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0)
+    assert cache.fill() == 2
+    assert not (root / ".recordkit-cache" / "state.json").exists()
