@@ -125,6 +125,13 @@ class ShardCache:
             and its partition retried later; ``None`` waits forever. With
             ``fill_workers=0`` partitions are converted in the calling thread
             instead of writer processes (debugging; ``memory://`` sources).
+
+    Attributes:
+        errors: every failed download or production so far (each was retried).
+        failed: shards whose last download failed and that are still missing,
+            with that error (what :meth:`fill` gave up on).
+        budget_full: whether the last :meth:`fill` stopped because the budget
+            was full of shards it may not displace.
     """
 
     def __init__(

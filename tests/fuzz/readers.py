@@ -75,28 +75,38 @@ def environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def reference(root: str) -> Outcome:
-    """What the dataset at ``root`` holds, read the slow, plain way (see the module doc)."""
+def reference(root: str, schema: rk.Schema | None = None) -> Outcome:
+    """What the dataset at ``root`` holds, read the slow, plain way (see the module doc).
+
+    With ``schema``, ``root`` is a folder of foreign TFRecords (no manifest): its
+    ``*.tfrecord`` files in name order, decoded with ``schema``.
+    """
 
     def read() -> list[Any]:
-        manifest = read_manifest(root)
-        schema = rk.Schema.from_json(manifest.schema)
+        if schema is None:
+            manifest = read_manifest(root)
+            shards = [(s.path, s.records, s.bytes) for s in manifest.shards]
+            decoder = rk.Schema.from_json(manifest.schema)
+        else:
+            names = sorted(n for n in os.listdir(root) if n.endswith(".tfrecord"))
+            shards = [(n, None, None) for n in names]
+            decoder = schema
         out = []
-        for info in manifest.shards:
-            path = os.path.join(root, *info.path.split("/"))
+        for rel, records, nbytes in shards:
+            path = os.path.join(root, *rel.split("/"))
             entries = scan_index(path, verify=True)
             size = os.path.getsize(path)
-            if len(entries) != info.records or size != info.bytes:
+            if records is not None and (len(entries) != records or size != nbytes):
                 raise ManifestError(
-                    f"{info.path} holds {len(entries)} records in {size} bytes, the manifest "
-                    f"says {info.records} in {info.bytes}",
+                    f"{rel} holds {len(entries)} records in {size} bytes, the manifest "
+                    f"says {records} in {nbytes}",
                     path=root,
                 )
             with open(path, "rb") as f:
                 data = f.read()
             for offset, framed in entries.tolist():
                 payload = data[offset + 12 : offset + framed - 4]
-                out.append(canon(schema.decode(payload, copy=True, limits=LIMITS)))
+                out.append(canon(decoder.decode(payload, copy=True, limits=LIMITS)))
         return out
 
     return attempt(read)
@@ -134,7 +144,12 @@ def _unbatch(batch: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _record_dataset(
-    root: str, *, batch_size: int | None, native: bool, on_error: str = "raise"
+    root: str,
+    schema: rk.Schema | None = None,
+    *,
+    batch_size: int | None,
+    native: bool,
+    on_error: str = "raise",
 ) -> list[Any]:
     from recordkit.torch import RecordDataset
 
@@ -146,6 +161,7 @@ def _record_dataset(
             num_threads=2,
             limits=LIMITS,
             on_error=on_error,  # type: ignore[arg-type]
+            schema=schema,
         )
         try:
             out = []
@@ -157,41 +173,49 @@ def _record_dataset(
             ds.close()
 
 
-def _dataset(root: str) -> list[Any]:
-    with rk.Dataset(root, limits=LIMITS) as ds:
+def _dataset(root: str, schema: rk.Schema | None = None) -> list[Any]:
+    with rk.Dataset(root, limits=LIMITS, schema=schema) as ds:
         by_index = [canon(ds[i]) for i in range(len(ds))]
         in_order = [canon(s) for s in ds]
     assert by_index == in_order, "rk.Dataset: ds[i] and iteration disagree"
     return in_order
 
 
-def _map_dataset(root: str) -> list[Any]:
+def _map_dataset(root: str, schema: rk.Schema | None = None) -> list[Any]:
     from recordkit.torch import RecordMapDataset
 
-    ds = RecordMapDataset(root, limits=LIMITS)
+    ds = RecordMapDataset(root, limits=LIMITS, schema=schema)
     one = [canon(ds[i]) for i in range(len(ds))]
     many = [canon(s) for s in ds.__getitems__(list(range(len(ds))))] if len(ds) else []
     assert one == many, "RecordMapDataset: ds[i] and __getitems__ disagree"
     return one
 
 
-READERS: dict[str, Callable[[str], list[Any]]] = {
+READERS: dict[str, Callable[[str, rk.Schema | None], list[Any]]] = {
     "rk.Dataset": _dataset,
-    "RecordDataset(threads)": lambda r: _record_dataset(r, batch_size=None, native=False),
-    "RecordDataset(native, batches)": lambda r: _record_dataset(r, batch_size=3, native=True),
-    "RecordDataset(threads, batches)": lambda r: _record_dataset(r, batch_size=3, native=False),
+    "RecordDataset(threads)": lambda r, s: _record_dataset(r, s, batch_size=None, native=False),
+    "RecordDataset(native, batches)": lambda r, s: _record_dataset(r, s, batch_size=3, native=True),
+    "RecordDataset(threads, batches)": lambda r, s: _record_dataset(
+        r, s, batch_size=3, native=False
+    ),
     "RecordMapDataset": _map_dataset,
 }
 
 
-def check_readers(root: str, expected: Outcome, names: list[str] | None = None) -> dict[str, str]:
-    """Read ``root`` with each reader (all by default) and hold it to ``expected``.
+def check_readers(
+    root: str,
+    expected: Outcome,
+    names: list[str] | None = None,
+    schema: rk.Schema | None = None,
+) -> dict[str, str]:
+    """Read ``root`` with each reader (all by default; ``schema`` given to each, for a
+    folder without a manifest) and hold it to ``expected``.
 
     Returns each reader's outcome in a word (for the statistics).
     """
     seen = {}
     for name in names or list(READERS):
-        kind, value = attempt(lambda name=name: READERS[name](root))
+        kind, value = attempt(lambda name=name: READERS[name](root, schema))
         if expected[0] == "data":
             if kind == "error" and isinstance(value, RecordTooLargeError) and "batch" in str(value):
                 seen[name] = "batch limit"
@@ -207,10 +231,10 @@ def check_readers(root: str, expected: Outcome, names: list[str] | None = None) 
     return seen
 
 
-def check_verify(root: str, expected: Outcome) -> str:
+def check_verify(root: str, expected: Outcome, schema: rk.Schema | None = None) -> str:
     """``rk.verify`` never raises for bad data, and never says ok when the reference
     refuses (the reference's refusals are all things verify checks)."""
-    report = rk.verify(root, limits=LIMITS)
+    report = rk.verify(root, limits=LIMITS, schema=schema)
     if expected[0] == "error":
         assert not report.ok, f"verify says ok where the reference refuses: {expected[1]!r}"
     return "ok" if report.ok else "problems"
