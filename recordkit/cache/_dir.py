@@ -41,10 +41,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RecordkitError
 from ..format import TMP_MARKER, atomic_write_bytes, fsync_dir
 from ..format.index import INDEX_SUFFIX
-from ..format.manifest import Manifest, ShardInfo
+from ._catalog import catalog_problem
 from ._errors import CacheFullError
 from ._locks import DirLock, HeldFile, live_claims
 from ._remote import is_shard_name
@@ -96,51 +95,6 @@ class Scan:
         return None in self.pinned or rel in self.pinned
 
 
-def _catalog_problem(doc: dict[str, Any]) -> str | None:
-    """What is wrong with a saved catalog's shape (another program's file, a damaged
-    disk), or ``None``: every field a filler reads back is checked here, once."""
-    if not isinstance(doc.get("remote"), str):
-        return "no remote"
-    shards = doc.get("shards")
-    if not isinstance(shards, list):
-        return "no list of shards"
-    for s in shards:
-        if not isinstance(s, dict) or not set(s) <= {"path", "records", "bytes", "crc32c"}:
-            return f"a shard entry {str(s)[:80]}"
-        crc = s.get("crc32c")
-        ints = [s.get("records"), s.get("bytes")] + ([] if crc is None else [crc])
-        if not all(type(v) is int and 0 <= v < 1 << 63 for v in ints):
-            return f"a shard entry {str(s)[:80]}"
-        if not isinstance(s.get("path"), str):
-            return f"a shard entry {str(s)[:80]}"
-        try:
-            ShardInfo(s["path"], s["records"], s["bytes"], crc)
-        except (RecordkitError, TypeError, ValueError, AttributeError) as exc:
-            return str(exc)
-    manifest = doc.get("manifest")
-    if manifest is not None:
-        try:
-            Manifest.loads(json.dumps(manifest))
-        except (RecordkitError, TypeError, ValueError) as exc:
-            return f"its manifest: {exc}"
-    mode = doc.get("mode", "shards")
-    index = doc.get("remote_index", [])
-    if mode not in ("shards", "producer"):
-        return f"mode {str(mode)[:20]}"
-    if not isinstance(index, list) or not all(isinstance(n, str) for n in index):
-        return "remote_index"
-    if not isinstance(doc.get("max_bytes", 0), (int, type(None))):
-        return "max_bytes"
-    if mode == "producer" and not (
-        isinstance(doc.get("format"), str)
-        and isinstance(doc.get("options"), dict)
-        and isinstance(manifest, dict)
-        and isinstance(doc.get("source_options") or {}, dict)
-    ):
-        return "producer mode's format, options or schema"
-    return None
-
-
 class CacheDir:
     """Bookkeeping of one cache directory (no network, no threads).
 
@@ -188,7 +142,7 @@ class CacheDir:
         doc = self._read_json("catalog.json")
         if doc is None:
             return None
-        problem = _catalog_problem(doc)
+        problem = catalog_problem(doc)
         if problem is not None:
             log.warning("ignoring catalog.json in %s: not a cache catalog (%s)", self.meta, problem)
             return None
