@@ -472,6 +472,10 @@ def _check_listed(root: str, infos: Sequence[ShardInfo]) -> None:
             st = os.stat(path)
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard not found: {path}") from None
+        except OSError as exc:  # a name too long, a symlink loop, a file as a folder
+            raise ManifestError(
+                f"shard cannot be opened: {exc.strerror or exc}", path=path
+            ) from None
         if not stat.S_ISREG(st.st_mode):
             open_map(path)  # refuses it with the error that says what it is
         size = st.st_size

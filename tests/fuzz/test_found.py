@@ -177,3 +177,15 @@ def test_a_legacy_state_json_of_the_wrong_shape_is_skipped(dataset, tmp_path, en
     cache = ShardCache(dataset, root, max_bytes="1MiB", fill_workers=0)
     assert cache.fill() == 2
     assert not (root / ".recordkit-cache" / "state.json").exists()
+
+
+def test_a_manifest_shard_path_too_long_to_open_is_a_manifest_error(dataset):
+    """Was ``OSError: [Errno 36] File name too long`` from every reader (found by
+    ``--fuzz-long``)."""
+    path = dataset / "recordkit.json"
+    doc = json.loads(path.read_text())
+    doc["shards"][0]["path"] = "x" * 300
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="cannot be opened"):
+        rk.Dataset(dataset)
+    assert not rk.verify(dataset).ok
