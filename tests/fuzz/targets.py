@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import recordkit as rk
 from recordkit.codec import decode_example, encode_example
+from recordkit.format.complete import MARKER_NAME
 from recordkit.format.index import format_index, scan_index
 from recordkit.format.manifest import MANIFEST_NAME, Manifest
 from recordkit.storage import open_target
@@ -382,13 +383,24 @@ class _Manifests(_Template):
     """``recordkit.json`` edited as a tree (paths, counts, sizes, schema) or as text."""
 
     def strategy(self) -> st.SearchStrategy[Any]:
-        nodes = st.sampled_from(["loop", "dangling", "fifo", "dir", "zero"])
+        nodes = st.sampled_from(
+            ["loop", "dangling", "fifo", "dir", "zero", "marker-fifo", "marker-loop", "marker-dir"]
+        )
         return st.one_of(st.deferred(lambda: _manifest_text(self.doc)), nodes)
 
     def check(self, example: bytes | str, scratch: str) -> Iterator[str]:
         root = self.copy(scratch)
         path = os.path.join(root, MANIFEST_NAME)
-        if isinstance(example, str):  # not a regular file
+        if isinstance(example, str) and example.startswith("marker-"):
+            # an in-progress marker that is not a file, beside a whole dataset
+            marker = os.path.join(root, MARKER_NAME)
+            if example == "marker-fifo":
+                os.mkfifo(marker)
+            elif example == "marker-loop":
+                os.symlink(MARKER_NAME, marker)
+            else:
+                os.mkdir(marker)
+        elif isinstance(example, str):  # not a regular file
             os.unlink(path)
             if example in ("loop", "dangling", "zero"):
                 target = {"loop": MANIFEST_NAME, "dangling": "gone", "zero": "/dev/zero"}

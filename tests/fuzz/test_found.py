@@ -189,3 +189,14 @@ def test_a_manifest_shard_path_too_long_to_open_is_a_manifest_error(dataset):
     with pytest.raises(ManifestError, match="cannot be opened"):
         rk.Dataset(dataset)
     assert not rk.verify(dataset).ok
+
+
+@pytest.mark.timeout(60)
+def test_an_in_progress_marker_that_is_a_fifo_never_blocks(dataset):
+    """Was: every reader blocked for ever opening ``.recordkit-writing.json``."""
+    from recordkit.format.complete import MARKER_NAME
+
+    os.mkfifo(dataset / MARKER_NAME)
+    with rk.Dataset(dataset) as ds:  # the manifest is there: a whole dataset
+        assert len(ds) == 8
+    assert rk.verify(dataset).ok
