@@ -206,7 +206,7 @@ class _CacheState:
         elif what == "db-sql":
             conn = sqlite3.connect(os.path.join(meta, "state.db"), isolation_level=None)
             try:
-                with contextlib.suppress(sqlite3.Error):
+                with contextlib.suppress(sqlite3.Error, ValueError):  # (a damaged db's text)
                     conn.execute(arg)
             finally:
                 conn.close()

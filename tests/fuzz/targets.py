@@ -9,6 +9,7 @@ statistics.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -291,6 +292,8 @@ _VALUES = st.one_of(
         ]
     ),
 )
+# sampled_from hands out the same list object each time: edits must not change it
+_VALUES = _VALUES.map(copy.deepcopy)
 
 
 def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
