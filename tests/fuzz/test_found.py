@@ -200,3 +200,25 @@ def test_an_in_progress_marker_that_is_a_fifo_never_blocks(dataset):
     with rk.Dataset(dataset) as ds:  # the manifest is there: a whole dataset
         assert len(ds) == 8
     assert rk.verify(dataset).ok
+
+
+@pytest.mark.parametrize("records", [0, 3, 5, 2**63])
+def test_a_manifest_record_count_that_is_wrong_is_refused_by_every_reader(dataset, records):
+    """Was: ``RecordDataset`` read the other shards and none of one said to hold 0 records
+    (silently 4 of 8 records), and ``OverflowError`` for a count past int64 (found by
+    ``--fuzz-long``)."""
+    from recordkit.torch import RecordDataset, RecordMapDataset
+
+    path = dataset / "recordkit.json"
+    doc = json.loads(path.read_text())
+    doc["shards"][1]["records"] = records
+    path.write_text(json.dumps(doc))
+    for read in (
+        lambda: list(rk.Dataset(dataset)),
+        lambda: list(RecordDataset(dataset)),
+        lambda: list(RecordDataset(dataset, batch_size=3)),
+        lambda: [s for s in RecordMapDataset(dataset)],
+    ):
+        with pytest.raises((ManifestError, CorruptRecordError, InvalidIndexError)):
+            read()
+    assert not rk.verify(dataset).ok
