@@ -79,6 +79,26 @@ def is_shard_name(name: str) -> bool:
     )
 
 
+def _agreed(read: Callable[[], _T], what: str, url: str) -> Callable[[], _T]:
+    """One try of "two answers that agree": ``read()`` until two successive answers are
+    equal. The last answer is kept across tries, so a try after a failure needs one
+    good read, not two; answers that differ are a :class:`DownloadError` (retried)."""
+    last: list[_T] = []
+
+    def once() -> _T:
+        first = read()
+        if last and last[0] == first:
+            return first
+        last[:] = [first]
+        second = read()
+        last[:] = [second]
+        if second != first:
+            raise DownloadError(f"two {what} of it differ", url=url)
+        return first
+
+    return once
+
+
 class Remote:
     """A dataset directory to download from: a local path or an fsspec URL.
 
@@ -176,15 +196,7 @@ class Remote:
         a ``HEAD`` fails, and a proxy that cuts a body short can make its
         ``Content-Length`` agree."""
         url = self.full(rel)
-
-        def once() -> int:
-            first = int(self._loc.size(rel))
-            second = int(self._loc.size(rel))
-            if first != second:
-                raise DownloadError(f"two stats gave {first} and {second} bytes", url=url)
-            return first
-
-        return self._retrying("stat", url, once)
+        return self._retrying("stat", url, _agreed(lambda: int(self._loc.size(rel)), "stats", url))
 
     def read_all(self, rel: str, size: int | None = None) -> bytes:
         """The whole file, in one request whose answer is seen (a 404 is
@@ -210,9 +222,10 @@ class Remote:
     def read_manifest(self) -> Manifest | None:
         """The remote's manifest, or ``None`` when the remote says it has none.
 
-        Read twice per try: both reads must give the same bytes, and they must
-        parse. A failure that outlasts the retries raises; only HTTP 404 or
-        ``NoSuchKey`` gives ``None``.
+        Two reads must give the same bytes, and they must parse (a try reads
+        until two agree, keeping the last good read across tries). A failure
+        that outlasts the retries raises; only HTTP 404 or ``NoSuchKey`` gives
+        ``None``.
 
         Raises:
             DownloadError: the manifest could not be read, or never read the same twice.
@@ -221,17 +234,16 @@ class Remote:
         """
         url = self.full(MANIFEST_NAME)
 
-        def once() -> Manifest:
-            first = self._loc.read_bytes(MANIFEST_NAME)
-            manifest = Manifest.loads(first, path=url)
-            if self._loc.read_bytes(MANIFEST_NAME) != first:
-                raise DownloadError("two reads of the manifest gave different bytes", url=url)
-            return manifest
+        def read() -> bytes:
+            data = self._loc.read_bytes(MANIFEST_NAME)
+            Manifest.loads(data, path=url)  # a body that does not parse is not a read
+            return data
 
         try:
-            return self._retrying("manifest read", url, once)
+            data = self._retrying("manifest read", url, _agreed(read, "reads", url))
         except ShardNotFoundError:
             return None
+        return Manifest.loads(data, path=url)
 
     def files(self) -> list[tuple[str, int | None]]:
         """The files directly under the root with their sizes where the listing has
@@ -243,15 +255,13 @@ class Remote:
         """
         if self._files is None:
 
-            def once() -> list[tuple[str, int | None]]:
-                first = self._loc.list_dir()
-                if self._loc.list_dir() != first:
-                    raise DownloadError("two listings of the dataset differ", url=self.url)
-                if not first:
+            def read() -> list[tuple[str, int | None]]:
+                found = self._loc.list_dir()
+                if not found:
                     raise FileNotFoundError(self.url)
-                return first
+                return found
 
-            self._files = self._retrying("listing", self.url, once)
+            self._files = self._retrying("listing", self.url, _agreed(read, "listings", self.url))
         return self._files
 
     def listing(self) -> tuple[Manifest | None, list[ShardInfo]]:
