@@ -22,5 +22,10 @@ setup(
         Extension(
             "recordkit._order", ["recordkit/_order.c"], optional=True, extra_compile_args=args
         ),
+        # The .idx text parsed and checked in one pass (recordkit/format/shard_index.py
+        # falls back to NumPy's parse_index without it).
+        Extension(
+            "recordkit._index", ["recordkit/_index.c"], optional=True, extra_compile_args=args
+        ),
     ]
 )

@@ -21,7 +21,13 @@ readers: ``recordkit.Dataset(path)`` and
 - ``--readers ...,tf`` adds ``recordkit.tf.dataset(path, batch_size=256,
   shuffle=True)`` (TensorFlow opens ``num_parallel_reads`` files at a time);
 - growth: each size N divisible by ``--growth`` (16) is also measured at
-  N/16 shards, and the ratios 16x records in 16x shards are printed.
+  N/16 shards, and the ratios 16x records in 16x shards are printed;
+- ``--repeat N``: each cell measured N times (sizes and readers alternating),
+  medians reported (the machine is shared: one run is noisy);
+- the per-user index cache (``RECORDKIT_INDEX_CACHE``) is the children's as the
+  environment sets it, so after the first reader of a dataset the indexes load from
+  their binary copies there; ``--cold-index`` gives every child an empty one (each
+  index text parsed, as by the first process to read the dataset).
 
 The cache fill rate: ``ShardCache(src, dir).fill()`` from a local folder of
 ``--cache-shards`` (4000) tiny shards, seconds per thousand shards published,
@@ -36,6 +42,7 @@ Usage::
     python benchmarks/scale_bench.py [--sizes 1k,10k,100k] [--records 1000] [--no-cache]
     python benchmarks/scale_bench.py --sizes 1k,10k --no-cache   # ~20 s on the 2-core VM
     python benchmarks/scale_bench.py --only-cache            # ~12 min before issue 14's store
+    python benchmarks/scale_bench.py --sizes 16 --growth 16 --records 250000 --no-cache --repeat 5
     python benchmarks/scale_bench.py --clean                 # remove bench-data/scale
 """
 
@@ -189,6 +196,7 @@ def child_read(args: argparse.Namespace) -> None:
     import resource
 
     import numpy as np
+    import numpy.ma
 
     import recordkit as rk
 
@@ -289,9 +297,14 @@ def child_cache(args: argparse.Namespace) -> None:
     os._exit(0)
 
 
-def run_child(args: list[str], timeout: float) -> dict:
-    """Run a child; its last JSON line is the result (a crash or timeout keeps the last one)."""
+def run_child(args: list[str], timeout: float, index_cache: str | None = None) -> dict:
+    """Run a child; its last JSON line is the result (a crash or timeout keeps the last one).
+
+    ``index_cache``: the child's ``RECORDKIT_INDEX_CACHE`` (default: as this process has it).
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if index_cache is not None:
+        env["RECORDKIT_INDEX_CACHE"] = index_cache
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -311,6 +324,20 @@ def run_child(args: list[str], timeout: float) -> dict:
 
 
 # -- the report -------------------------------------------------------------------------------
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """One cell from repeated measurements: the first error, else each number's median."""
+    for r in runs:
+        if "error" in r:
+            return r
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            vals = sorted(r[key] for r in runs if key in r)
+            mid = len(vals) // 2
+            out[key] = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+    return out
 
 
 def _fmt(value: object, spec: str = ".2f") -> str:
@@ -342,9 +369,12 @@ def report_reads(
                 _fmt(r.get(k), ".1f") for k in ("rss_open_mib", "rss_first_mib", "rss_read_mib")
             )
             fds = f"{_fmt(r.get('fds_first'))} / {_fmt(r.get('fds_read'))}"
+            read_on = r.get("read_on", "-")
+            if r.get("read_s") is not None:
+                read_on += f" in {r['read_s']:.2f} s"
             print(
                 f"| {reader} | {_human(n)} | {_human(n * records)} | {_fmt(r.get('open_s'))} "
-                f"| {_fmt(r.get('first_s'))} | {rss} | {fds} | {r.get('read_on', '-')} "
+                f"| {_fmt(r.get('first_s'))} | {rss} | {fds} | {read_on} "
                 f"| {r.get('error', 'ok')} |"
             )
     print(
@@ -449,6 +479,15 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=400, help="RecordDataset: batches read on")
     ap.add_argument("--spread", type=int, default=2000, help="Dataset: records read on, spread")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="measurements per cell (medians are reported)"
+    )
+    ap.add_argument(
+        "--cold-index",
+        action="store_true",
+        help="each reader starts with an empty per-user index cache (no binary index copies: "
+        "every index text is parsed, as the first process to read a dataset does)",
+    )
     ap.add_argument("--cache-shards", type=int, default=4000)
     ap.add_argument("--cache-records", type=int, default=16, help="records per cache shard")
     ap.add_argument("--cache-workers", type=int, default=2)
@@ -479,28 +518,39 @@ def main() -> None:
         f"# RLIMIT_NOFILE of the children: {nofile or 'unchanged'}; batch {BATCH}; "
         f"{args.records} records of ~{args.record_bytes + 30} bytes per shard"
     )
-    results: dict = {}
+    roots = {}
     for n in sizes:
-        root = os.path.join(args.data, f"{n}x{args.records}")
+        root = roots[n] = os.path.join(args.data, f"{n}x{args.records}")
         info = synthesize(root, n, args.records, args.record_bytes)
         print(
             f"# {root}: shard {info['shard_bytes']} B, index {info['index_bytes']} B, "
             f"made in {info['seconds']} s ({info['links']} links, {info['copies']} copies)"
         )
-        for reader in readers:
-            results[reader, n] = run_child(
-                [
-                    "_read",
-                    "--path",
-                    root,
-                    "--reader",
-                    reader,
-                    f"--nofile={nofile}",
-                    f"--batches={args.batches}",
-                    f"--spread={args.spread}",
-                ],
-                args.timeout,
-            )
+    runs: dict = {}
+    cold = os.path.join(args.data, "cold-index-cache")
+    for _ in range(args.repeat):  # sizes and readers alternate within each repeat
+        for n in sizes:
+            for reader in readers:
+                if args.cold_index:  # every child starts with an empty per-user index cache
+                    shutil.rmtree(cold, ignore_errors=True)
+                runs.setdefault((reader, n), []).append(
+                    run_child(
+                        [
+                            "_read",
+                            "--path",
+                            roots[n],
+                            "--reader",
+                            reader,
+                            f"--nofile={nofile}",
+                            f"--batches={args.batches}",
+                            f"--spread={args.spread}",
+                        ],
+                        args.timeout,
+                        cold if args.cold_index else None,
+                    )
+                )
+    shutil.rmtree(cold, ignore_errors=True)
+    results = {key: _median_run(rs) for key, rs in runs.items()}
     if sizes:
         report_reads(results, readers, sizes, args.records, args.growth)
     if not args.no_cache:

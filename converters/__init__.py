@@ -1,9 +1,10 @@
 """Converters from common dataset formats to recordkit, found by name.
 
-Each module holds one :class:`~converters.base.Source`. Built-in names:
-``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset`` and
-``tfrecord``. Third parties add their own through the ``recordkit.converters``
-entry-point group::
+Each module holds one :class:`~recordkit.converters.base.Source`. Built-in names:
+``imagefolder``, ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``,
+``tfrecord``, ``mds`` (MosaicML Streaming), ``hf`` (Hugging Face ``datasets``
+saved to disk) and ``arrayrecord`` (Grain's ArrayRecord). Third parties add
+their own through the ``recordkit.converters`` entry-point group::
 
     [project.entry-points."recordkit.converters"]
     myformat = "mypackage.converter:MySource"
@@ -14,6 +15,7 @@ import the class by its module path, so it must be importable there).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from importlib import metadata
 
@@ -36,13 +38,16 @@ ENTRY_POINT_GROUP = "recordkit.converters"
 # Built-ins resolve without package metadata (a source checkout that was never
 # installed); pyproject.toml declares the same names in the entry-point group.
 _BUILTIN = {
-    "csv": "converters.csv:CsvSource",
-    "imagefolder": "converters.imagefolder:ImageFolderSource",
-    "jsonl": "converters.jsonl:JsonlSource",
-    "numpy": "converters.numpy:NumpySource",
-    "parquet": "converters.parquet:ParquetSource",
-    "tfrecord": "converters.tfrecord:TFRecordSource",
-    "webdataset": "converters.webdataset:WebDatasetSource",
+    "arrayrecord": "recordkit.converters.arrayrecord:ArrayRecordSource",
+    "csv": "recordkit.converters.csv:CsvSource",
+    "hf": "recordkit.converters.hf:HFDatasetSource",
+    "imagefolder": "recordkit.converters.imagefolder:ImageFolderSource",
+    "jsonl": "recordkit.converters.jsonl:JsonlSource",
+    "mds": "recordkit.converters.mds:MDSSource",
+    "numpy": "recordkit.converters.numpy:NumpySource",
+    "parquet": "recordkit.converters.parquet:ParquetSource",
+    "tfrecord": "recordkit.converters.tfrecord:TFRecordSource",
+    "webdataset": "recordkit.converters.webdataset:WebDatasetSource",
 }
 _registered: dict[str, type[Source]] = {}
 
@@ -73,7 +78,10 @@ def get(name: str) -> type[Source]:
         return _registered[name]
     target = _BUILTIN.get(name) or _entry_points().get(name)
     if target is None:
-        raise ValueError(f"no converter named {name!r}; available: {', '.join(available())}")
+        names = available()
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ValueError(f"no converter named {name!r}{hint}; available: {', '.join(names)}")
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
     if not (isinstance(cls, type) and issubclass(cls, Source)):

@@ -32,7 +32,8 @@ def files_as_items(
     location = source.location
     entries = source.walk()  # symlinks out of the source refused here
     single = entries == [("", entries[0][1])] if entries else False
-    files = entries if single else [(r, s) for r, s in entries if r.lower().endswith(suffixes)]
+    ends = tuple(suffixes)
+    files = entries if single else [(r, s) for r, s in entries if r.lower().endswith(ends)]
     if not files:
         raise SourceNotFoundError(f"{fmt}: no {'/'.join(suffixes)} files under {location.url}")
     items = []

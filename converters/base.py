@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from recordkit import Schema
-from recordkit.errors import RecordkitError, SchemaError
+from recordkit.errors import RecordkitError, SchemaError, SourceError, SourceNotFoundError
 from recordkit.storage import Location, is_temp_name, strip_file_scheme
 
 __all__ = [
@@ -54,12 +54,23 @@ log = logging.getLogger(__name__)
 COMMON_OPTIONS: Mapping[str, Any] = {"follow_symlinks": False}
 
 
-class SourceError(RecordkitError, ValueError):
-    """Source data that cannot be converted (names the item and, where known, the row)."""
-
-
-class SourceNotFoundError(RecordkitError, FileNotFoundError):
-    """The source URL does not exist, or holds nothing this converter can read."""
+def _check_kind(fmt: str, key: str, value: Any, default: Any) -> None:
+    """Refuse an option value of another kind than its default (``None`` takes any)."""
+    if default is None or value is None:
+        return
+    kinds: tuple[type, ...]
+    if isinstance(default, bool):
+        kinds, what = (bool,), "true or false"
+    elif isinstance(default, (int, float)):
+        kinds, what = (int, float), "a number"
+    elif isinstance(default, str):
+        kinds, what = (str,), "a string"
+    elif isinstance(default, (tuple, list)):
+        kinds, what = (tuple, list), "a list"
+    else:
+        return
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ValueError(f"{fmt}: option {key} must be {what}, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +107,18 @@ class Source(abc.ABC):
 
     #: the converter's name, the value of ``recordkit convert --from``.
     name: ClassVar[str] = ""
-    #: option name -> default; anything else passed as an option is refused.
+    #: option name -> default; anything else passed as an option is refused, and a
+    #: value of another kind than its default (a number, a string, a bool, a list).
     defaults: ClassVar[Mapping[str, Any]] = {}
+    #: The endings of this format's file names, in lower case. ``recordkit convert``
+    #: without ``--from`` takes the one format whose files a source holds, told by
+    #: :meth:`claims`; a format without endings is never told that way, nor is a
+    #: subclass that does not declare its own.
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    #: File names that travel with this format's files (its index or metadata, e.g.
+    #: MDS's ``index.json``): where this format claims files, no other format's claim
+    #: on a file of that name counts (``.json`` alone would look like ``jsonl``).
+    companions: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -111,12 +132,20 @@ class Source(abc.ABC):
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise ValueError(f"{self.name}: unknown option(s) {unknown}; it takes {sorted(known)}")
+        for key, value in options.items():
+            _check_kind(self.name, key, value, known[key])
         self.location = Location(url, storage_options)
         self.schema = schema
         self.options = {**known, **options}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location.url!r})"
+
+    @classmethod
+    def claims(cls, rel: str) -> bool:
+        """Whether a file of a source (``rel``: its path below the source, or its name
+        for a one-file source) looks like one of this format's, by :attr:`suffixes`."""
+        return bool(cls.suffixes) and rel.lower().endswith(cls.suffixes)
 
     def check_exists(self) -> None:
         """Raise :class:`SourceNotFoundError` when the source URL does not exist."""

@@ -32,7 +32,7 @@ class CsvSource(Source):
 
     name: ClassVar[str] = "csv"
     defaults: ClassVar[Mapping[str, Any]] = {"delimiter": ",", "infer_rows": 1000}
-    suffixes = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
+    suffixes: ClassVar[tuple[str, ...]] = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
     def list_items(self) -> list[Item]:
         self.check_exists()

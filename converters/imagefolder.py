@@ -14,7 +14,7 @@ Options:
         common ones (``.jpg .jpeg .png .bmp .gif .webp .tif .tiff .ppm .pgm``).
     check: ``"header"`` (default): the file must start with the signature of
         JPEG, PNG, GIF, BMP, WEBP, TIFF or PPM/PGM; ``"decode"``: Pillow must
-        also decode it whole (``pip install pillow``; slower, catches truncated
+        also decode it whole (the ``images`` extra; slower, catches truncated
         and corrupt images); ``"none"``: store any bytes.
     on_error: ``"raise"`` (default): a file that fails the check is a
         ``SourceError`` naming it; ``"skip"``: it is left out with a warning
@@ -27,7 +27,7 @@ Options:
         earlier versions).
     seed: the key of the interleaved order (default 0); the same seed gives the
         same order on any machine, so a resumed conversion is byte-identical.
-    follow_symlinks: see :data:`converters.base.COMMON_OPTIONS`.
+    follow_symlinks: see :data:`recordkit.converters.base.COMMON_OPTIONS`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 from recordkit import Bytes, Int64, Schema
+from recordkit._deps import install_command
 from recordkit.errors import MissingDependencyError
 from recordkit.format import DEFAULT_MAX_RECORD_BYTES
 
@@ -76,7 +77,8 @@ def _decode(data: bytes) -> None:
         from PIL import Image
     except ImportError as exc:
         raise MissingDependencyError(
-            "imagefolder check='decode' needs Pillow, which is not installed: pip install pillow"
+            "imagefolder check='decode' needs Pillow, which is not installed: "
+            + install_command("images")
         ) from exc
     with Image.open(io.BytesIO(data)) as img:
         img.load()
@@ -96,6 +98,13 @@ class ImageFolderSource(Source):
         "order": "interleaved",
         "seed": 0,
     }
+
+    suffixes: ClassVar[tuple[str, ...]] = tuple(defaults["extensions"])
+
+    @classmethod
+    def claims(cls, rel: str) -> bool:
+        """An image (by the default extensions) inside a class directory."""
+        return "/" in rel and super().claims(rel)
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)

@@ -34,7 +34,14 @@ class JsonlSource(Source):
 
     name: ClassVar[str] = "jsonl"
     defaults: ClassVar[Mapping[str, Any]] = {"chunk_bytes": 64 << 20, "infer_rows": 1000}
-    suffixes = (".jsonl", ".ndjson", ".json", ".jsonl.gz", ".ndjson.gz", ".json.gz")
+    suffixes: ClassVar[tuple[str, ...]] = (
+        ".jsonl",
+        ".ndjson",
+        ".json",
+        ".jsonl.gz",
+        ".ndjson.gz",
+        ".json.gz",
+    )
 
     def list_items(self) -> list[Item]:
         self.check_exists()
@@ -48,8 +55,8 @@ class JsonlSource(Source):
                 for number, line in enumerate(f, 1):
                     yield f"line {number}", line
         else:
-            for number, line in enumerate(byte_range_lines(self.location, rel, start, stop)):
-                yield f"line {number + 1} after byte {start}", line
+            for number, raw in enumerate(byte_range_lines(self.location, rel, start, stop)):
+                yield f"line {number + 1} after byte {start}", raw
 
     def _rows(self, item: Item) -> Iterator[tuple[str, dict[str, Any]]]:
         for where, line in self._lines(item):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, ClassVar
+from typing import IO, Any, ClassVar
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class _Header:
         return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
 
 
-def _read_header(f: BinaryIO, where: str) -> _Header:
+def _read_header(f: IO[bytes], where: str) -> _Header:
     fmt = np.lib.format
     try:
         version = fmt.read_magic(f)
@@ -73,7 +73,7 @@ def _read_header(f: BinaryIO, where: str) -> _Header:
     return header
 
 
-def _read_rows(f: BinaryIO, header: _Header, start: int, stop: int) -> np.ndarray:
+def _read_rows(f: IO[bytes], header: _Header, start: int, stop: int) -> np.ndarray:
     f.seek(header.offset + start * header.row_bytes)
     want = (stop - start) * header.row_bytes
     data = f.read(want)
@@ -88,6 +88,7 @@ class NumpySource(Source):
 
     name: ClassVar[str] = "numpy"
     defaults: ClassVar[Mapping[str, Any]] = {"item_bytes": 16 << 20}
+    suffixes: ClassVar[tuple[str, ...]] = (".npy", ".npz")
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)

@@ -1,4 +1,4 @@
-"""``parquet``: Parquet files through pyarrow (``pip install 'recordkit[parquet]'``).
+"""``parquet``: Parquet files through pyarrow (recordkit's ``parquet`` extra).
 
 One item per row group, so large files convert in parallel. Columns become
 features: integers and bools -> ``Int64``, floats -> ``Float32``, strings and
@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
+from recordkit._deps import install_command
 from recordkit.errors import MissingDependencyError, SchemaError
 
 from .base import Item, Source, SourceError, source_errors
@@ -30,7 +31,7 @@ def _pyarrow() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "'pyarrow' is required for the parquet converter but is not installed: "
-            "pip install 'recordkit[parquet]'"
+            + install_command("parquet")
         ) from exc
     return pa
 
@@ -60,7 +61,7 @@ class ParquetSource(Source):
 
     name: ClassVar[str] = "parquet"
     defaults: ClassVar[Mapping[str, Any]] = {}
-    suffixes = (".parquet", ".pq")
+    suffixes: ClassVar[tuple[str, ...]] = (".parquet", ".pq")
 
     @contextlib.contextmanager
     def _file(self, rel: str, where: str) -> Iterator[Any]:
@@ -104,8 +105,9 @@ class ParquetSource(Source):
             if column.null_count:
                 raise SourceError(f"{item.key}: column {name!r} holds {column.null_count} nulls")
             values = column.to_pylist()
-            if isinstance(schema[name], Tensor):
-                values = [np.asarray(v, dtype=schema[name].dtype) for v in values]
+            feature = schema[name]
+            if isinstance(feature, Tensor):
+                values = [np.asarray(v, dtype=feature.dtype) for v in values]
             columns[name] = values
         for i in range(table.num_rows):
             yield {name: columns[name][i] for name in names}

@@ -10,6 +10,29 @@ GZIP- and ZLIB-compressed TFRecord files (``TFRecordOptions(compression_type=
 The schema is inferred from the first records (``recordkit.Schema.infer``)
 unless given.
 
+``tf.train.SequenceExample`` records are detected from the leading records (one
+that has ``feature_lists`` makes them all SequenceExamples), or said with the
+option ``sequence_example=True``. They are copied byte for byte too, each
+decoded whole on the way (context and every feature list; one that does not
+decode stops the conversion, naming file, offset and record), and the
+manifest says ``"payload": "sequence_example"`` with a schema of the context
+features and feature lists counted over every record
+(:class:`recordkit.codec.SequenceSchema`), so every reader reads the
+copy whole without being told. An Example and a SequenceExample with no feature
+lists are the same bytes, so a record without feature lists among
+SequenceExamples is one of them (nothing of it is lost); a SequenceExample
+among records taken for Examples is mixed input, refused by name (checked on
+every record, ``check_payloads`` or not).
+
+A tensorflow-datasets folder (a local one with ``dataset_info.json`` and
+``features.json``) converts one split (option ``split``, needed when it has
+several), its shards in ``dataset_info.json``'s order, with tfds's types:
+records are decoded as tfds serialized them and written again in the dtype
+and shape tfds returns (``Tensor`` features for int32, float64, bool, ...;
+``Text`` as UTF-8 ``Bytes``; ``Image`` as the encoded bytes, or decoded to
+``uint8`` with ``decode_images``), so the copy reads in tfds's shapes
+everywhere; the manifest's metadata gets ``{"tfds": {...}}`` (class names).
+
 Options:
     infer_records: how many leading records inference looks at (default 64).
     check_payloads: decode each payload against the schema (default True).
@@ -18,19 +41,28 @@ Options:
         may decompress to (``recordkit.DecodeLimits(record_bytes=...)``; default
         ``None``: derived from the schema, 256 MiB for variable shapes). A record
         over it is refused by name before the memory is allocated.
+    split: the split of a tensorflow-datasets folder.
+    decode_images: store a tensorflow-datasets folder's images decoded.
+    sequence_example: ``True``: the records are SequenceExamples; ``False``: they
+        are Examples (a SequenceExample is then refused); ``None`` (default):
+        detected from the leading ``infer_records`` records.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, ClassVar
 
 from recordkit import DecodeLimits, Schema
-from recordkit.codec import decode_example
-from recordkit.errors import CorruptRecordError
+from recordkit.codec import decode_example, decode_sequence_example
+from recordkit.codec.sequence import SequenceSchema, has_feature_lists
+from recordkit.errors import CorruptRecordError, SequenceExampleError
 from recordkit.format import OVERHEAD, open_stream, read_stream, sniff_compression
+from recordkit.reader.tfds import TFDSView, tfds_folder
+from recordkit.storage import strip_file_scheme
 
-from .base import Item, Source, source_errors
+from .base import Item, Source, SourceError, source_errors
 
 __all__ = ["TFRecordSource", "read_records"]
 
@@ -62,11 +94,124 @@ class TFRecordSource(Source):
         "check_payloads": True,
         "max_record_bytes": 2**31,
         "max_decode_bytes": None,
+        "split": None,
+        "decode_images": False,
+        "sequence_example": None,
     }
+    # (payload kind, how it was decided): set when the schema is resolved, in the
+    # parent, and pickled with the source into the writer processes.
+    _payload: tuple[str, str] | None = None
+
+    def _tfds(self) -> TFDSView | None:
+        """The tensorflow-datasets split this source is (``None``: plain TFRecords)."""
+        if self.location.remote:
+            if self.options["split"] is not None:
+                raise SourceError("tfrecord: split= reads local tensorflow-datasets folders")
+            return None
+        found = tfds_folder(strip_file_scheme(self.location.url))
+        if found is None:
+            if self.options["split"] is not None or self.options["decode_images"]:
+                raise SourceError(
+                    f"tfrecord: {self.location.url} is not a tensorflow-datasets folder; the "
+                    "options split and decode_images are for those"
+                )
+            return None
+        info, file = found
+        try:
+            split = info.choose_split(self.options["split"], file)
+        except ValueError as exc:
+            raise SourceError(f"tfrecord: {exc}") from None
+        view = info.view(split, decode_images=bool(self.options["decode_images"]))
+        if self.options["sequence_example"]:
+            raise SourceError(
+                "tfrecord: a tensorflow-datasets folder holds tf.train.Examples; "
+                "sequence_example=True is for TFRecords of SequenceExamples"
+            )
+        if self.schema is not None:
+            raise SourceError(
+                "tfrecord: a tensorflow-datasets folder converts with tfds's own types; "
+                "give no schema"
+            )
+        return view
+    suffixes: ClassVar[tuple[str, ...]] = (".tfrecord", ".tfrecords", ".tfrec")
+
+    @classmethod
+    def claims(cls, rel: str) -> bool:
+        """``*.tfrecord``, ``*.tfrecords``, ``*.tfrec``, ``*.tfrecord-00000-of-00010``."""
+        return _is_tfrecord_name(rel)
 
     def list_items(self) -> list[Item]:
+        view = self._tfds()
+        if view is not None:
+            infos = view.info.shard_infos(view.split)
+            root = strip_file_scheme(self.location.url)
+            if os.path.isfile(root):  # one shard of the split
+                name = os.path.basename(root)
+                return [Item(name, i.bytes, ("",)) for i in infos if i.path == name]
+            return [Item(i.path, i.bytes, (i.path,)) for i in infos]
         files = self.matching_files(_is_tfrecord_name, "TFRecord")
         return [Item(self.item_key(r), s, (r,)) for r, s in files]
+
+    def resolve_schema(self, items: Sequence[Item]) -> Schema:
+        view = self._tfds()
+        if view is not None:
+            self._payload = ("example", "a tensorflow-datasets folder")
+            return view.output_schema
+        wanted = self.options["sequence_example"]
+        if wanted not in (None, True, False):
+            raise SourceError(f"tfrecord: sequence_example must be true or false, got {wanted!r}")
+        if wanted and self.schema is not None:
+            raise SourceError(
+                "tfrecord: a schema describes tf.train.Example features, not "
+                "SequenceExamples; leave it out with sequence_example=True"
+            )
+        if self.schema is not None:  # a schema says Examples: nothing to read here
+            self._payload = ("example", "a schema was given")
+            return self.schema
+        leading = self._leading(items)
+        if wanted is None:  # detect: one record with feature_lists makes them SequenceExamples
+            first = None
+            for where, payload in leading:
+                try:
+                    if has_feature_lists(payload):
+                        first = where
+                        break
+                except CorruptRecordError as exc:
+                    path, offset, record = where.rsplit(":", 2)
+                    raise exc.located(path, int(offset), int(record)) from exc
+            if first is None:
+                why = f"the leading {len(leading)} records hold no feature_lists"
+            else:
+                wanted, why = True, f"detected: {first} holds feature_lists"
+        else:
+            why = f"sequence_example={wanted}"
+        self._payload = ("example", why)
+        if not wanted:
+            return self._infer(leading)
+        if not self.options["check_payloads"]:
+            raise SourceError(
+                f"tfrecord: the records are tf.train.SequenceExamples ({why}): they are "
+                "always decoded (the manifest's schema counts every record), so "
+                "check_payloads=false does not apply"
+            )
+        for where, payload in leading:  # a malformed one fails here, before any writing
+            try:
+                decode_sequence_example(payload)
+            except CorruptRecordError as exc:
+                path, offset, record = where.rsplit(":", 2)
+                raise exc.located(path, int(offset), int(record)) from exc
+        self._payload = ("sequence_example", why)
+        return Schema({})
+
+    def payload_kind(self) -> tuple[str, str]:
+        """What the records are, and how that was decided (see ``recordkit.convert``)."""
+        if self._payload is None:
+            raise RuntimeError("tfrecord: payload_kind() before resolve_schema()")
+        return self._payload
+
+    def metadata(self, items: Sequence[Item]) -> dict[str, Any]:
+        view = self._tfds()
+        return {"tfds": view.info.to_json(view.split)} if view is not None else {}
 
     def _payloads(self, item: Item) -> Iterator[bytes]:
         rel = item.ref[0]
@@ -79,36 +224,105 @@ class TFRecordSource(Source):
                 f, path=path, max_record_bytes=int(self.options["max_record_bytes"])
             )
 
-    def infer_schema(self, items: Sequence[Item]) -> Schema:
+    def _leading(self, items: Sequence[Item]) -> list[tuple[str, bytes]]:
+        """The first ``infer_records`` payloads, each with its ``file:offset:record``."""
         limit = int(self.options["infer_records"])
-        examples: list[dict[str, Any]] = []
-        where: list[str] = []  # file:offset:record of each, for inference's messages
+        found: list[tuple[str, bytes]] = []
         for item in items:
             path, offset = self.location.join(item.ref[0]), 0
             for record, payload in enumerate(self._payloads(item)):
-                if len(examples) >= limit:
+                if len(found) >= limit:
                     break
+                found.append((f"{path}:{offset}:{record}", payload))
+                offset += len(payload) + OVERHEAD
+            if len(found) >= limit:
+                break
+        return found
+
+    def infer_schema(self, items: Sequence[Item]) -> Schema:
+        return self._infer(self._leading(items))
+
+    def _infer(self, leading: Sequence[tuple[str, bytes]]) -> Schema:
+        examples: list[dict[str, Any]] = []
+        for where, payload in leading:
+            try:
                 try:
                     examples.append(decode_example(payload))
-                except CorruptRecordError as exc:
-                    raise exc.located(path, offset, record) from exc
-                where.append(f"{path}:{offset}:{record}")
-                offset += len(payload) + OVERHEAD
-            if len(examples) >= limit:
-                break
-        return Schema.infer(examples, where=where)
+                except SequenceExampleError:
+                    raise self._mixed() from None
+            except CorruptRecordError as exc:
+                path, offset, record = where.rsplit(":", 2)
+                raise exc.located(path, int(offset), int(record)) from exc
+        return Schema.infer(examples, where=[w for w, _ in leading])
 
     def records(self, item: Item, schema: Schema) -> Iterator[bytes]:
+        view = self._tfds()
+        if view is not None:
+            yield from self._tfds_records(item, view, schema)
+            return
+        if self._payload is not None and self._payload[0] == "sequence_example":
+            # A writer that does not ask for sequence_records (the cache's producer):
+            # refused by name rather than written as Examples.
+            raise SourceError(
+                f"tfrecord: {item.key}: the records are tf.train.SequenceExamples "
+                f"({self._payload[1]}), which this writer cannot keep whole; make a "
+                "dataset of them with recordkit convert --from tfrecord"
+            )
         check = bool(self.options["check_payloads"])
         most = self.options["max_decode_bytes"]
         limits = DecodeLimits(record_bytes=None if most is None else int(most))
         path = self.location.join(item.ref[0])
         offset = 0
         for record, payload in enumerate(self._payloads(item)):
-            if check:
-                try:
+            try:
+                if has_feature_lists(payload):  # cheap: top-level tags only, every record
+                    raise self._mixed()
+                if check:
                     schema.decode(payload, limits=limits)
-                except CorruptRecordError as exc:
-                    raise exc.located(path, offset, record) from exc
+            except CorruptRecordError as exc:
+                raise exc.located(path, offset, record) from exc
             offset += len(payload) + OVERHEAD
             yield payload
+
+    def _mixed(self) -> SequenceExampleError:
+        why = self._payload[1] if self._payload is not None else "taken for Examples"
+        return SequenceExampleError(
+            f"a tf.train.SequenceExample (it has feature_lists) among records converted as "
+            f"tf.train.Examples ({why}): mixed input is refused, since an Example dataset "
+            "would lose its feature lists; if every record is a SequenceExample, convert "
+            "with -o sequence_example=true (sequence_example=True), else convert the two "
+            "kinds apart"
+        )
+
+    def sequence_records(self, item: Item, found: SequenceSchema) -> Iterator[bytes]:
+        """The payloads of one item, each decoded whole and counted into ``found``.
+
+        Raises:
+            CorruptRecordError: a payload that does not decode completely (file,
+                offset and record named); nothing of it is written.
+        """
+        path = self.location.join(item.ref[0])
+        offset = 0
+        for record, payload in enumerate(self._payloads(item)):
+            try:
+                context, lists = decode_sequence_example(payload)
+            except CorruptRecordError as exc:
+                raise exc.located(path, offset, record) from exc
+            found.add(context, lists)
+            offset += len(payload) + OVERHEAD
+            yield payload
+
+    def _tfds_records(self, item: Item, view: TFDSView, schema: Schema) -> Iterator[bytes]:
+        """A tfds split's records, decoded as tfds wrote them and encoded in its types."""
+        most = self.options["max_decode_bytes"]
+        limits = DecodeLimits(record_bytes=None if most is None else int(most))
+        view = view.with_options(decode_images=view.decode_images, limits=limits)
+        path = self.location.join(item.ref[0])
+        offset = 0
+        for record, payload in enumerate(self._payloads(item)):
+            try:
+                sample = view.sample(view.schema.decode(payload, copy=True, limits=limits))
+            except CorruptRecordError as exc:
+                raise exc.located(path, offset, record) from exc
+            offset += len(payload) + OVERHEAD
+            yield schema.encode(sample)

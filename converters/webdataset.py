@@ -55,7 +55,7 @@ class WebDatasetSource(Source):
         "max_member_bytes": DEFAULT_MAX_RECORD_BYTES,
         "max_expansion": 100,
     }
-    suffixes = (".tar", ".tar.gz", ".tgz")
+    suffixes: ClassVar[tuple[str, ...]] = (".tar", ".tar.gz", ".tgz")
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)

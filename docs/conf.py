@@ -18,6 +18,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # recordkit and converters from this checkout
 sys.path.insert(0, str(HERE / "_ext"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # autodoc imports recordkit.tf
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # and its oneDNN notice (absl's log)
 
 from recordkit import __version__  # noqa: E402
 
@@ -63,7 +64,8 @@ nitpick_ignore_regex = [
     (
         "py:.*",
         r"(.*\.)?(FeatureType|OnError|Policy|HeldFile|Alloc|Feature name -> value"
-        r"|ShardSet|BatchDecoder|BufferPool|ProcessReader|LocalDirectory|FsspecDirectory"
+        r"|ShardSet|BatchDecoder|DecodedBatch|BufferPool|ProcessReader|LocalDirectory|FsspecDirectory"
+        r"|ProcessLocalShards"
         r"|recordkit\.reader\.buffers)",
     ),
 ]

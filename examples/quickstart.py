@@ -74,7 +74,10 @@ def read_torch(out: str, samples: list[dict]) -> None:
 
 
 def read_tensorflow(out: str, samples: list[dict]) -> None:
+    # Before TensorFlow is imported: no C++ INFO/WARNING lines, and no oneDNN notice
+    # (reading data uses no oneDNN kernels; the notice also starts absl's log).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     import tensorflow as tf
 
     files = sorted(tf.io.gfile.glob(os.path.join(out, "*.tfrecord")))

@@ -1714,8 +1714,16 @@ static void task_free(Task *t) {
     PyMem_Free(t);
 }
 
-static int run_reads(const Runner *r, Task *t, Ctx *cx, int64_t *spans, const uint8_t **payloads,
-                     int fuse);
+/* Where one column of a task goes. */
+typedef struct {
+    uint8_t *dst;     /* the values output */
+    int64_t stride;   /* bytes per row while decoding (a bytes column: as allocated) */
+    int64_t *lengths; /* a bytes column's lengths output, else NULL */
+    int64_t width;    /* a bytes column: its widest value so far */
+} ColOut;
+
+static int run_reads(const Runner *r, Task *t, Ctx *cx, int64_t *spans,
+                     const uint8_t **payloads, ColOut *co, int fuse);
 
 typedef struct {
     const Runner *r;
@@ -1723,6 +1731,7 @@ typedef struct {
     Ctx *cx;
     int64_t *spans;
     const uint8_t **payloads;
+    ColOut *co;
     int fuse;
     int ok;
 } RunJob;
@@ -1730,142 +1739,212 @@ typedef struct {
 static void run_job(void *arg, RkGuard *g) {
     (void)g;
     RunJob *j = arg;
-    j->ok = run_reads(j->r, j->t, j->cx, j->spans, j->payloads, j->fuse);
+    j->ok = run_reads(j->r, j->t, j->cx, j->spans, j->payloads, j->co, j->fuse);
 }
 
-/* Decode one task with no Python at all. 1: outputs filled; 0: not for the fast path. */
 /* Records a task reads ahead of the one it decodes: a shuffled task's records lie on
  * pages far apart, so each costs a TLB walk and a cache miss unless fetched early. */
 #define PREFETCH_AHEAD 8
-#if defined(__GNUC__) || defined(__clang__)
+/* ...and of a record that far ahead, the lines of up to this many bytes. */
+#define PREFETCH_BYTES 2048
+/* An asm statement on x86: GCC deletes a loop whose body is only __builtin_prefetch. */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define PREFETCH(p) __asm__ volatile("prefetcht0 %0" : : "m"(*(const uint8_t *)(p)))
+#elif defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch(p)
 #else
 #define PREFETCH(p) ((void)(p))
 #endif
 
+/* Lay out a task's outputs: 0 if one has not the size its column needs. */
+static int task_outputs(const Runner *r, const Task *t, ColOut *co) {
+    Py_ssize_t n = t->n, slot = 0;
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        const ColSpec *col = &r->cols[c];
+        const Py_buffer *out = &t->outs[slot];
+        co[c].dst = out->buf;
+        co[c].width = 0;
+        co[c].lengths = NULL;
+        if (col->mode == COL_BYTES) {
+            co[c].stride = out->len / n; /* what the caller guessed; a wider value refuses */
+            co[c].lengths = t->outs[slot + 1].buf;
+            slot += 2;
+        } else {
+            int64_t want = col->mode == COL_FIXED ? col->row_bytes : col->count * 8;
+            if (out->len != (Py_ssize_t)(want * n)) return 0;
+            co[c].stride = want;
+            slot += 1;
+        }
+    }
+    return 1;
+}
+
+/* Decode one task with no Python at all. 1: outputs filled; 0: not for the fast path.
+ *
+ * Small records (no fused CRC) go in one record-major pass: each record is checked,
+ * parsed and copied into every column while it is in cache, bytes columns at the
+ * row width the caller allocated, closed up afterwards if the task's widest value is
+ * narrower. A shuffled task's records lie on pages far apart, so each visit costs a
+ * TLB walk and cache misses: one visit per record instead of one per column.
+ * Large records (fused: the payload CRC computed while copying the biggest value)
+ * take two: the framing, the parse and the int64 columns, then every copied column
+ * at the task's exact widths (a large value is not copied twice). */
 static int run_task(const Runner *r, Task *t, KeyState *st) {
     Py_ssize_t n = t->n, nkeys = r->keys.n;
     if (n == 0) return 1;
-    int64_t *spans = malloc((size_t)n * (size_t)nkeys * 4 * sizeof(int64_t));
-    const uint8_t **payloads = malloc((size_t)n * sizeof(*payloads));
-    int ok = 0;
-    if (!spans || !payloads) goto done;
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t z = t->rec[3 * i + 2];
         total += z > 0 ? z : 0;
     }
     int fuse = r->verify && total >= (int64_t)n * r->fuse_min;
+    size_t nspans = (size_t)nkeys * 4 * (fuse ? (size_t)n : 1) + 1; /* two passes keep them */
+    int64_t *spans = malloc(nspans * sizeof(int64_t));
+    const uint8_t **payloads = fuse ? malloc((size_t)n * sizeof(*payloads)) : NULL;
+    ColOut *co = malloc(((size_t)r->ncols + 1) * sizeof(ColOut));
+    int ok = 0;
+    if (!spans || !co || (fuse && !payloads) || !task_outputs(r, t, co)) goto done;
     Ctx cx = {&r->keys, st};
     /* The reads of the shards, guarded: a page that vanishes makes the task "not
      * done", and the consumer's reference path then reports the changed shard. */
-    RunJob job = {r, t, &cx, spans, payloads, fuse, 0};
+    RunJob job = {r, t, &cx, spans, payloads, co, fuse, 0};
     RkGuard g;
     if (!rk_guarded(run_job, &job, &g)) ok = job.ok;
 done:
     free(spans);
     free((void *)payloads);
+    free(co);
     return ok;
 }
 
-/* run_task's reads of the shards (and writes of the outputs): 1 done, 0 not taken. */
-static int run_reads(const Runner *r, Task *t, Ctx *cx, int64_t *spans, const uint8_t **payloads,
-                     int fuse) {
-    Py_ssize_t n = t->n, nkeys = r->keys.n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PREFETCH_AHEAD < n) { /* shuffled tasks jump across the file: hide the misses */
-            const int64_t *ahead = t->rec + 3 * (i + PREFETCH_AHEAD);
-            const Py_buffer *pb = &t->bufs[ahead[0]];
-            if (ahead[1] >= 0 && ahead[1] < (int64_t)pb->len)
-                PREFETCH((const uint8_t *)pb->buf + ahead[1]);
-        }
-        const Py_buffer *b = &t->bufs[t->rec[3 * i]];
-        const uint8_t *base = b->buf, *payload = NULL;
-        uint64_t plen = 0;
-        int64_t *sp = spans + i * nkeys * 4;
-        if (check_frame(base, (int64_t)b->len, t->rec[3 * i + 1], t->rec[3 * i + 2],
-                        r->verify && !fuse, r->max_len, &payload, &plen) != ST_OK)
-            return 0;
-        if (parse_record(base, payload, payload + plen, cx, sp) < 0) return 0;
-        if (!spans_expected((const char *)r->expect, nkeys, sp)) return 0;
-        payloads[i] = payload;
-    }
-    /* Output sizes, and which column the CRC pass copies (the most bytes). */
-    Py_ssize_t fused = -1, slot = 0;
+/* Record i of a task: framing (and its payload CRC unless fused), parse into sp, the
+ * span check against `expect`. 1, or 0 (not for the fast path). */
+static int parse_one(const Runner *r, const Task *t, Ctx *cx, int64_t *sp, Py_ssize_t i, int fuse,
+                     const uint8_t **payload, uint64_t *plen) {
+    const int64_t *rec = t->rec + 3 * i;
+    const Py_buffer *b = &t->bufs[rec[0]];
+    const uint8_t *base = b->buf;
+    if (check_frame(base, (int64_t)b->len, rec[1], rec[2], r->verify && !fuse, r->max_len, payload,
+                    plen) != ST_OK)
+        return 0;
+    if (parse_record(base, *payload, *payload + *plen, cx, sp) < 0) return 0;
+    return spans_expected((const char *)r->expect, r->keys.n, sp);
+}
+
+/* Copy record i's values (spans sp, payload [p, p + plen)) into the columns of kind
+ * `which` (COPY_INT64: the int64 columns; COPY_VALUES: the others; both: all). With
+ * fuse, the payload CRC is checked while copying its longest fusable value (or on
+ * its own, when there is none). 1 done, 0 not for the fast path. */
+enum { COPY_INT64 = 1, COPY_VALUES = 2 };
+static int copy_one(const Runner *r, const Task *t, const int64_t *sp, ColOut *co, Py_ssize_t i,
+                    const uint8_t *p, uint64_t plen, int fuse, int which) {
+    const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
+    Py_ssize_t fused = -1;
     int64_t most = -1;
-    for (Py_ssize_t c = 0; c < r->ncols; c++) {
-        const ColSpec *col = &r->cols[c];
-        int64_t sum = 0, width = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t len = spans[(i * nkeys + col->key) * 4 + 3];
-            sum += len;
-            if (len > width) width = len;
-        }
-        const Py_buffer *out = &t->outs[slot];
-        if (col->mode == COL_BYTES) {
-            if (width > 0 && out->len / width < n) return 0; /* too narrow: the caller guessed low */
-            t->widths[c] = width;
-            slot += 2;
-        } else {
-            int64_t want = col->mode == COL_FIXED ? col->row_bytes : col->count * 8;
-            if (out->len != (Py_ssize_t)(want * n)) return 0;
-            t->widths[c] = want;
-            slot += 1;
-        }
-        if (fuse && col->fusable && sum > most) {
-            most = sum;
+    for (Py_ssize_t c = 0; fuse && (which & COPY_VALUES) && c < r->ncols; c++) {
+        int64_t len = sp[r->cols[c].key * 4 + 3];
+        if (r->cols[c].fusable && len > most) {
+            most = len;
             fused = c;
         }
     }
-    if (fuse && fused < 0) { /* nothing to fuse with: check the payloads on their own */
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const uint8_t *p = payloads[i];
-            size_t len = (size_t)(t->rec[3 * i + 2] - OVERHEAD);
-            if (masked(crc32c_impl(0, p, len)) != ld32le(p + len)) return 0;
-        }
-    }
-    slot = 0;
     for (Py_ssize_t c = 0; c < r->ncols; c++) {
         const ColSpec *col = &r->cols[c];
-        uint8_t *dst = t->outs[slot].buf;
-        int64_t row = t->widths[c];
+        const int64_t *s = sp + col->key * 4;
+        const uint8_t *v = base + s[2];
+        int64_t l = s[3];
+        uint8_t *d = co[c].dst + i * co[c].stride;
         if (col->mode == COL_INT64) {
-            uint64_t *vals = (uint64_t *)dst;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                const int64_t *sp = spans + (i * nkeys + col->key) * 4;
-                const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
-                if (read_varints(base + sp[2], base + sp[2] + sp[3], col->count, vals)) return 0;
-                vals += col->count;
-            }
-            slot += 1;
+            if ((which & COPY_INT64) && read_varints(v, v + l, col->count, (uint64_t *)d)) return 0;
             continue;
         }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const int64_t *sp = spans + (i * nkeys + col->key) * 4;
-            const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
-            if (i + PREFETCH_AHEAD < n) {
-                const int64_t *ahead = spans + ((i + PREFETCH_AHEAD) * nkeys + col->key) * 4;
-                PREFETCH((const uint8_t *)t->bufs[t->rec[3 * (i + PREFETCH_AHEAD)]].buf + ahead[2]);
-            }
-            int64_t l = sp[3];
-            const uint8_t *v = base + sp[2];
-            uint8_t *d = dst + i * row;
-            if (c == fused) {
-                const uint8_t *p = payloads[i], *end = p + (t->rec[3 * i + 2] - OVERHEAD);
-                if (!copy_verified(crc32c_copy, p, end, v, l, d, row)) return 0;
-            } else {
-                memcpy(d, v, (size_t)l);
-                memset(d + l, 0, (size_t)(row - l));
-            }
-        }
-        if (col->mode == COL_BYTES) {
-            int64_t *lengths = (int64_t *)t->outs[slot + 1].buf;
-            for (Py_ssize_t i = 0; i < n; i++) lengths[i] = spans[(i * nkeys + col->key) * 4 + 3];
-            slot += 2;
+        if (!(which & COPY_VALUES)) continue;
+        if (l > co[c].stride) return 0; /* too narrow: the caller guessed low */
+        if (c == fused) {
+            if (!copy_verified(crc32c_copy, p, p + plen, v, l, d, co[c].stride)) return 0;
         } else {
-            slot += 1;
+            memcpy(d, v, (size_t)l);
+            memset(d + l, 0, (size_t)(co[c].stride - l));
         }
     }
+    if (fuse && (which & COPY_VALUES) && fused < 0 &&
+        masked(crc32c_impl(0, p, (size_t)plen)) != ld32le(p + plen))
+        return 0; /* nothing to fuse with: the payload's CRC on its own */
+    return 1;
+}
+
+/* The widest value of each bytes column (and its lengths output) from record i's spans. */
+static void note_lengths(const Runner *r, const int64_t *sp, ColOut *co, Py_ssize_t i) {
+    for (Py_ssize_t c = 0; c < r->ncols; c++) {
+        if (!co[c].lengths) continue;
+        int64_t l = sp[r->cols[c].key * 4 + 3];
+        co[c].lengths[i] = l;
+        if (l > co[c].width) co[c].width = l;
+    }
+}
+
+/* A bytes column decoded at a stride wider than its widest value: rows of that width,
+ * moved up in place (every byte past a value is already zero). */
+static void close_up_rows(ColOut *co, Py_ssize_t n) {
+    if (co->width >= co->stride || co->width == 0) return;
+    for (Py_ssize_t i = 1; i < n; i++)
+        memmove(co->dst + i * co->width, co->dst + i * co->stride, (size_t)co->width);
+}
+
+/* Fetch the first bytes of record i + PREFETCH_AHEAD of the task (its header, and of a
+ * small record all of it) while record i is decoded. */
+static inline void prefetch_record(const Task *t, Py_ssize_t i) {
+    if (i + PREFETCH_AHEAD >= t->n) return;
+    const int64_t *ahead = t->rec + 3 * (i + PREFETCH_AHEAD);
+    const Py_buffer *pb = &t->bufs[ahead[0]];
+    if (ahead[1] < 0 || ahead[2] < 0 || ahead[2] > (int64_t)pb->len - ahead[1]) return;
+    const uint8_t *p = (const uint8_t *)pb->buf + ahead[1];
+    int64_t span = ahead[2] < PREFETCH_BYTES ? ahead[2] : PREFETCH_BYTES;
+    for (int64_t k = 0; k < span; k += 64) PREFETCH(p + k);
+}
+
+/* run_task's reads of the shards (and writes of the outputs): 1 done, 0 not taken. */
+static int run_reads(const Runner *r, Task *t, Ctx *cx, int64_t *spans,
+                     const uint8_t **payloads, ColOut *co, int fuse) {
+    Py_ssize_t n = t->n, nkeys = r->keys.n;
+    if (!fuse) { /* one record-major pass */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const uint8_t *p = NULL;
+            uint64_t plen = 0;
+            prefetch_record(t, i);
+            if (!parse_one(r, t, cx, spans, i, 0, &p, &plen)) return 0;
+            if (!copy_one(r, t, spans, co, i, p, plen, 0, COPY_INT64 | COPY_VALUES)) return 0;
+            note_lengths(r, spans, co, i);
+        }
+        for (Py_ssize_t c = 0; c < r->ncols; c++)
+            if (co[c].lengths) close_up_rows(&co[c], n);
+    } else { /* large records: parse (and the int64 columns), then the copies at exact widths */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t *sp = spans + i * nkeys * 4;
+            uint64_t plen = 0;
+            prefetch_record(t, i);
+            if (!parse_one(r, t, cx, sp, i, 1, &payloads[i], &plen)) return 0;
+            if (!copy_one(r, t, sp, co, i, payloads[i], plen, 1, COPY_INT64)) return 0;
+            note_lengths(r, sp, co, i);
+        }
+        for (Py_ssize_t c = 0; c < r->ncols; c++) {
+            if (!co[c].lengths) continue;
+            if (co[c].width > co[c].stride) return 0; /* too narrow: the caller guessed low */
+            co[c].stride = co[c].width;               /* rows of the exact width: no closing up */
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const int64_t *sp = spans + i * nkeys * 4;
+            if (i + PREFETCH_AHEAD < n) { /* the next values: the copies jump across the file */
+                const int64_t *ahead = spans + (i + PREFETCH_AHEAD) * nkeys * 4;
+                const uint8_t *base = t->bufs[t->rec[3 * (i + PREFETCH_AHEAD)]].buf;
+                for (Py_ssize_t c = 0; c < r->ncols; c++)
+                    PREFETCH(base + ahead[r->cols[c].key * 4 + 2]);
+            }
+            uint64_t plen = (uint64_t)(t->rec[3 * i + 2] - OVERHEAD);
+            if (!copy_one(r, t, sp, co, i, payloads[i], plen, 1, COPY_VALUES)) return 0;
+        }
+    }
+    for (Py_ssize_t c = 0; c < r->ncols; c++) t->widths[c] = co[c].lengths ? co[c].width : co[c].stride;
     return 1;
 }
 

@@ -1,11 +1,11 @@
-"""``recordkit.torch.collate``: samples into the batch ``RecordDataset(batch_size=N)`` yields.
+"""Batches and samples as torch tensors: from decoded chunks, and ``recordkit.torch.collate``.
 
 Imported only by :mod:`recordkit.torch` (it imports torch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -13,8 +13,73 @@ import torch
 
 from .codec.features import Bytes
 from .codec.schema import Schema
+from .reader.pipeline import Chunk, ReaderStats
 
-__all__ = ["collate"]
+__all__ = ["chunk_batches", "chunk_samples", "collate", "sequence_sample", "to_torch"]
+
+
+def to_torch(value: Any) -> Any:
+    """A decoded value as torch: arrays as tensors (0-d for scalars), lists element-wise."""
+    if isinstance(value, np.generic) and not isinstance(value, np.flexible):
+        return torch.from_numpy(np.array(value))  # a scalar feature: a 0-d tensor, as documented
+    if isinstance(value, np.ndarray):
+        if not value.flags.writeable:  # torch warns on read-only arrays; copy those few
+            value = value.copy()
+        return torch.from_numpy(value)
+    if isinstance(value, list):
+        return [to_torch(v) for v in value]
+    return value
+
+
+def sequence_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """A whole SequenceExample sample with its number lists as tensors."""
+    return {
+        "context": {k: to_torch(v) for k, v in sample["context"].items()},
+        "feature_lists": {k: to_torch(v) for k, v in sample["feature_lists"].items()},
+    }
+
+
+def chunk_batches(chunk: Chunk, stats: ReaderStats) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The batches (``(unit, batch)``) of a decoded chunk: views of its tensors."""
+    if not chunk.rows:
+        return
+    # Per-chunk work is done once, vectorised: the consuming thread shares the
+    # GIL with the training step, so its per-batch Python must stay tiny.
+    edges = np.flatnonzero(np.diff(chunk.units)) + 1
+    starts = np.concatenate(([0], edges))
+    ends = np.concatenate((edges, [chunk.rows])).tolist()
+    tensors = {name: to_torch(value) for name, value in chunk.columns.items()}
+    widths = {
+        name: np.maximum.reduceat(lengths, starts).tolist()
+        for name, value in chunk.columns.items()
+        if isinstance(value, np.ndarray)
+        and value.ndim == 2
+        and isinstance(lengths := chunk.columns.get(name + "/lengths"), np.ndarray)
+    }
+    unit_ids = chunk.units[starts].tolist()
+    for b, (lo, hi) in enumerate(zip(starts.tolist(), ends)):
+        batch = {name: t[lo:hi] for name, t in tensors.items()}
+        for name, w in widths.items():
+            batch[name] = batch[name][:, : w[b]]  # trim to this batch's longest value
+        stats.add(records=hi - lo, batches=1)
+        yield unit_ids[b], batch
+
+
+def chunk_samples(chunk: Chunk, stats: ReaderStats) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The samples (``(unit, sample)``) of a decoded chunk; ``Bytes()`` as ``bytes``."""
+    cols = chunk.columns
+    names = [n for n in cols if not (n.endswith("/lengths") and n[: -len("/lengths")] in cols)]
+    for i in range(chunk.rows):
+        sample = {}
+        for name in names:
+            value = cols[name]
+            lengths = cols.get(name + "/lengths")
+            if lengths is not None:
+                sample[name] = value[i, : int(lengths[i])].tobytes()
+            else:
+                sample[name] = to_torch(value[i])
+        stats.add(records=1, batches=1)
+        yield int(chunk.units[i]), sample
 
 
 def _variable(schema: Schema | None, name: str) -> bool | None:
@@ -79,8 +144,8 @@ def collate(
             feature is None or isinstance(feature, Bytes)
         ):
             _bytes(values, name, bytes_as, out)
-        elif isinstance(first, list):
-            out[name] = values  # Bytes lists: one list per record
+        elif isinstance(first, (list, str)):
+            out[name] = values  # Bytes lists, text (tfds Text): one value per record
         else:
             tensors = [v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in values]
             variable = _variable(schema, name)

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
+
+from ._args import Parser, count, positive
 
 _OPTIONAL_PACKAGES = (
     "numpy",
@@ -67,7 +70,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     with Dataset(args.dataset, partial=args.partial) as ds:
         schema = ds.schema
-        assert schema is not None  # only raw=True reading has none
+        sequences = ds.sequence_schema  # a dataset of SequenceExamples has this instead
+        shown = sequences if schema is None else schema
+        assert shown is not None  # only raw reading has neither
         shards = ds.shards
         total_bytes = sum(s.bytes for s in shards)
         if args.json:
@@ -79,7 +84,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 "shards": [
                     {"path": s.path, "records": s.records, "bytes": s.bytes} for s in shards
                 ],
-                "schema": schema.to_json(),
+                "payload": ds.manifest.payload if ds.manifest else "example",
+                "schema": shown.to_json(),
                 "metadata": ds.metadata,
                 "versions": {"recordkit": __version__, **_versions()},
             }
@@ -96,9 +102,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"    {s.path}  {s.records} records  {format_size(s.bytes)}")
         if len(shards) > args.max_shards:
             print(f"    ... {len(shards) - args.max_shards} more")
-        print("  schema")
-        for name, ftype in schema.features.items():
-            print(f"    {name}: {ftype!r}")
+        if sequences is not None:
+            print("  schema   tf.train.SequenceExample (records read whole)")
+            for line in sequences.describe():
+                print(f"    {line}")
+        else:
+            assert schema is not None
+            print("  schema")
+            for name, ftype in schema.features.items():
+                print(f"    {name}: {ftype!r}")
         if ds.metadata:
             print(f"  metadata {json.dumps(ds.metadata)[:200]}")
     print("versions")
@@ -158,7 +170,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
     ) as ds:
         for i, sample in enumerate(islice(ds, args.n)):
             print(f"[{i}]")
-            if args.sequence_example:  # one line per feature: context/..., feature_lists/...
+            if ds.sequence_example:  # one line per feature: context/..., feature_lists/...
                 sample = {f"{part}/{k}": v for part in sample for k, v in sample[part].items()}
             for name, value in sample.items():
                 print(f"  {name}: {_show(value, args.width)}")
@@ -169,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to generate the CLI reference)."""
     from ._version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="recordkit",
         description="Indexed, TFRecord-compatible datasets for PyTorch and TensorFlow.",
     )
@@ -198,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--max-shards", type=int, default=10, help="shards to list (default 10)")
+    p.add_argument("--max-shards", type=count, default=10, help="shards to list (default 10)")
     p.add_argument("--partial", action="store_true", help=_PARTIAL_HELP)
     p.set_defaults(func=_cmd_info)
 
@@ -228,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Decode and print the first N samples.",
     )
     p.add_argument("dataset", help="dataset directory, folder of .tfrecord files, or one file")
-    p.add_argument("-n", type=int, default=5, help="number of samples (default 5)")
-    p.add_argument("--width", type=int, default=32, help="bytes shown per value (default 32)")
+    p.add_argument("-n", type=count, default=5, help="number of samples (default 5)")
+    p.add_argument("--width", type=positive, default=32, help="bytes shown per value (default 32)")
     p.add_argument("--partial", action="store_true", help=_PARTIAL_HELP)
     p.add_argument(
         "--raw",
@@ -247,27 +259,51 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_convert(sub)
 
+    from .convert._write_cli import add_parser as add_write  # stdlib-only module
+
+    add_write(sub)
+
     from .cache._cli import add_parser as add_cache
 
     add_cache(sub)
     return parser
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit status."""
+    """Run the CLI; return the exit status.
+
+    0: done; 1: done, and it found problems (``verify``) or partitions failed
+    (``convert``); 2: a usage mistake or an error, said in one line on stderr
+    (``-v`` adds the traceback); 130: interrupted.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     from .errors import RecordkitError
 
+    command = " ".join(
+        part for part in (args.command, getattr(args, "cache_command", None)) if part
+    )
     try:
         return int(args.func(args))
-    except RecordkitError as exc:
-        print(f"recordkit {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # `recordkit head ... | head` closes the pipe early
         return 0
+    except (RecordkitError, ValueError, OSError) as exc:
+        # A bad path, value or option, or data that cannot be read: a sentence,
+        # not a traceback (with -v, the traceback too, for a bug report).
+        if args.verbose:
+            traceback.print_exc()
+        print(f"recordkit {command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"recordkit {command}: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
 
 if __name__ == "__main__":

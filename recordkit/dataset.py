@@ -21,41 +21,22 @@ import numpy as np
 from .codec.example import decode_example
 from .codec.limits import DecodeLimits
 from .codec.schema import Schema
-from .codec.sequence import decode_sequence_example
-from .errors import CorruptRecordError
+from .codec.sequence import SequenceSchema, as_stored, sequence_example_values
+from .errors import CorruptRecordError, ManifestError, SchemaError
 from .format import guard
 from .format.framing import read_record
-from .format.manifest import ShardInfo
+from .format.manifest import MANIFEST_NAME, ShardInfo
 from .reader.shards import MappedShard, find_shards, open_shards
+from .reader.tfds import TFDSInfo
 
 __all__ = ["Dataset", "find_shards"]
 
 log = logging.getLogger(__name__)
 
 
-def _stored(kind: str | None, values: Any) -> Any:
-    """One decoded feature as an owned value, its list typed as stored."""
-    if kind == "bytes":
-        return [bytes(v) for v in values]
-    if kind == "int64":
-        return np.array(values, dtype=np.int64)
-    if kind == "float":
-        return np.array(values, dtype=np.float32)
-    return []  # a Feature with no list set: TensorFlow reads it as an empty list
-
-
 def _as_stored(record: dict[str, tuple[str | None, Any]]) -> dict[str, Any]:
     """A decoded Example's features as owned values, each list typed as stored."""
-    return {name: _stored(kind, values) for name, (kind, values) in record.items()}
-
-
-def _sequence_as_stored(payload: memoryview | bytes) -> dict[str, Any]:
-    """A SequenceExample whole: its context and each feature list's steps, as stored."""
-    context, lists = decode_sequence_example(payload)
-    return {
-        "context": _as_stored(context),
-        "feature_lists": {n: [_stored(k, v) for k, v in steps] for n, steps in lists.items()},
-    }
+    return {name: as_stored(kind, values) for name, (kind, values) in record.items()}
 
 
 class Dataset:
@@ -89,11 +70,30 @@ class Dataset:
             [step, ...]}}`` with every value as ``raw`` gives it (steps may
             differ in length). Implies ``raw``. Without it, a SequenceExample
             is a :class:`~recordkit.errors.SequenceExampleError`, never its
-            context alone.
+            context alone. A dataset whose manifest says its payloads are
+            SequenceExamples (``recordkit convert`` of them) is read so without
+            it; see :attr:`sequence_schema`.
         write_index: write indexes rebuilt for foreign shards beside them (best
             effort). By default they go to the per-user index cache
             (``RECORDKIT_INDEX_CACHE``), so reading never writes into a folder
             recordkit did not write.
+        split: the split of a tensorflow-datasets folder to read (``"train"``);
+            needed when it has more than one (or give the path of one of its
+            shards). Samples then hold tfds's values: each feature in its own
+            dtype and shape (``ClassLabel`` as int64, ``Text`` as ``str``,
+            ``Image`` as encoded bytes), nested names joined by ``/``; see
+            :attr:`tfds` for the class names. With ``schema`` or ``raw``, the
+            records as stored instead.
+        decode_images: in a tensorflow-datasets folder, decode ``Image``
+            features to ``uint8`` arrays ``(h, w, c)`` with Pillow, as tfds does.
+
+    A dataset pickles by reference, never with its maps or data: the shards' paths,
+    record counts and sizes, the schema and the options travel (a few hundred bytes
+    plus about a hundred per shard), and each process maps the shards it reads on
+    first use, checking each against its size then. So it is a random-access source
+    for loaders that copy it into worker processes, forked or spawned: Grain's
+    ``DataLoader(data_source=rk.Dataset(path), worker_count=N)`` (see
+    ``docs/howto/grain.md``), or a torch map-style ``DataLoader``.
 
     Raises:
         ShardNotFoundError: the path, or a shard the manifest lists, does not exist.
@@ -113,6 +113,8 @@ class Dataset:
         write_index: bool = False,
         partial: bool = False,
         limits: DecodeLimits | None = None,
+        split: str | None = None,
+        decode_images: bool = False,
     ) -> None:
         if limits is not None and not isinstance(limits, DecodeLimits):
             raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
@@ -124,12 +126,28 @@ class Dataset:
         # Raw reading needs no schema: an empty one spares inference (which would
         # refuse records that differ, the very data raw reading is for).
         self._set = open_shards(
-            path, Schema({}) if raw else schema, write_index=write_index, partial=partial
+            path,
+            Schema({}) if raw else schema,
+            write_index=write_index,
+            partial=partial,
+            split=split,
         )
+        self.manifest = self._set.manifest
+        if self.manifest is not None and self.manifest.sequence_example:
+            if schema is not None:
+                self._set.close()
+                raise ValueError(
+                    f"{path}: its manifest says the records are tf.train.SequenceExamples, "
+                    "read whole: pass no schema"
+                )
+            self.sequence_example = raw = True
         self.raw = raw
         self.root = self._set.root
-        self.manifest = self._set.manifest
         self.schema: Schema | None = None if raw else self._set.schema
+        view = self._set.view
+        if decode_images and view is None:
+            raise ValueError("decode_images=True is for tensorflow-datasets folders")
+        self._view = view.with_options(decode_images=decode_images, limits=limits) if view else None
         self._starts = np.concatenate(([0], np.cumsum(self._set.counts)))
 
     @property
@@ -139,8 +157,30 @@ class Dataset:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The manifest's metadata (empty for foreign data)."""
+        """The manifest's metadata; for a tensorflow-datasets folder ``{"tfds": {...}}``
+        (name, version, split, splits, class names, features); else empty."""
+        if self._view is not None:
+            return {"tfds": self._view.info.to_json(self._view.split)}
         return dict(self.manifest.metadata) if self.manifest else {}
+
+    @property
+    def sequence_schema(self) -> SequenceSchema | None:
+        """What the records of a SequenceExample dataset hold, from its manifest (each
+        context feature and feature list, its kinds, counts and lengths); ``None``
+        for other data."""
+        if self.manifest is None or not self.manifest.sequence_example:
+            return None
+        try:
+            return SequenceSchema.from_json(self.manifest.schema)
+        except SchemaError as exc:
+            where = os.path.join(self.root, MANIFEST_NAME)
+            raise ManifestError(f"bad SequenceExample schema: {exc}", path=where) from exc
+
+    @property
+    def tfds(self) -> TFDSInfo | None:
+        """The tensorflow-datasets folder read (``None`` for other data): its splits,
+        features and ``class_names`` (``ds.tfds.class_names["label"][3]``)."""
+        return self._view.info if self._view is not None else None
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -157,10 +197,11 @@ class Dataset:
             raise exc.located(shard.path, offset, i) from exc  # (the map reads clean now)
         try:
             if self.sequence_example:
-                return _sequence_as_stored(payload)
+                return sequence_example_values(payload)
             if self.schema is None:
                 return _as_stored(decode_example(payload))
-            return self.schema.decode(payload, copy=True, limits=self.limits)
+            values = self.schema.decode(payload, copy=True, limits=self.limits)
+            return values if self._view is None else self._view.sample(values)
         except CorruptRecordError as exc:
             raise exc.located(shard.path, offset, i) from exc
 
@@ -186,6 +227,14 @@ class Dataset:
     def close(self) -> None:
         """Unmap every shard (maps are opened again on the next read)."""
         self._set.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The shard set pickles as root, shard infos and schema: its maps stay in
+        # this process (a copy maps on demand in its own, see ShardSet).
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def __enter__(self) -> Dataset:
         return self

@@ -1,4 +1,4 @@
-"""The recordkit error tree.
+"""The recordkit error tree: every exception recordkit raises is defined here.
 
 Every error is a :class:`RecordkitError` *and* a builtin exception, so callers
 that only know the standard library can still catch it sensibly::
@@ -18,33 +18,64 @@ that only know the standard library can still catch it sensibly::
     ├── AccessDeniedError (PermissionError)  a remote that refused access (HTTP 401/403)
     ├── DatasetExistsError (FileExistsError) writing over a dataset without overwrite=True
     ├── LoaderTimeoutError (TimeoutError)    a loader process that made no progress in time
-    └── MissingDependencyError (ImportError) an optional extra that is not installed
+    ├── MissingDependencyError (ImportError) an optional extra that is not installed
+    ├── SourceError (ValueError)             converters: source data that cannot be converted
+    ├── SourceNotFoundError (FileNotFoundError)  converters: a source that is not there
+    ├── ConvertError (RuntimeError)          a conversion that could not finish
+    │   └── PartitionsFailedError (ExceptionGroup)  partitions that failed, together; a
+    │                                        note on each child names partition and items
+    ├── DiskFullError (OSError, ENOSPC)      no room for a shard where it is written: the
+    │   │                                    device or a quota (a conversion's partition)
+    │   └── CacheFullError                   ... or a shard cache's budget, after evicting
+    │                                        every shard that may be evicted
+    ├── DownloadError (OSError)              a remote read that failed after its retries, or
+    │                                        returned the wrong length, size or CRC
+    ├── ProduceError (RuntimeError)          cache producer mode: a partition's writer
+    │                                        failed, died or stopped responding
+    └── OutgrewError (RuntimeError)          internal: a producer partition outgrew its
+                                             reservation (redone larger; never reaches you)
 
 Errors about bytes on disk carry ``path``, ``offset`` (byte offset of the record
 start in the shard) and ``record`` (0-based record number in the shard) where
 they are known, and put all three in the message as ``path:offset:record``.
+
+The classes are also importable where they were first defined
+(``recordkit.cache``, ``recordkit.convert``, ``recordkit.converters``); those names
+are these classes.
 """
 
 from __future__ import annotations
 
+import errno as _errno
+import sys
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 __all__ = [
     "AccessDeniedError",
+    "CacheFullError",
     "CompressedTFRecordError",
+    "ConvertError",
     "CorruptRecordError",
     "DatasetExistsError",
+    "DiskFullError",
+    "DownloadError",
     "IncompleteDatasetError",
     "InvalidIndexError",
     "LoaderTimeoutError",
     "ManifestError",
     "MissingDependencyError",
+    "OutgrewError",
+    "PartitionsFailedError",
+    "ProduceError",
     "RecordTooLargeError",
     "RecordkitError",
     "SchemaError",
     "SequenceExampleError",
     "ShardChangedError",
     "ShardNotFoundError",
+    "SourceError",
+    "SourceNotFoundError",
     "TruncatedRecordError",
 ]
 
@@ -255,3 +286,186 @@ class LoaderTimeoutError(RecordkitError, TimeoutError):
 
 class MissingDependencyError(RecordkitError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
+
+
+# -- converters ------------------------------------------------------------------------
+
+
+class SourceError(RecordkitError, ValueError):
+    """Source data that cannot be converted (names the item and, where known, the row)."""
+
+
+class SourceNotFoundError(RecordkitError, FileNotFoundError):
+    """The source URL does not exist, or holds nothing this converter can read."""
+
+
+# -- conversion ------------------------------------------------------------------------
+
+
+class ConvertError(RecordkitError, RuntimeError):
+    """A conversion that could not finish; published partitions are kept for a rerun."""
+
+
+if sys.version_info >= (3, 11):
+    _Group = ExceptionGroup  # noqa: F821 (a builtin since 3.11)
+else:  # pragma: no cover - Python 3.10
+
+    class _Group(Exception):
+        """A minimal ``ExceptionGroup`` for Python 3.10: ``message`` and ``exceptions``."""
+
+        def __init__(self, message: str, exceptions: Sequence[BaseException]) -> None:
+            super().__init__(message, tuple(exceptions))
+            self.message = message
+            self.exceptions = tuple(exceptions)
+
+        def __str__(self) -> str:
+            n = len(self.exceptions)
+            return f"{self.message} ({n} sub-exception{'s' if n != 1 else ''})"
+
+
+class PartitionsFailedError(_Group, ConvertError):
+    """Partitions that failed, together: an ``ExceptionGroup`` of their errors.
+
+    Each child carries a note (``exc.__notes__``) naming its partition and the
+    source items it was converting. Partitions that succeeded are published and
+    a rerun resumes after them.
+    """
+
+
+# -- no room ---------------------------------------------------------------------------
+
+
+class DiskFullError(RecordkitError, OSError):
+    """No room for a shard where recordkit writes it: ``errno`` ``ENOSPC`` (or ``EDQUOT``).
+
+    A conversion's partition on a full device or quota (inside a
+    :class:`~recordkit.errors.PartitionsFailedError`: the other partitions are
+    kept, free some space and rerun), or, as
+    :class:`~recordkit.errors.CacheFullError`, a shard cache whose budget cannot
+    hold a shard. Catch this class for both.
+
+    Attributes:
+        reason: the message without the path.
+        path: the shard or directory concerned, when known.
+    """
+
+    def __init__(self, reason: str, *, path: str | None = None, errno: int = _errno.ENOSPC) -> None:
+        super().__init__(errno, reason)
+        self.reason = reason
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only state survives crossing a process (a writer's error, a worker's).
+        return (_rebuild_full, (type(self), self.errno, self.reason, self.__dict__.copy()))
+
+
+def _rebuild_full(
+    cls: type[DiskFullError], errno: int, reason: str, state: dict[str, Any]
+) -> DiskFullError:
+    err = cls.__new__(cls)
+    OSError.__init__(err, errno, reason)
+    err.__dict__.update(state)
+    return err
+
+
+class CacheFullError(DiskFullError):
+    """A shard cache cannot make room for a shard.
+
+    Raised when a shard is larger than the whole budget, or when the budget or the
+    disk itself is full (``ENOSPC``) and evicting unpinned shards did not free
+    enough space. Shards that readers have pinned are never evicted to make room.
+    A :class:`~recordkit.errors.DiskFullError`: catching that catches this too.
+
+    Attributes:
+        path: the shard that did not fit (relative to the cache root).
+        needed: the bytes it needs.
+    """
+
+    def __init__(self, reason: str, *, path: str | None = None, needed: int | None = None):
+        super().__init__(reason, path=path)
+        self.needed = needed
+
+
+# -- remote storage and the cache ------------------------------------------------------
+
+
+class DownloadError(RecordkitError, OSError):
+    """A shard or index could not be fetched intact from the remote.
+
+    The message names the remote URL and, for a ranged read, the byte range.
+    Nothing of a failed download is ever published into the cache.
+
+    Attributes:
+        url: the remote file.
+        offset: the first byte of the failed read, when it was a ranged read.
+    """
+
+    def __init__(self, reason: str, *, url: str | None = None, offset: int | None = None):
+        super().__init__(_errno.EIO, reason)
+        self.reason = reason
+        self.url = url
+        self.offset = offset
+
+    def __str__(self) -> str:
+        where = self.url or "<remote>"
+        if self.offset is not None:
+            where = f"{where}@{self.offset}"
+        return f"{where}: {self.reason}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_download, (self.reason, self.url, self.offset))
+
+
+def _rebuild_download(reason: str, url: str | None, offset: int | None) -> DownloadError:
+    return DownloadError(reason, url=url, offset=offset)
+
+
+class ProduceError(RecordkitError, RuntimeError):
+    """Producer mode: a partition could not be turned into a shard this time.
+
+    The writer raised (a source error, after its retries for transient ones),
+    its process died (killed, out of memory) or reported no progress for the
+    cache's ``inactivity_timeout``. Nothing of it is published; the partition is
+    tried again later, less and less often, while the others go ahead. The
+    message names the partition, its shard and its first source items; the
+    writer's traceback, when there is one, is in :attr:`details`.
+
+    Attributes:
+        path: the partition's shard (relative to the cache root).
+        details: the writer's traceback text, or ``""``.
+    """
+
+    def __init__(self, reason: str, *, path: str | None = None, details: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.path = path
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_produce, (self.reason, self.path, self.details))
+
+
+def _rebuild_produce(reason: str, path: str | None, details: str) -> ProduceError:
+    return ProduceError(reason, path=path, details=details)
+
+
+class OutgrewError(RecordkitError, RuntimeError):
+    """Internal to the cache's producer mode: a partition's output would pass its
+    reservation. The writer process stops; the cache redoes the partition with a
+    larger reservation. It never reaches callers.
+
+    Attributes:
+        cap: the reservation it would have passed.
+        items_done: source items fully written before that.
+        source_done: their source bytes.
+    """
+
+    def __init__(self, cap: int, items_done: int, source_done: int) -> None:
+        super().__init__(f"output would pass the reservation of {cap} bytes")
+        self.cap, self.items_done, self.source_done = cap, items_done, source_done

@@ -56,12 +56,14 @@ from ._tftasks import PlanTasks
 from .codec import Bytes, Float32, Int64, Schema, Tensor
 from .codec.limits import DecodeLimits
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
+from .format import open_regular
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .reader.epochs import CacheEpochs
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
+from .reader.tfds import tfds_folder
 from .storage import is_temp_name, strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
@@ -156,7 +158,7 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
         with gfile.GFile(manifest_path, "rb") as f:
             manifest = Manifest.loads(f.read(), path=manifest_path)
         files = [_join(path, s.path) for s in manifest.shards]
-        return files, schema or Schema.from_json(manifest.schema), manifest
+        return files, Schema.from_json(manifest.schema) if schema is None else schema, manifest
     if gfile.isdir(path):
         if "://" in path:
             found = {p for pat in _SHARD_PATTERNS for p in gfile.glob(_join(path, pat))}
@@ -179,9 +181,27 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
     return files, schema, None
 
 
+def _says_sequences(path: str) -> bool:
+    """A dataset whose manifest says its records are SequenceExamples (read whole)."""
+    gfile = tf.io.gfile
+    manifest_path = _join(path, MANIFEST_NAME)
+    if "://" not in path:  # recordkit's own reading: a FIFO there is refused, never waited on
+        if os.path.isdir(path) and os.path.lexists(manifest_path):
+            return read_manifest(path).sequence_example
+        return False
+    if not (_is_native(path) and gfile.isdir(path) and gfile.exists(manifest_path)):
+        return False
+    with gfile.GFile(manifest_path, "rb") as f:
+        return Manifest.loads(f.read(), path=manifest_path).sequence_example
+
+
 def _check_complete(path: str, partial: bool) -> None:
     """Refuse an unfinished write of ours (through ``tf.io.gfile``, so ``gs://`` too)."""
     gfile = tf.io.gfile
+    if "://" not in path:  # the local reading opens regular files only (a FIFO never blocks)
+        if os.path.isdir(path):
+            check_complete(path, partial)
+        return
     if not _is_native(path) or not gfile.isdir(path):
         return
 
@@ -201,13 +221,22 @@ def _check_complete(path: str, partial: bool) -> None:
     check_complete(path, partial, read=read, listdir=listdir)
 
 
+def _not_an_index(reason: str, path: str) -> InvalidIndexError:
+    return InvalidIndexError(f"index {reason}", path=path)
+
+
 def _avg(path: str) -> float:
     """Mean framed record size of a foreign shard, from the head of its index if it has one."""
     try:
-        with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
-            head = f.read(1 << 20)
+        if "://" in path:
+            with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
+                head = f.read(1 << 20)
+        else:  # only a regular file: an index that is a FIFO must not block
+            fd = open_regular(path + INDEX_SUFFIX, _not_an_index)
+            with open(fd, "rb", closefd=True) as f:
+                head = f.read(1 << 20)
         entries = parse_index(head[: head.rfind(b"\n") + 1], path=path + INDEX_SUFFIX)
-    except (tf.errors.OpError, InvalidIndexError):
+    except (tf.errors.OpError, OSError, InvalidIndexError):
         entries = None
     if entries is None or not len(entries):
         return 4096.0  # no usable index: assume small records
@@ -305,6 +334,9 @@ def dataset(
     cache_timeout: float | None = 600.0,
     partial: bool = False,
     limits: DecodeLimits | None = None,
+    split: str | None = None,
+    decode_images: bool = False,
+    sequence_example: bool = False,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -371,6 +403,25 @@ def dataset(
             :class:`~recordkit.codec.DecodeLimits` ``record_bytes``; default
             derived from the schema); a value over it fails the pipeline with
             :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
+        split: the split of a local tensorflow-datasets folder (needed when it
+            has several; or give one of its shards): elements then hold tfds's
+            dtypes and shapes, as ``tfds.load`` gives them (``columns`` names
+            tfds's features). Read through the epoch plan, record by record.
+        decode_images: in a tensorflow-datasets folder, decode ``Image``
+            features with ``tf.io.decode_image`` (as tfds does).
+        sequence_example: the records are ``tf.train.SequenceExample``
+            messages: each element is ``{"context": {name: 1-d tensor},
+            "feature_lists": {name: ragged [steps, None]}}`` from
+            ``tf.io.parse_single_sequence_example``, with specs (each feature's
+            kind) from the first file's leading records; a record holding a
+            feature or kind they lack fails the pipeline by name instead of being
+            read in part. Batches are ragged (``ragged_batch``). Files are read in
+            order (shuffled with ``shuffle``: by file, then in a buffer of
+            ``shuffle_buffer`` records); no ``schema``, ``columns`` or cache.
+            Implied by a manifest that says the records are SequenceExamples
+            (``recordkit convert`` of them): the specs are then its schema,
+            which names every feature each record holds, and TensorFlow parses
+            with no check per record.
 
     The dataset knows its length (``len(ds)``: batches, or records, of this
     pipeline, times ``epochs``) where there is a manifest or a local folder, so
@@ -400,16 +451,58 @@ def dataset(
         timeout=cache_timeout,
     )
     path = strip_file_scheme(os.fspath(path_or_url))
-    if cache_epochs is None and "://" not in path and (shuffle or pipelines > 1):
+    if sequence_example or (cache_epochs is None and _says_sequences(path)):
+        if schema is not None or columns is not None or cache_epochs is not None:
+            raise ValueError(
+                f"{path}: sequence_example=True, or a manifest that says so: records are read "
+                "whole: no schema, columns or cache"
+            )
+        from ._tfsequence import pipeline as sequences
+
+        _check_complete(path, partial)
+        files, _, manifest = _locate(os.fspath(path_or_url), Schema({}))
+        by_record = False
+        if input_context is not None:
+            files, by_record = shard_files(files, pipelines, pipeline)
+        ds = sequences(
+            files,
+            batch_size,
+            shuffle,
+            seed,
+            shuffle_buffer,
+            drop_remainder,
+            by_record,
+            input_context,
+            manifest,
+            path,
+        )
+        if epochs != 1:
+            ds = ds.repeat(epochs)
+        return ds.prefetch(tf.data.AUTOTUNE)
+    tfds = (
+        cache_epochs is None
+        and "://" not in path
+        and (split is not None or decode_images or _is_tfds(path))
+    )
+    if tfds or (cache_epochs is None and "://" not in path and (shuffle or pipelines > 1)):
         if not os.path.exists(path):
             raise ShardNotFoundError(f"no such dataset: {path}")
-        shards = open_shards(path, schema, partial=partial)
-        names = _columns(shards.schema, columns)
+        shards = open_shards(path, schema, partial=partial, split=split)
+        view = shards.view
+        if decode_images and view is None:
+            raise ValueError("decode_images=True is for tensorflow-datasets folders")
+        finish = None
+        if view is not None:
+            view = view.with_options(decode_images=decode_images, limits=limits)
+            names = view.stored_columns(columns) or list(shards.schema.names)
+            finish = _tfds_finisher(view, columns)
+        else:
+            names = _columns(shards.schema, columns)
         options = PlanOptions(
             shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
         )
         tasks = PlanTasks(shards, options, pipeline, pipelines)
-        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits)
+        ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits, finish)
         return ds.prefetch(tf.data.AUTOTUNE)
     epoch_files = None
     if cache_epochs is not None:
@@ -451,6 +544,21 @@ def dataset(
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
+def _is_tfds(path: str) -> bool:
+    """A local tensorflow-datasets folder (or shard) without a manifest of ours."""
+    local = os.path.abspath(path)
+    folder = local if os.path.isdir(local) else os.path.dirname(local)
+    return (
+        not os.path.exists(os.path.join(folder, MANIFEST_NAME)) and tfds_folder(local) is not None
+    )
+
+
+def _tfds_finisher(view: Any, columns: Sequence[str] | None) -> Any:
+    from ._tftfds import finisher
+
+    return finisher(view, columns)
+
+
 def _planned(
     tasks: PlanTasks,
     schema: Schema,
@@ -459,8 +567,12 @@ def _planned(
     epoch: int,
     epochs: int | None,
     limits: DecodeLimits | None,
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Any:
     """Epochs of the plan: epoch and task numbers from ``Dataset.range``, records per task.
+
+    ``finish`` (a tensorflow-datasets split's) maps each decoded record; it makes
+    the path record by record.
 
     The only iterator state is positions in ``range`` datasets (and the records
     already split off a task), which ``tf.train.Checkpoint(iterator=...)``
@@ -468,7 +580,8 @@ def _planned(
     """
     autotune = tf.data.AUTOTUNE
     spec = feature_spec(schema, names)
-    fast = _fast(schema, names)
+    fast = _fast(schema, names) and finish is None
+    last = finish or (lambda x: x)
 
     def read(e: Any, t: Any) -> Any:
         buf, starts, lengths = tf.numpy_function(
@@ -487,7 +600,7 @@ def _planned(
             return ds.rebatch(batch_size) if batch_size is not None else ds
         decode = _decoder(schema, names, batched=False, limits=limits)
         ds = ds.unbatch().map(
-            lambda s: decode(tf.io.parse_single_example(s, spec)),
+            lambda s: last(decode(tf.io.parse_single_example(s, spec))),
             num_parallel_calls=autotune,
             deterministic=True,
         )

@@ -31,33 +31,44 @@ import contextlib
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
-
-import numpy as np
 
 from ._deps import require
 
 torch = require("torch", extra="torch")
 
-from torch.utils.data import DataLoader as _TorchDataLoader  # noqa: E402
-from torch.utils.data import Dataset as _TorchDataset  # noqa: E402
 from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 from ._devcopy import can_pin as _can_pin  # noqa: E402
 from ._devcopy import pinned_slab as _pinned_slab  # noqa: E402
-from ._torch_collate import collate  # noqa: E402
+from ._torch_collate import chunk_batches, chunk_samples, collate, sequence_sample  # noqa: E402
+from ._torch_loader import DataLoader  # noqa: E402
+from ._torch_map import RecordMapDataset  # noqa: E402
 from .codec.limits import DecodeLimits  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
 from .reader.epochs import CacheEpochs  # noqa: E402
+from .reader.local import OPEN_LOCK as _OPEN_LOCK  # noqa: E402
+from .reader.local import ProcessLocalShards  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
+from .reader.position import (  # noqa: E402
+    RESUME_KEYS,
+    EpochCell,
+    Pass,
+    WorkerPosition,
+    check_state,
+    check_worker,
+    pass_key,
+    saved_state,
+)
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from .reader.sequence import SAMPLE, SequenceBatchDecoder, read_whole  # noqa: E402
 from .reader.shards import ShardSet, open_shards  # noqa: E402
+from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
 
 if TYPE_CHECKING:
     from .cache import ShardCache
@@ -72,30 +83,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# 2: the hierarchical block shuffle and global-batch split (version 1's order differs).
-_STATE_VERSION = 2
-# Guards (re)opening the shard maps of a dataset object; opening is rare (once per
-# process), so one lock for all datasets is enough.
-_OPEN_LOCK = threading.Lock()
-
 
 def _cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def _to_torch(value: Any) -> Any:
-    if isinstance(value, np.generic) and not isinstance(value, np.flexible):
-        return torch.from_numpy(np.array(value))  # a scalar feature: a 0-d tensor, as documented
-    if isinstance(value, np.ndarray):
-        if not value.flags.writeable:  # torch warns on read-only arrays; copy those few
-            value = value.copy()
-        return torch.from_numpy(value)
-    if isinstance(value, list):
-        return [_to_torch(v) for v in value]
-    return value
 
 
 def _common_shards(paths: list[str]) -> set[str]:
@@ -121,50 +114,7 @@ def _common_shards(paths: list[str]) -> set[str]:
     return common
 
 
-class _ProcessLocalShards:
-    """Shard maps (and what hangs off them) live in one process each.
-
-    DataLoader workers, forked or spawned, get a copy of the dataset with its
-    shard set (counts and sizes, no maps: ``ShardSet`` maps on demand in each
-    process) and make their own buffer pool on first use.
-    """
-
-    path: str
-    schema: Schema
-    _shards: ShardSet | None = None
-    _pid = -1
-
-    def _open(self) -> ShardSet:
-        shards = self._shards
-        if shards is not None and self._pid == os.getpid():
-            return shards
-        with _OPEN_LOCK:  # several threads may iterate one dataset: open once
-            if self._shards is None or self._pid != os.getpid():
-                shards = self._shards if self._shards is not None else self._open_shards()
-                self._opened()  # before publishing: a thread that sees the shards sees the rest
-                self._shards = shards
-                self._pid = os.getpid()
-            assert self._shards is not None
-            return self._shards
-
-    def _open_shards(self) -> ShardSet:
-        return open_shards(
-            self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
-        )
-
-    def _opened(self) -> None:
-        """Called in each process after its maps are opened."""
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_pid"] = -1  # the shard set pickles without its maps; the pool stays here
-        state.pop("_pool", None)
-        if "_epochs" in state:  # workers read the epoch's set; the training process pins it
-            state["cache"] = state["_epochs"] = None
-        return state
-
-
-class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-arg]
+class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-arg]
     """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
 
     Args:
@@ -231,12 +181,25 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         partial: read a directory where a write did not finish (the shards it
             published, with a WARNING) instead of raising
             :class:`~recordkit.errors.IncompleteDatasetError`.
+        split: the split of a tensorflow-datasets folder (see
+            :class:`recordkit.Dataset`): batches then hold tfds's dtypes and
+            shapes (``Text`` as lists of ``str``), and ``columns`` names tfds's
+            features. Such records are decoded on reader threads by the threaded
+            path (not the native whole-task runner).
+        decode_images: in a tensorflow-datasets folder, decode ``Image``
+            features to ``uint8`` arrays on the reader threads (Pillow).
+        sequence_example: the records are ``tf.train.SequenceExample`` messages: read
+            each whole, as :class:`recordkit.Dataset` does with the same option
+            (``{"context": {name: value}, "feature_lists": {name: [step, ...]}}``,
+            number lists as tensors, bytes lists as ``list[bytes]``, steps ragged),
+            decoded on the reader threads. With ``batch_size`` a batch is a
+            ``list`` of such samples (pad them in ``transform``). Without it, a
+            SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
+            never its context alone. Implied when the manifest says the records
+            are SequenceExamples (``recordkit convert`` of them).
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
-        epoch: the epoch the next iteration reads; advances by itself after a
-            full pass in this process; set it with :meth:`set_epoch` (needed with
-            a plain ``DataLoader`` with workers; :class:`DataLoader` does it).
     """
 
     def __init__(
@@ -268,6 +231,9 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         cache_limit: int | str | None = None,
         cache_timeout: float | None = 600.0,
         partial: bool = False,
+        split: str | None = None,
+        decode_images: bool = False,
+        sequence_example: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
@@ -276,6 +242,16 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
         self.path = os.fspath(path_or_url)
         self.partial = partial
+        self.split = split
+        self.decode_images = decode_images
+        self.sequence_example = sequence_example
+        if sequence_example:
+            if schema is not None or columns is not None or decode_images:
+                raise ValueError(
+                    "sequence_example=True reads records whole: no schema, columns or decode_images"
+                )
+            schema = Schema({})  # opens foreign data without inferring an Example schema
+        given = schema
         self.options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
@@ -298,16 +274,29 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
             raise ValueError(f"loader_timeout must be > 0 or None, got {loader_timeout!r}")
         self.loader_timeout = loader_timeout
         self._rank, self._world = rank, world_size
-        self.epoch = 0
+        self._cell = EpochCell(0)  # shared with DataLoader workers' copies
         self.stats = ReaderStats()
-        self._resume: tuple[int, int] | None = None  # (epoch, units consumed)
-        self._next_unit = 0
+        self._resume: tuple[int, int] | None = None  # a rank's (epoch, units consumed)
+        self._worker_resume: WorkerPosition | None = None  # loaded in a DataLoader worker
+        self._pass: Pass | None = None  # the pass this process reads (or left unfinished)
+        self._passes = 0  # passes started in this process: a persistent worker's pass id
+        self._fixed = False  # in worker_pass(): the epoch's shard set is fixed for the workers
         self._init_cache(cache, cache_dir, cache_limit, cache_timeout, reader_process)
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()  # fail early, in the main process, on a bad path or schema
+        if not sequence_example:  # a dataset of SequenceExamples says so in its manifest
+            self.sequence_example = read_whole(
+                self.path, False, shards, given, columns, decode_images
+            )
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if "_epochs" in state:  # workers read the epoch's set; the training process pins it
+            state["cache"] = state["_epochs"] = None
+        return state
 
     # -- the shard cache ---------------------------------------------------------------
 
@@ -353,7 +342,10 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
     def _open_shards(self) -> ShardSet:
         if not self._cached:
             return open_shards(
-                self.path, getattr(self, "schema", None), partial=getattr(self, "partial", False)
+                self.path,
+                getattr(self, "schema", None),
+                partial=getattr(self, "partial", False),
+                split=self.split,
             )
         if self._epochs is None:
             raise RuntimeError(
@@ -402,6 +394,17 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         return BufferPool()
 
     def _decoder(self) -> BatchDecoder:
+        if self.sequence_example:
+            return SequenceBatchDecoder(verify=self.verify)
+        view = self._view()
+        if view is not None:
+            return TFDSBatchDecoder(
+                view,
+                columns=self.columns,
+                verify=self.verify,
+                bytes_as=self.bytes_as,
+                limits=self.limits,
+            )
         return BatchDecoder(
             self.schema,
             columns=self.columns,
@@ -451,17 +454,33 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         """
         start = self.resume_point()
         self._start_epoch(self.epoch)
+        self._fixed = True  # the copies read the set fixed here (cache mode)
         try:
             yield start
         finally:
             self._resume = None
+            self._fixed = False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads.
+
+        It advances by itself after a full pass, in this process or in ``DataLoader``
+        workers (they share it with this object, persistent or not);
+        :meth:`set_epoch` sets it.
+        """
+        return self._cell.get()
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._cell.set(epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self.epoch = epoch
-        self._next_unit = 0
+        self._pass = None
 
     def __len__(self) -> int:
         """Batches (or samples) this rank reads per epoch, over all its DataLoader workers."""
@@ -469,18 +488,70 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         return self._plan(self.epoch).unit_count(split.rank, split.world_size)
 
     def __iter__(self) -> Iterator[Any]:
-        split = self._split()
-        epoch = self.epoch
-        start = 0
-        if self._resume is not None and self._resume[0] == epoch:
-            start = self._resume[1]
-        self._start_epoch(epoch)  # cache mode: this epoch's shards (before _resume goes)
         if get_worker_info() is None:
-            self._resume = None  # a worker's copy cannot clear the parent's; DataLoader does
-        plan = self._plan(epoch)
+            return self._iter_here()
+        # In a DataLoader worker the pass starts now, when the worker makes its
+        # iterator: the state the loader asks for before the first batch is its start.
+        split = self._split()
+        p = self._begin_worker_pass(split)
+        return self._iter_pass(p, split)
+
+    def _iter_here(self) -> Iterator[Any]:
+        """A pass in this process (no DataLoader workers); it starts at the first ``next()``."""
+        epoch = self.epoch
+        start = self.resume_point()
+        self._start_epoch(epoch)  # cache mode: this epoch's shards (before _resume goes)
+        self._resume = None
+        p = self._pass = Pass(epoch, start)
+        yield from self._iter_pass(p, self._split())
+        if self.epoch == epoch:
+            self.epoch = epoch + 1  # a full pass: the next iteration reads the next epoch
+        if self._pass is p:
+            self._pass = None  # the state now points at the next epoch's start
+
+    def _begin_worker_pass(self, split: Split) -> Pass:
+        """A worker's pass: a restored position, or the rank's resume point dealt to it."""
+        info = get_worker_info()
+        assert info is not None
+        self._passes += 1
+        if self._worker_resume is not None:
+            epoch, first = self._worker_resume.epoch, self._worker_resume.next
+        else:
+            epoch = self.epoch
+            first = self.resume_point() + split.worker
+        self._worker_resume = self._resume = None  # spent (in this copy: persistent workers)
+        if self._cached and not self._fixed:
+            raise RuntimeError(
+                "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
+                "(it takes each epoch's shards from the cache in the training process); with "
+                "another loader (torchdata's StatefulDataLoader) use num_workers=0: the "
+                "dataset reads with threads"
+            )
+        key = pass_key(info.seed - info.id, self._passes, epoch)
+        p = self._pass = Pass(epoch, first, split.num_workers, split.worker, key)
+        if first >= self._plan(epoch).unit_count(split.rank, split.world_size):
+            self._finish(p, split)  # nothing (left) to read: finished before it starts
+        return p
+
+    def _finish(self, p: Pass, split: Split) -> None:
+        """This worker handed over its last unit of the epoch (or had none)."""
+        if not p.finished:
+            p.finished = True
+            self._cell.finish(p.worker, split.num_workers, p.key, p.epoch)
+
+    def _iter_pass(self, p: Pass, split: Split) -> Iterator[Any]:
+        plan = self._plan(p.epoch)
         threads = self.num_threads or max(1, _cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
         if self.reader_process:
+            if self.sequence_example:
+                raise ValueError("reader_process=True does not read SequenceExamples yet")
+            if self._view() is not None:
+                raise ValueError(
+                    "reader_process=True does not read tensorflow-datasets folders yet; "
+                    "convert the split (recordkit convert --from tfrecord DIR DEST -o "
+                    "split=NAME) or read it with threads"
+                )
             if get_worker_info() is not None:
                 raise ValueError(
                     "reader_process=True inside DataLoader workers: use one or the other"
@@ -512,97 +583,110 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
                 pool=self._pool,
                 stats=self.stats,
             )
-        units = plan.units(split, start)
-        self._next_unit = start
+        count = plan.unit_count(split.rank, split.world_size)
+        units = range(p.next, count, p.step)
         batched = self.options.batch_size is not None
-        release = self._releaser(plan, split, start)
+        release = self._releaser(plan, split, p.next)
+        worker = p.key != 0
         chunks = reader.read(plan, split, units)
         try:
             for chunk in chunks:
-                items = self._batches(chunk) if batched else self._samples(chunk)
+                if self.sequence_example:
+                    items = self._sequences(chunk, batched)
+                else:
+                    items = (chunk_batches if batched else chunk_samples)(chunk, self.stats)
                 for unit, item in items:
-                    self._next_unit = unit + 1
+                    p.next = unit + p.step
                     if self.transform is not None:
                         item = self.transform(item)
+                    if worker and p.next >= count:
+                        # Before handing it over: the loader may yield it and stop
+                        # (a restore that fast-forwards) without asking for more.
+                        self._finish(p, split)
                     yield item
                     if release is not None:
                         release(unit)  # batches are copies: a finished shard can go
         finally:
             chunks.close()
-        if get_worker_info() is None and self.epoch == epoch:
-            self.epoch = epoch + 1  # a full pass: the next iteration reads the next epoch
-            self._next_unit = 0
+        p.next = max(p.next, count)  # units left out whole (on_error="skip") are passed too
+        if worker:
+            self._finish(p, split)
 
-    def _batches(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
-        if not chunk.rows:
-            return
-        # Per-chunk work is done once, vectorised: the consuming thread shares the
-        # GIL with the training step, so its per-batch Python must stay tiny.
-        edges = np.flatnonzero(np.diff(chunk.units)) + 1
-        starts = np.concatenate(([0], edges))
-        ends = np.concatenate((edges, [chunk.rows])).tolist()
-        tensors = {name: _to_torch(value) for name, value in chunk.columns.items()}
-        widths = {
-            name: np.maximum.reduceat(lengths, starts).tolist()
-            for name, value in chunk.columns.items()
-            if isinstance(value, np.ndarray)
-            and value.ndim == 2
-            and isinstance(lengths := chunk.columns.get(name + "/lengths"), np.ndarray)
-        }
-        unit_ids = chunk.units[starts].tolist()
-        for b, (lo, hi) in enumerate(zip(starts.tolist(), ends)):
-            batch = {name: t[lo:hi] for name, t in tensors.items()}
-            for name, w in widths.items():
-                batch[name] = batch[name][:, : w[b]]  # trim to this batch's longest value
-            self.stats.add(records=hi - lo, batches=1)
-            yield unit_ids[b], batch
+    def _sequences(self, chunk: Chunk, batched: bool) -> Iterator[tuple[int, Any]]:
+        """SequenceExample samples (dicts of tensors), one by one or as lists per unit."""
+        samples = chunk.columns.get(SAMPLE, [])
+        units = chunk.units.tolist()
+        out: list[dict[str, Any]] = []
+        for i, sample in enumerate(samples):
+            item = sequence_sample(sample)
+            if not batched:
+                self.stats.add(records=1, batches=1)
+                yield units[i], item
+                continue
+            out.append(item)
+            if i + 1 == len(samples) or units[i + 1] != units[i]:
+                self.stats.add(records=len(out), batches=1)
+                yield units[i], out
+                out = []
 
-    def _samples(self, chunk: Chunk) -> Iterator[tuple[int, dict[str, Any]]]:
-        cols = chunk.columns
-        names = [n for n in cols if not (n.endswith("/lengths") and n[: -len("/lengths")] in cols)]
-        for i in range(chunk.rows):
-            sample = {}
-            for name in names:
-                value = cols[name]
-                lengths = cols.get(name + "/lengths")
-                if lengths is not None:
-                    sample[name] = value[i, : int(lengths[i])].tobytes()
-                else:
-                    sample[name] = _to_torch(value[i])
-            self.stats.add(records=1, batches=1)
-            yield int(chunk.units[i]), sample
-
-    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
         """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
-        that batches its samples as ``batch_size=N`` would."""
-        return collate(samples, schema=self.schema, bytes_as=self.bytes_as)
+        that batches its samples as ``batch_size=N`` would (SequenceExamples: a list)."""
+        if self.sequence_example:
+            return list(samples)
+        view = self._view()
+        schema = view.output_schema if view is not None else self.schema
+        return collate(samples, schema=schema, bytes_as=self.bytes_as)
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+    @property
+    def tfds(self) -> TFDSInfo | None:
+        """The tensorflow-datasets folder read (``None`` for other data): splits,
+        features, ``class_names``."""
+        view = self._open().view
+        return view.info if view is not None else None
+
+    def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
         """The position to resume from: epoch and units (batches or samples) consumed.
+
+        In a ``DataLoader`` worker (torchdata's ``StatefulDataLoader`` asks each
+        worker after each batch), the state is that worker's own position, under
+        ``"worker"``: ``{"id", "num_workers", "next"}`` (the next unit it reads), with
+        ``"consumed"`` ``None``; it resumes only in the same worker of as many.
 
         Args:
             consumed: units of this epoch consumed so far. Leave it out when this
                 object is iterated directly (it counts itself); :class:`DataLoader`
                 passes it when workers do the iterating.
+            epoch: with ``consumed``, the epoch they belong to (default: :attr:`epoch`).
         """
         shards = self._open()
-        return {
-            "version": _STATE_VERSION,
-            "epoch": self.epoch,
-            "consumed": self._next_unit if consumed is None else consumed,
-            "seed": self.options.seed,
-            "shuffle": self.options.shuffle,
-            "block_records": self.options.block_records,
-            "window_blocks": self.options.window_blocks,
-            "batch_size": self.options.batch_size,
-            "drop_last": self.options.drop_last,
-            "world_size": self._split().world_size,
-            # the order depends on the global batch, not on how many ranks share it
-            "global_batch": (self.options.batch_size or 1) * self._split().world_size,
-            "shards": shards.fingerprint(),
-            # with a cache the shard set changes per epoch: a resume takes these again
-            "shard_paths": [info.path for info in shards.infos] if self._cached else None,
-        }
+        split = self._split()
+        worker = None
+        if consumed is not None:
+            epoch = self.epoch if epoch is None else epoch
+        elif get_worker_info() is not None:
+            p = self._pass or self._next_worker_pass(split)
+            epoch = p.epoch
+            worker = {"id": split.worker, "num_workers": split.num_workers, "next": p.next}
+        elif self._pass is not None:
+            epoch, consumed = self._pass.epoch, self._pass.next
+        else:
+            epoch, consumed = self.epoch, self.resume_point()
+        return saved_state(
+            epoch=epoch,
+            consumed=consumed,
+            worker=worker,
+            options=self.options,
+            world_size=split.world_size,
+            fingerprint=shards.fingerprint(),
+            shard_paths=[info.path for info in shards.infos] if self._cached else None,
+        )
+
+    def _next_worker_pass(self, split: Split) -> WorkerPosition:
+        """Where this worker's next pass would start (its state before it begins)."""
+        if self._worker_resume is not None:
+            return self._worker_resume
+        return WorkerPosition(self.epoch, self.resume_point() + split.worker)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration starts at the first unit not consumed.
@@ -610,166 +694,33 @@ class RecordDataset(_ProcessLocalShards, IterableDataset):  # type: ignore[type-
         Elastic: a state saved at one world size resumes at another with the same
         global batch (``batch_size * world_size``), e.g. 8 ranks of 32 as 4 of 64:
         the epoch's order is the same, and the ranks start after the global
-        batches consumed.
+        batches consumed. A worker's state (see :meth:`state_dict`) resumes in
+        the same worker of as many workers, as torchdata's ``StatefulDataLoader``
+        restores it.
 
         Raises:
             ValueError: the state was saved with another shard set, seed, shuffle
-                options or global batch, where "the next unseen record" is undefined.
+                options or global batch, where "the next unseen record" is undefined;
+                or it is a worker's state loaded elsewhere than in that worker.
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"unsupported state version {state.get('version')!r} (this recordkit saves "
-                f"{_STATE_VERSION}; an older version's epoch order differs)"
-            )
-        mine = self.state_dict()
-        keys = ["seed", "shuffle", "block_records", "window_blocks", "drop_last", "global_batch"]
+        worker = state.get("worker")
+        if worker is not None:
+            info = get_worker_info()
+            check_worker(worker, None if info is None else (info.id, info.num_workers))
+        keys: tuple[str, ...] = RESUME_KEYS
         if not self._cached:
-            keys.append("shards")
+            keys += ("shards",)
         elif state.get("shard_paths") is None:
             raise ValueError("cannot resume a cached dataset from a state saved without a cache")
         else:
             self._resume_shards = list(state["shard_paths"])
             self._fresh = False  # the next pass takes exactly the saved shards
-        for key in keys:
-            if state[key] != mine[key]:
-                raise ValueError(
-                    f"cannot resume: {key} was {state[key]!r} when saved, is {mine[key]!r} now"
-                )
-        self.epoch = int(state["epoch"])
-        self._resume = (self.epoch, int(state["consumed"]))
-        self._next_unit = int(state["consumed"])
-
-
-class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
-    """``torch.utils.data.DataLoader`` that can save and resume a :class:`RecordDataset`.
-
-    With worker processes, the dataset object in the training process does not
-    see what the workers read; this loader counts the batches it yields, so
-    :meth:`state_dict` is exact, and advances the dataset's epoch after each
-    full pass. ``batch_size`` defaults to ``None`` (the dataset batches).
-    """
-
-    def __init__(
-        self, dataset: RecordDataset, *, batch_size: int | None = None, **kwargs: Any
-    ) -> None:
-        if not isinstance(dataset, RecordDataset):
-            raise TypeError("recordkit.torch.DataLoader takes a recordkit.torch.RecordDataset")
-        if batch_size is not None:
-            raise ValueError(
-                "let the dataset batch: RecordDataset(..., batch_size=N) with "
-                "DataLoader(batch_size=None); that is faster and keeps resume exact"
-            )
-        super().__init__(dataset, batch_size=batch_size, **kwargs)
-        self._consumed = 0
-
-    # A generator, not a _BaseDataLoaderIter: it wraps one to count what it yields.
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        ds = self.dataset
-        assert isinstance(ds, RecordDataset)
-        epoch = ds.epoch
-        if self.num_workers > 0:
-            with ds.worker_pass() as start:  # the workers copy the dataset in here
-                it = super().__iter__()
-        else:  # the dataset iterates in this process and resumes itself
-            start, it = ds.resume_point(), super().__iter__()
-        self._consumed = start
-        for item in it:
-            self._consumed += 1
-            yield item
-        # A full pass: the next one reads the next epoch (in-process, the dataset
-        # has already advanced itself).
-        if ds.epoch == epoch:
-            ds.set_epoch(epoch + 1)
-        self._consumed = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position after the batches this loader has yielded (JSON-serialisable)."""
-        ds = self.dataset
-        assert isinstance(ds, RecordDataset)
-        return ds.state_dict(consumed=self._consumed)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next pass starts at the batch after it."""
-        ds = self.dataset
-        assert isinstance(ds, RecordDataset)
-        ds.load_state_dict(state)
-        self._consumed = int(state["consumed"])
-
-
-class RecordMapDataset(_ProcessLocalShards, _TorchDataset):  # type: ignore[type-arg]
-    """Random access to records by global index, for your own samplers.
-
-    ``ds[i]`` decodes record ``i`` through the memory map into a ``dict`` of
-    tensors (``Bytes()`` as ``bytes``); ``__getitems__`` decodes a whole list of
-    indices in one native call, which ``DataLoader`` uses for batched sampling.
-
-    Args:
-        path: a dataset directory, a folder of ``.tfrecord`` files, or one file.
-        columns: read only these features.
-        transform: applied to each sample.
-        verify: check payload CRCs.
-        limits: the bytes a record's (and one ``__getitems__`` call's) zstd
-            values may decompress to (see :class:`~recordkit.codec.DecodeLimits`).
-        schema: overrides the manifest's (or the inferred) schema.
-        partial: read a directory where a write did not finish (see
-            :class:`RecordDataset`).
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        columns: Sequence[str] | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        verify: bool = True,
-        limits: DecodeLimits | None = None,
-        schema: Schema | None = None,
-        partial: bool = False,
-    ) -> None:
-        self.path = os.fspath(path)
-        self.partial = partial
-        self.columns = list(columns) if columns is not None else None
-        self.transform = transform
-        self.verify = verify
-        if schema is not None:  # opening with it: foreign data is not inferred (and refused)
-            self.schema = schema
-        shards = self._open()
-        self.schema = schema or shards.schema
-        self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
-        self._dec = BatchDecoder(
-            self.schema, columns=self.columns, verify=verify, bytes_as="list", limits=limits
-        )
-
-    def __len__(self) -> int:
-        return int(self._starts[-1])
-
-    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """:func:`collate` with this dataset's schema: a ``collate_fn`` for ``DataLoader``."""
-        return collate(samples, schema=self.schema)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.__getitems__([index])[0]
-
-    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        shards = self._open()
-        n = len(self)
-        idx = np.asarray(indices, dtype=np.int64)
-        if len(idx) and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"index out of range for a dataset of {n} records")
-        idx = np.where(idx < 0, idx + n, idx)
-        which = np.searchsorted(self._starts, idx, side="right") - 1
-        out: list[dict[str, Any]] = [{} for _ in range(len(idx))]
-        for s in np.unique(which).tolist():
-            rows = np.flatnonzero(which == s)
-            recs = idx[rows] - self._starts[s]
-            with shards.use(s) as shard:
-                offsets, sizes = shard.offsets[recs], shard.sizes[recs]
-                batch = self._dec.decode(shard.buf, offsets, sizes, path=shard.path, records=recs)
-            if batch.bad:
-                pos, err = batch.bad[0]
-                raise err.located(shard.path, int(offsets[pos]), int(recs[pos]))
-            for j, row in enumerate(rows.tolist()):
-                out[row] = {k: _to_torch(v[j]) for k, v in batch.columns.items()}
-        if self.transform is not None:
-            out = [self.transform(x) for x in out]
-        return out
+        check_state(state, self.state_dict(consumed=0), keys)
+        epoch = int(state["epoch"])
+        self.epoch = epoch  # in a worker, every restored worker writes the same epoch
+        self._pass = None
+        if worker is not None:
+            self._worker_resume = WorkerPosition(epoch, int(worker["next"]))
+            self._resume = None
+        else:
+            self._resume = (epoch, int(state["consumed"]))

@@ -13,6 +13,7 @@ import numpy as np
 
 from .codec.limits import DecodeLimits
 from .codec.schema import Schema
+from .codec.sequence import SequenceSchema
 from .errors import (
     CorruptRecordError,
     IncompleteDatasetError,
@@ -40,6 +41,10 @@ from .reader.shards import find_shards
 from .storage import strip_file_scheme
 
 __all__ = ["Problem", "VerifyReport", "build_index", "verify"]
+
+#: What payloads are checked against: an Example schema, or (a manifest whose payload
+#: is ``sequence_example``) a SequenceExample schema, each record decoded whole.
+Decoder = Schema | SequenceSchema
 
 _CRC_CHUNK = 64 << 20  # whole-file CRC in chunks so a huge shard is not one GIL-free call
 
@@ -109,7 +114,7 @@ class VerifyReport:
         return "\n".join([head, *map(str, self.problems), *notes])
 
 
-def _shard_list(root: str) -> tuple[list[ShardInfo], Schema | None, list[Problem]]:
+def _shard_list(root: str) -> tuple[list[ShardInfo], Decoder | None, list[Problem]]:
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.lexists(manifest_path):  # a broken link there is a problem, not "none"
         return [ShardInfo(p, 0, 0) for p in find_shards(root)], None, []
@@ -120,8 +125,12 @@ def _shard_list(root: str) -> tuple[list[ShardInfo], Schema | None, list[Problem
         reason = exc.reason if isinstance(exc, ManifestError) else f"{exc} (a dangling link)"
         return found, None, [Problem(manifest_path, None, None, reason)]
     problems = []
+    schema: Decoder | None
     try:
-        schema: Schema | None = Schema.from_json(manifest.schema)
+        if manifest.sequence_example:
+            schema = SequenceSchema.from_json(manifest.schema)
+        else:
+            schema = Schema.from_json(manifest.schema)
     except RecordkitError as exc:
         schema = None
         problems.append(Problem(manifest_path, None, None, f"bad schema: {exc}"))
@@ -143,7 +152,10 @@ def verify(
     matching its shard), every record's length and payload CRC, and with
     ``decode`` that every payload decodes with the schema. After a bad record it
     resumes at the next record the index knows of, so one bad bit does not hide
-    the rest of the shard. A directory where a write of ours did not finish
+    the rest of the shard. A dataset whose manifest says its payloads are
+    SequenceExamples has each record decoded whole and checked to hold no
+    context feature, feature list or kind that the manifest's schema lacks.
+    A directory where a write of ours did not finish
     (the in-progress marker, no manifest) is a problem, named first, unless
     ``partial`` (then only its published shards are checked, with a WARNING).
     Never raises for bad data; raises
@@ -160,7 +172,7 @@ def verify(
     if os.path.isdir(path):
         root = path
         infos, manifest_schema, problems = _shard_list(root)
-        schema = schema or manifest_schema
+        decoder: Decoder | None = schema or manifest_schema
         try:
             check_complete(root, partial)
         except IncompleteDatasetError as exc:
@@ -168,18 +180,19 @@ def verify(
     elif os.path.isfile(path):
         root = os.path.dirname(path)
         infos, problems = [ShardInfo(os.path.basename(path), 0, 0)], []
+        decoder = schema
     else:
         raise ShardNotFoundError(f"no such dataset: {path}")
     report = VerifyReport(root=path, problems=problems)
     for info in infos:
         report.problems.extend(
-            _verify_shard(root, info, schema if decode else None, report, limits)
+            _verify_shard(root, info, decoder if decode else None, report, limits)
         )
     return report
 
 
 def _verify_shard(
-    root: str, info: ShardInfo, schema: Schema | None, report: VerifyReport, limits: DecodeLimits
+    root: str, info: ShardInfo, schema: Decoder | None, report: VerifyReport, limits: DecodeLimits
 ) -> Iterator[Problem]:
     path = os.path.join(root, info.path)
     try:
@@ -206,7 +219,7 @@ def _verify_map(
     path: str,
     info: ShardInfo,
     buf: bytes | mmap.mmap,
-    schema: Schema | None,
+    schema: Decoder | None,
     report: VerifyReport,
     limits: DecodeLimits,
 ) -> Iterator[Problem]:
@@ -245,7 +258,7 @@ def _verify_map(
 
 
 def _verify_stream(
-    path: str, buf: bytes | mmap.mmap, kind: str, schema: Schema | None, report: VerifyReport
+    path: str, buf: bytes | mmap.mmap, kind: str, schema: Decoder | None, report: VerifyReport
 ) -> Iterator[Problem]:
     """Check a GZIP/ZLIB TFRecord as a stream: every CRC (offsets in the uncompressed stream)."""
     report.notes.append(Problem(path, 0, None, compressed_error(path, kind).reason))
@@ -306,7 +319,7 @@ def _walk(
     path: str,
     buf: bytes | mmap.mmap,
     entries: np.ndarray | None,
-    schema: Schema | None,
+    schema: Decoder | None,
     limits: DecodeLimits,
 ) -> Iterator[Problem | int]:
     """Check every record; yield problems, then the number of records walked."""

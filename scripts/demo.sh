@@ -3,5 +3,5 @@
 # PyTorch and TensorFlow, and say what happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh demo
 exec .venv/bin/python examples/quickstart.py "$@"

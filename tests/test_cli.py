@@ -76,3 +76,75 @@ def test_verify_max_decode_bytes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ".tfrecord:0:0: feature 'x'" in out and "record_bytes=999" in out
     assert main(["verify", str(tmp_path / "z"), "--max-decode-bytes", "1KiB"]) == 0
+
+
+def _mistake(argv, capsys):
+    """Run a mistaken command line: exit status and stderr."""
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        status = exc.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["convert", "{src}", "{tmp}/o", "--from", "imagefoldr"], "did you mean 'imagefolder'?"),
+        (["convert", "{src}", "{tmp}/o", "--from", "jsonl", "-o", "nokey"], "expected KEY=VALUE"),
+        (["convert", "{src}", "{tmp}/o", "--from", "jsonl", "-o", "no_such=1"], "unknown option"),
+        (["convert", "{src}", "{tmp}/o", "-o", "chunk_bytes=64MiB"], "must be a number"),
+        (["convert", "{src}", "{tmp}/o", "--schema", "@{tmp}/none.json"], "cannot read"),
+        (["convert", "{src}", "{tmp}/o", "--schema", "x:int64[2"], "cannot parse"),
+        (["convert", "{src}", "{tmp}/o", "--storage-options", "{{bad"], "not valid JSON"),
+        (["convert", "{src}", "{tmp}/o", "--shard-size", "12XB"], "cannot parse size '12XB'"),
+        (["convert", "{src}", "{tmp}/o", "--workers", "-1"], "argument --workers: must be >= 0"),
+        (["convert", "{tmp}/missing", "{tmp}/o"], "does not exist"),
+        (["convert", "{src}"], "the following arguments are required: dst"),
+        (["convert", "{src}", "{tmp}/o", "--engine", "spark"], "invalid choice: 'spark'"),
+        (["head", "{ds}", "-n", "-1"], "argument -n: must be >= 0"),
+        (["verify", "{ds}", "--max-decode-bytes", "lots"], "cannot parse size 'lots'"),
+        (["info", "{tmp}/missing"], "no such dataset"),
+        (["cache", "status", "{tmp}/nocache"], "is not a cache"),
+        (["cache", "fill", "{ds}", "{tmp}/c", "--max-bytes", "5XB"], "cannot parse size '5XB'"),
+        (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
+    ],
+)
+def test_every_mistake_is_one_line_and_status_2(argv, says, ds, tmp_path, capsys):
+    (tmp_path / "src.jsonl").write_text('{"x": 1}\n{"x": 2}\n')
+    fill = {"src": tmp_path / "src.jsonl", "tmp": tmp_path, "ds": ds}
+    status, err = _mistake([a.format(**fill) for a in argv], capsys)
+    assert status == 2, err
+    lines = [line for line in err.splitlines() if not line.startswith("recordkit convert: --from")]
+    assert len(lines) == 1 and says in lines[0], err
+    assert lines[0].startswith("recordkit") and "Traceback" not in err
+
+
+def test_a_typo_in_the_converter_name_suggests_the_nearest(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    out = subprocess.run(
+        [sys.executable, "-m", "recordkit", "convert", "imgs", "out", "--from", "imagefoldr"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(
+        "recordkit convert: error: no converter named 'imagefoldr' (did you mean 'imagefolder'?);"
+    )
+
+
+def test_verbose_adds_the_traceback(tmp_path, capsys):
+    status = main(["-v", "info", str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" in err
+    assert err.endswith(f"no such dataset: {tmp_path / 'missing'}\n")
+
+
+def test_from_is_inferred_and_said(tmp_path, capsys):
+    (tmp_path / "rows.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(5)))
+    argv = ["convert", str(tmp_path / "rows.jsonl"), str(tmp_path / "out"), "--workers", "0"]
+    assert main([*argv, "--progress", "none"]) == 0
+    assert "recordkit convert: --from jsonl, told from rows.jsonl" in capsys.readouterr().err
+    assert [int(s["x"]) for s in rk.Dataset(tmp_path / "out")] == list(range(5))

@@ -97,3 +97,28 @@ def test_samples_outlive_close(ds_path):
 def test_remote_url_is_a_clear_error():
     with pytest.raises(ShardNotFoundError, match="local"):
         rk.Dataset("s3://bucket/ds")
+
+
+def test_pickles_by_reference_and_maps_in_each_process(ds_path, tmp_path):
+    """A copy in another process (Grain's workers, spawned) carries no maps or records."""
+    import multiprocessing
+    import pickle
+
+    ds = rk.Dataset(ds_path)
+    want = [ds[i] for i in range(len(ds))]  # maps open here, then pickled
+    blob = pickle.dumps(ds)
+    assert b"mmap" not in blob and len(blob) < 4096 + 200 * len(ds.shards)
+    copy = pickle.loads(blob)
+    assert len(copy) == len(ds) and _same(copy[7], want[7])
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        got = pool.map(_read_all, [ds])[0]
+    assert len(got) == len(want) and all(_same(a, b) for a, b in zip(got, want))
+
+
+def _read_all(ds):
+    return [ds[i] for i in range(len(ds))]
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

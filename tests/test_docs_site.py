@@ -30,7 +30,7 @@ PUBLIC = {
     "recordkit.tf": "docs/reference/api.md",
     "recordkit.convert": "docs/reference/api.md",
     "recordkit.cache": "docs/reference/api.md",
-    "converters": "docs/reference/api.md",
+    "recordkit.converters": "docs/reference/api.md",
     "recordkit.errors": "docs/reference/errors.md",
 }
 _NEEDS = {"recordkit.torch": "torch", "recordkit.tf": "tensorflow"}

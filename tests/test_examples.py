@@ -1,6 +1,8 @@
 """Every example runs, as a user would run it: an example that is not run is broken."""
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +33,25 @@ def _run(script, *args, timeout=300):
 def test_quickstart(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("tensorflow")
-    out = _run("examples/quickstart.py", "--out", tmp_path / "q", "-n", 300)
+    # As a user runs it: no TF_CPP_MIN_LOG_LEVEL of ours, and TensorFlow prints nothing.
+    env = {k: v for k, v in ENV.items() if not k.startswith("TF_")}
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples/quickstart.py"),
+            "--out",
+            str(tmp_path / "q"),
+            "-n",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.stderr == "", run.stderr
+    out = run.stdout
     assert "verify  " in out and ": OK" in out
     assert "torch   read 300 samples" in out
     assert "tf.data read 300 samples" in out
@@ -107,6 +127,16 @@ def test_pytorch_ddp(tmp_path):
     assert "all ranks: 3000 records, each exactly once" in out
 
 
+@pytest.mark.slow
+def test_grain_train(tmp_path):
+    pytest.importorskip("grain")
+    out = _run("examples/grain/train.py", "--data", tmp_path / "d", "--workers", 2)
+    assert "stopped after step 45 (epoch 1)" in out and "resumed: 51 more steps" in out
+    assert "6144 ids: the uninterrupted run's, each record once per epoch" in out
+    accuracy = float(out.strip().splitlines()[-1].rsplit(" ", 1)[1])
+    assert accuracy > 0.9, out  # a linear rule: logistic regression learns it
+
+
 def test_every_example_is_tested():
     tested = {
         "examples/quickstart.py",
@@ -116,6 +146,53 @@ def test_every_example_is_tested():
         "examples/pytorch/convert_and_train.py",
         "examples/tensorflow/convert_and_train.py",
         "examples/pytorch/ddp.py",
+        "examples/grain/train.py",
     }
     found = {str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.py")}
     assert found <= tested, f"examples without a test: {sorted(found - tested)}"
+
+
+# Import names whose distribution is named otherwise.
+_DISTRIBUTION = {"PIL": "pillow", "tensorflow": "tensorflow"}
+
+
+def _requirement_names(requirements, extras):
+    """Distribution names, ``recordkit[...]`` self-references expanded."""
+    names = set()
+    for req in requirements:
+        name = re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()
+        if name == "recordkit":
+            inner = re.search(r"\[(.*?)\]", req).group(1).split(",")
+            for extra in inner:
+                names |= _requirement_names(extras[extra.strip()], extras)
+        else:
+            names.add(name)
+    return names
+
+
+def test_the_examples_extra_installs_what_every_example_imports():
+    """``pip install '.[examples]'`` (what README and getting-started tell users) is
+    enough to run every script in examples/."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    extras = project["optional-dependencies"]
+    have = _requirement_names(project["dependencies"], extras)
+    have |= _requirement_names(extras["examples"], extras)
+    missing = {}
+    for script in sorted((ROOT / "examples").rglob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text("utf-8"))):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "recordkit" or top == "__future__":
+                    continue
+                if _DISTRIBUTION.get(top, top).lower() not in have:
+                    missing.setdefault(str(script.relative_to(ROOT)), []).append(top)
+    assert not missing, f"imports the examples extra does not install: {missing}"
+    for doc in ("README.md", "docs/getting-started.md"):
+        assert "`examples`" in (ROOT / doc).read_text("utf-8"), doc

@@ -10,7 +10,8 @@
 
     python examples/pytorch/convert_and_train.py [--workdir DIR] [--epochs 3]
 
-Needs torch and pillow (``pip install 'recordkit[torch]' pillow``). With your own
+Needs torch and Pillow (``pip install 'recordkit[torch,images]'``, or
+``'recordkit[examples]'`` for every example). With your own
 images, skip step 1 and point ``recordkit convert`` at your folder.
 """
 

@@ -11,6 +11,8 @@ import logging
 import sys
 from typing import Any
 
+from .._args import count, positive
+
 __all__ = ["add_parser"]
 
 log = logging.getLogger("recordkit.cache")
@@ -65,12 +67,9 @@ class _Progress:
 
 
 def _storage_options(text: str | None) -> dict[str, Any] | None:
-    if not text:
-        return None
-    options = json.loads(text)
-    if not isinstance(options, dict):
-        raise SystemExit("--storage-options must be a JSON object")
-    return options
+    from .._args import json_object
+
+    return json_object("--storage-options", text)
 
 
 def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -255,7 +254,7 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--max-bytes", required=True, help="the disk budget, e.g. 50GiB")
     f.add_argument(
         "--workers",
-        type=int,
+        type=count,
         default=None,
         help="concurrent downloads (default 4), or with --format writer processes (default 2)",
     )
@@ -300,7 +299,9 @@ def add_parser(sub: Any) -> None:
         help="source bytes per partition, each converted into one shard (default 256MiB)",
     )
     prod.add_argument(
-        "--partition-items", type=int, help="at most N source items per partition (default 65536)"
+        "--partition-items",
+        type=positive,
+        help="at most N source items per partition (default 65536)",
     )
     prod.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
     prod.add_argument(
@@ -312,7 +313,7 @@ def add_parser(sub: Any) -> None:
         help="a converter option (value parsed as JSON when it is JSON)",
     )
     prod.add_argument(
-        "--retries", type=int, default=None, help="retries on transient source errors (default 3)"
+        "--retries", type=count, default=None, help="retries on transient source errors (default 3)"
     )
     f.add_argument(
         "--progress",

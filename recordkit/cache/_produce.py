@@ -49,7 +49,7 @@ from typing import Any
 
 from .._version import __version__
 from ..codec.schema import Schema
-from ..convert import ConvertOptions, Plan, is_transient
+from ..convert import ConvertOptions, Plan, Tally, is_transient
 from ..format.manifest import Manifest, ShardInfo
 from ._dir import CacheDir
 from ._errors import CacheFullError, ProduceError
@@ -120,7 +120,7 @@ class Producer:
         self.inactivity_timeout = inactivity_timeout
         self._saved = saved if format is None else None
         if format is not None:
-            import converters
+            from .. import converters
 
             converters.get(format)  # an unknown name fails now, listing the known ones
             if options is None:
@@ -311,20 +311,26 @@ class Producer:
     def _run(self, task: ProduceTask, where: str, room: Reservation) -> tuple[Any, ...]:
         """Produce in a writer process (or inline): ``("done", Staged)``,
         ``("outgrew", ...)`` or ``("abandoned",)``; the rest raises."""
+        # Source bytes count as "downloaded" as the writer converts them; an attempt that
+        # does not publish takes its count back, since the partition is produced again.
+        tally = Tally(lambda items, size, records: room.events.downloaded(size))
+
+        def on_bytes(nbytes: int) -> None:
+            tally(0, nbytes, 0)
+
         if self._inline:
-            outcome = run_task(task, room.events.downloaded)
+            outcome = run_task(task, on_bytes)
         else:
             with self._pool_lock:
                 if self._pool is None:
                     self._pool = WriterPool()
                 pool = self._pool
             outcome = pool.run(
-                task,
-                room.events.downloaded,
-                timeout=self.inactivity_timeout,
-                abandon=room.abandoning,
+                task, on_bytes, timeout=self.inactivity_timeout, abandon=room.abandoning
             )
         kind = outcome[0]
+        if kind != "done":
+            tally.undo()
         if kind == "full":
             raise OSError(outcome[1], outcome[2])
         if kind == "error":

@@ -11,26 +11,22 @@ exception object and no sample ever crosses the pipe.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import multiprocessing
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
+from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
-from ..convert import add_note
-from ..format.framing import OVERHEAD
+from ..convert import Tally, write_items
+from ..errors import OutgrewError
 from ..retry import RetryPolicy, is_transient
-from ..writer.shard import ShardWriter
+from ..writer.sequence import ShardSequence
 from ._staged import Staged, discard, is_disk_full, staged_names
 
 __all__ = ["OutgrewError", "ProduceTask", "WriterPool", "produce", "run_task"]
@@ -41,10 +37,6 @@ log = logging.getLogger(__name__)
 _REPORT_EVERY_S = 0.2
 # How often a fill thread waiting on its writer looks at the process and the clock.
 _POLL_S = 0.25
-# join -> terminate -> kill: seconds each step waits.
-_STOP_WAIT_S = 5.0
-# How often a writer checks that the cache's process is still there.
-_PARENT_POLL_S = 0.5
 
 
 # -- the writer side (in a writer process, or inline) ------------------------------------------
@@ -60,7 +52,7 @@ class ProduceTask:
         lease_id: the reservation's id (temp files named after it count as reserved).
         cap: the most bytes the shard and its index may take together.
         items: the partition's source items.
-        source: the ``converters.Source`` (its location and options, never samples).
+        source: the ``recordkit.converters.Source`` (its location and options, never samples).
         schema: the schema in JSON form.
         fsync: fsync the shard and the index before handing them back.
         retry: how transient source errors are retried (the whole partition again).
@@ -75,20 +67,6 @@ class ProduceTask:
     schema: dict[str, Any]
     fsync: bool
     retry: RetryPolicy
-
-
-class OutgrewError(Exception):
-    """The partition's output would pass its reservation (it is redone with a larger one).
-
-    Attributes:
-        cap: the reservation it would have passed.
-        items_done: source items fully written before that.
-        source_done: their source bytes.
-    """
-
-    def __init__(self, cap: int, items_done: int, source_done: int) -> None:
-        super().__init__(f"output would pass the reservation of {cap} bytes")
-        self.cap, self.items_done, self.source_done = cap, items_done, source_done
 
 
 class _StagedTarget:
@@ -131,34 +109,37 @@ class _StagedTarget:
 
 
 def _write(
-    task: ProduceTask, schema: Schema, staged: tuple[str, str], report: Callable[[int], None]
+    task: ProduceTask,
+    schema: Schema,
+    staged: tuple[str, str],
+    report: Callable[[int, int, int], None],
 ) -> Staged:
-    target = _StagedTarget(staged, task.fsync)
-    writer = ShardWriter(target, os.path.basename(task.final), fsync=task.fsync)
-    done = False
+    shards = ShardSequence(
+        _StagedTarget(staged, task.fsync),  # one shard, so the name is the staged one
+        os.path.basename(task.final),
+        shard_size=None,  # a partition is one shard, bounded by the reservation instead
+        fsync=task.fsync,
+        name=lambda _: os.path.basename(task.final),
+    )
+    index_bytes = 0
+    source_done = [0]
+
+    def within_cap(framed: int, item: int) -> None:
+        nonlocal index_bytes
+        line = len(str(shards.bytes)) + len(str(framed)) + 2  # "offset size\n"
+        if shards.bytes + framed + index_bytes + line > task.cap:
+            raise OutgrewError(task.cap, item, source_done[0])
+        index_bytes += line
+
+    def progress(items: int, size: int, records: int) -> None:
+        source_done[0] += size
+        report(items, size, records)
+
     try:
-        index_bytes = source_done = 0
-        for n, item in enumerate(task.items):
-            try:
-                for payload in task.source.records(item, schema):
-                    framed = len(payload) + OVERHEAD
-                    line = len(str(writer.bytes)) + len(str(framed)) + 2  # "offset size\n"
-                    if writer.bytes + framed + index_bytes + line > task.cap:
-                        raise OutgrewError(task.cap, n, source_done)
-                    writer.write(payload)
-                    index_bytes += line
-            except OutgrewError:
-                raise
-            except Exception as exc:
-                add_note(exc, f"while converting source item {item.key!r}")
-                raise
-            source_done += int(item.size)
-            report(int(item.size))
-        info = writer.publish()
-        done = True
+        write_items(shards, task.source, task.items, schema, progress, before_write=within_cap)
+        (info,) = shards.close()
     finally:
-        if not done:
-            writer.discard()
+        shards.discard()  # what an error left in progress (nothing after close)
     return Staged(
         staged[0],
         staged[1],
@@ -173,7 +154,8 @@ def produce(task: ProduceTask, report: Callable[[int], None]) -> Staged:
     """Convert ``task``'s partition into its staged shard and index; return them.
 
     ``report(source_bytes)`` is called as items finish. Transient source errors
-    retry the whole partition after a backoff (the same bytes come out).
+    retry the whole partition after a backoff (the same bytes come out); the
+    bytes a failed attempt reported are taken back (``report(-n)``) first.
 
     Raises:
         OutgrewError: the output would pass ``task.cap`` (temp files removed).
@@ -183,10 +165,14 @@ def produce(task: ProduceTask, report: Callable[[int], None]) -> Staged:
     staged = staged_names(task.final, task.lease_id)
     os.makedirs(os.path.dirname(task.final), exist_ok=True)
     schema = Schema.from_json(task.schema)
+    tallies: list[Tally] = []
 
     def attempt() -> Staged:
+        if tallies:
+            tallies[-1].undo()  # the retry reads the same items again
+        tallies.append(Tally(lambda items, size, records: report(size)))
         try:
-            return _write(task, schema, staged, report)
+            return _write(task, schema, staged, tallies[-1])
         except BaseException:
             discard(staged)
             raise
@@ -234,38 +220,18 @@ class _PipeProgress:
         self.last = time.monotonic()
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit when the cache's process is gone (killed, even by SIGKILL): no orphan writes
-    on. A poll, not ``PR_SET_PDEATHSIG``: that fires when the *thread* that started the
-    process ends, and the cache's fill threads come and go while their writers are reused."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(_PARENT_POLL_S)
-        os._exit(1)
-
-    if os.getppid() != parent:
-        os._exit(1)
-    threading.Thread(target=watch, name="recordkit-parent-watch", daemon=True).start()
-
-
-def _writer_main() -> None:
-    """A writer process (``python -c``): tasks in, outcomes out, until ``None`` or EOF.
-
-    ``argv``: the parent's ``sys.path`` (JSON; set before this module is imported),
-    the socket's file descriptor, the parent's pid, the log level.
-    """
-    from multiprocessing.connection import Connection
-
-    fd, parent, level = (int(a) for a in sys.argv[2:5])
-    _watch_parent(parent)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s[%(process)d]: %(message)s")
-    conn = Connection(fd)
+def _writer_main(conn: Connection) -> None:
+    """A writer process (see :mod:`recordkit._procs`): tasks in, outcomes out, until
+    ``None`` or EOF."""
     while True:
         try:
-            task = conn.recv()
+            task = receive(conn)
         except (EOFError, OSError):
             return
+        except Exception as exc:  # the task does not unpickle here (a class it cannot import)
+            text = "".join(traceback.format_exception(exc))
+            conn.send(("error", f"cannot load the task: {type(exc).__name__}: {exc}", text))
+            continue
         if task is None:
             return
         progress = _PipeProgress(conn)
@@ -276,45 +242,17 @@ def _writer_main() -> None:
 
 # -- the cache side: writer processes ---------------------------------------------------------
 
-# Not multiprocessing's spawn: it runs the parent's ``__main__`` again in each child, and
-# a training script without an ``if __name__ == "__main__":`` guard would then start its
-# own training (and cache) in every writer. A writer needs only this module.
-_BOOT = (
-    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
-    "from recordkit.cache._writer import _writer_main; _writer_main()"
-)
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-        return f"killed by signal {-code}"
-    return f"exit code {code}"
-
 
 class _WriterProcess:
-    """One writer process and the socket to it (a ``multiprocessing`` connection)."""
+    """One writer process (:class:`recordkit._procs.Child`): a fresh interpreter that
+    imports this module only, never the user's ``__main__`` unless a task names it."""
 
-    def __init__(self, level: int) -> None:
-        self.conn, child = multiprocessing.Pipe()
-        fd = child.fileno()
-        try:
-            argv = [json.dumps(sys.path), str(fd), str(os.getpid()), str(level)]
-            self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, *argv], pass_fds=(fd,))
-        finally:
-            child.close()
-        self.pid = self.proc.pid
-        log.debug("started writer process %d", self.pid)
+    def __init__(self) -> None:
+        self.child = Child(f"{__name__}:_writer_main", what="writer process")
+        self.pid = self.child.pid
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def _join(self, timeout: float) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout)
+        return self.child.alive()
 
     def run(
         self,
@@ -326,18 +264,17 @@ class _WriterProcess:
     ) -> tuple[Any, ...]:
         """Hand ``task`` over and wait for its outcome (see :func:`run_task`), or
         ``("died", reason)`` / ``("silent", seconds)`` / ``("abandoned",)``."""
-        try:
-            self.conn.send(task)
-        except OSError:
+        if not self.child.send(task):
             return self._died()
-        last = time.monotonic()
+        deadline = Deadline(timeout)
+        conn = self.child.conn
         while True:
-            if self.conn.poll(_POLL_S):
+            if conn.poll(deadline.poll(_POLL_S)):
                 try:
-                    msg: tuple[Any, ...] = self.conn.recv()
+                    msg: tuple[Any, ...] = conn.recv()
                 except (EOFError, OSError):
                     return self._died()
-                last = time.monotonic()
+                deadline.touch()
                 if msg[0] != "progress":
                     return msg
                 on_bytes(int(msg[1]))
@@ -346,39 +283,23 @@ class _WriterProcess:
             elif abandon():
                 self.stop("the cache is stopping")
                 return ("abandoned",)
-            elif timeout is not None and time.monotonic() - last > timeout:
+            elif deadline.expired():
                 self.stop(f"no progress for {timeout:.0f} s")
                 return ("silent", timeout)
 
     def _died(self) -> tuple[Any, ...]:
-        self._join(_STOP_WAIT_S)
-        reason = _exit_reason(self.proc.returncode)
+        reason = self.child.reason()
         log.warning("writer process %d died (%s)", self.pid, reason)
-        self.conn.close()
+        self.child.conn.close()
         return ("died", reason)
 
     def stop(self, why: str) -> None:
         """terminate -> join -> kill, with a log line at each step."""
-        if self.alive():
-            log.warning("writer process %d: %s: terminate", self.pid, why)
-            self.proc.terminate()
-            self._join(_STOP_WAIT_S)
-        if self.alive():
-            log.warning(
-                "writer process %d ignored SIGTERM for %.0f s: kill", self.pid, _STOP_WAIT_S
-            )
-            self.proc.kill()
-            self._join(_STOP_WAIT_S)
-        self.conn.close()
+        self.child.stop(why)
 
     def close(self) -> None:
-        """Ask the process to exit (join), then :meth:`stop` it if it does not."""
-        if self.alive():
-            with contextlib.suppress(OSError):
-                self.conn.send(None)
-            log.debug("writer process %d: join", self.pid)
-            self._join(_STOP_WAIT_S)
-        self.stop(f"did not exit within {_STOP_WAIT_S:.0f} s")
+        """Ask the process to exit (join), then stop it if it does not."""
+        self.child.close(None)
 
 
 class WriterPool:
@@ -406,7 +327,7 @@ class WriterPool:
         with self._lock:
             writer = self._idle.pop() if self._idle else None
         if writer is None:
-            writer = _WriterProcess(logging.getLogger("recordkit").getEffectiveLevel())
+            writer = _WriterProcess()
             with self._lock:
                 self._all.add(writer)
         outcome: tuple[Any, ...] = ("interrupted",)

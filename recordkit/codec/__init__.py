@@ -1,10 +1,11 @@
-"""Payload codecs: the ``tf.train.Example`` wire format, the schema, per-feature zstd."""
+"""Payload codecs: the ``tf.train.Example`` and ``tf.train.SequenceExample`` wire formats,
+the schemas, per-feature zstd."""
 
 from .compression import zstd_compress, zstd_decompress
 from .example import KINDS, decode_example, encode_example
 from .limits import DEFAULT_BATCH_BYTES, DEFAULT_RECORD_BYTES, DecodeBudget, DecodeLimits
 from .schema import Bytes, FeatureType, Float32, Int64, Schema, Tensor
-from .sequence import decode_sequence_example
+from .sequence import SequenceSchema, decode_sequence_example
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -17,6 +18,7 @@ __all__ = [
     "Float32",
     "Int64",
     "Schema",
+    "SequenceSchema",
     "Tensor",
     "decode_example",
     "decode_sequence_example",

@@ -207,6 +207,12 @@ class Schema:
         Raises:
             SchemaError: an unknown type or key, a bad shape, dtype or name.
         """
+        if isinstance(data, Mapping) and "feature_lists" in data and "features" not in data:
+            raise SchemaError(
+                "this is the schema of tf.train.SequenceExample records (a manifest whose "
+                'payload is "sequence_example"), not of Examples: read them whole '
+                "(rk.Dataset, RecordDataset, recordkit.tf.dataset without a cache)"
+            )
         if not isinstance(data, Mapping) or not isinstance(data.get("features"), list):
             raise SchemaError(f"schema JSON must be {{'features': [...]}}, got {data!r}")
         features: dict[str, FeatureType] = {}

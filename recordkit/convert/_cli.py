@@ -13,10 +13,13 @@ import re
 import sys
 from typing import Any
 
+from .._args import count, positive
+
 __all__ = ["add_parser", "parse_schema"]
 
 _EXAMPLES = """\
 examples:
+  recordkit convert imgs/ data/train                # class folders of images: imagefolder
   recordkit convert imgs/ data/train --from imagefolder
   recordkit convert s3://bucket/rows/ data/rows --from jsonl --schema 'id:int64,text:bytes'
   recordkit convert arrays.npz s3://bucket/ds --from numpy --compress zstd --workers 8
@@ -41,8 +44,11 @@ def parse_schema(text: str) -> Any:
 
     text = text.strip()
     if text.startswith("@"):
-        with open(text[1:], encoding="utf-8") as f:
-            text = f.read().strip()
+        try:
+            with open(text[1:], encoding="utf-8") as f:
+                text = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"--schema {text}: cannot read {text[1:]!r}: {exc}") from exc
     if text.startswith("{"):
         try:
             return Schema.from_json(json.loads(text))
@@ -91,8 +97,8 @@ def _options(pairs: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"recordkit convert: --option {pair!r}: expected KEY=VALUE")
+        if not sep or not key:
+            raise ValueError(f"--option {pair!r}: expected KEY=VALUE")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -101,6 +107,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from .._args import json_object
     from . import ConvertOptions, LogProgress, PartitionsFailedError, TqdmProgress, convert
 
     log = logging.getLogger("recordkit.convert")
@@ -116,8 +123,15 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         progress = None
     else:
         progress = LogProgress(args.log_interval)
-    storage_options = json.loads(args.storage_options) if args.storage_options else None
-    dst_options = json.loads(args.dst_storage_options) if args.dst_storage_options else None
+    storage_options = json_object("--storage-options", args.storage_options)
+    dst_options = json_object("--dst-storage-options", args.dst_storage_options)
+    fmt = args.from_
+    if fmt is None:
+        from .infer import infer_format
+
+        inferred = infer_format(args.src, storage_options)
+        fmt = inferred.format
+        print(f"recordkit convert: {inferred}", file=sys.stderr)
     options = ConvertOptions(
         shard_size=args.shard_size,
         max_records=args.max_records,
@@ -130,7 +144,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         result = convert(
             args.src,
             args.dst,
-            format=args.from_,
+            format=fmt,
             schema=parse_schema(args.schema) if args.schema else None,
             workers=args.workers,
             engine=args.engine,
@@ -190,20 +204,27 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--from",
         dest="from_",
-        required=True,
+        default=None,
         metavar="FORMAT",
         help="source format: imagefolder, jsonl, csv, numpy, parquet, webdataset, tfrecord, "
-        "or one a plugin registers",
+        "mds, hf, arrayrecord, or one a plugin registers (default: told from SRC's files when "
+        "only one format's are there: .parquet, .jsonl, .csv, .npy/.npz, .tfrecord, a .tar of "
+        "samples, class folders of images, an MDS index.json, ...)",
     )
     p.add_argument(
         "--schema",
         help="JSON, @file.json, or 'name:type[shape],...' (default: inferred from the source)",
     )
     p.add_argument(
-        "--workers", type=int, default=None, help="writer processes (default: CPU count; 0: inline)"
+        "--workers",
+        type=count,
+        default=None,
+        help="writer processes (default: CPU count; 0: inline)",
     )
     p.add_argument("--shard-size", default="256MiB", help="shard roll-over size (default 256MiB)")
-    p.add_argument("--max-records", type=int, default=None, help="also roll over after N records")
+    p.add_argument(
+        "--max-records", type=positive, default=None, help="also roll over after N records"
+    )
     p.add_argument(
         "--partition-size",
         default=None,
@@ -233,7 +254,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--storage-options", default=None, help="fsspec options as JSON (SRC and DST)")
     p.add_argument("--dst-storage-options", default=None, help="fsspec options for DST as JSON")
-    p.add_argument("--retries", type=int, default=3, help="retries on transient remote errors")
+    p.add_argument("--retries", type=count, default=3, help="retries on transient remote errors")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync shards (scratch data)")
     p.add_argument(
         "--progress",

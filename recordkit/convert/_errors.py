@@ -1,58 +1,16 @@
-"""Conversion errors, all :class:`~recordkit.errors.RecordkitError` subclasses.
+"""Conversion errors (defined in :mod:`recordkit.errors`) and the helpers that classify them.
 
-::
-
-    RecordkitError
-    └── ConvertError (RuntimeError)              a conversion that could not finish
-        ├── DiskFullError (OSError)              no space left where shards are written
-        └── PartitionsFailedError (ExceptionGroup)   one or more partitions failed;
-                                                     a note on each child names the
-                                                     partition and its source items
+``ConvertError``, ``DiskFullError`` and ``PartitionsFailedError`` are
+:mod:`recordkit.errors`'s, re-exported so ``recordkit.convert`` imports go on working;
+``is_transient`` is :mod:`recordkit.retry`'s (the one retry policy's classification).
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
-
-from ..errors import RecordkitError
+from ..errors import ConvertError, DiskFullError, PartitionsFailedError
 from ..retry import is_transient
 
 __all__ = ["ConvertError", "DiskFullError", "PartitionsFailedError", "add_note", "is_transient"]
-
-
-class ConvertError(RecordkitError, RuntimeError):
-    """A conversion that could not finish; published partitions are kept for a rerun."""
-
-
-class DiskFullError(ConvertError, OSError):
-    """No space left on the device (or quota) where shards are staged or written."""
-
-
-if sys.version_info >= (3, 11):
-    _Group = ExceptionGroup  # noqa: F821 (a builtin since 3.11)
-else:  # pragma: no cover - Python 3.10
-
-    class _Group(Exception):
-        """A minimal ``ExceptionGroup`` for Python 3.10: ``message`` and ``exceptions``."""
-
-        def __init__(self, message: str, exceptions: Sequence[BaseException]) -> None:
-            super().__init__(message, tuple(exceptions))
-            self.message = message
-            self.exceptions = tuple(exceptions)
-
-        def __str__(self) -> str:
-            n = len(self.exceptions)
-            return f"{self.message} ({n} sub-exception{'s' if n != 1 else ''})"
-
-
-class PartitionsFailedError(_Group, ConvertError):
-    """Partitions that failed, together: an ``ExceptionGroup`` of their errors.
-
-    Each child carries a note (``exc.__notes__``) naming its partition and the
-    source items it was converting. Partitions that succeeded are published and
-    a rerun resumes after them.
-    """
 
 
 def add_note(exc: BaseException, note: str) -> None:

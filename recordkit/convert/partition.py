@@ -4,9 +4,15 @@ Everything a task needs travels in a small, picklable :class:`PartitionTask`:
 the source object (its location and options, never samples), the items, the
 schema as JSON and the destination as ``(url, storage_options)``. The worker
 builds its own filesystem, reads its items, writes shards through
-:class:`~recordkit.writer.ShardWriter` (each published atomically with its
-index) and, last, publishes a done-marker listing them. Only that list of
-shard entries goes back to the parent.
+:class:`~recordkit.writer.sequence.ShardSequence` (each shard published
+atomically with its index) and, last, publishes a done-marker listing them. Only that list of
+shard entries goes back to the parent (and, for ``tf.train.SequenceExample``
+payloads, the :class:`~recordkit.codec.SequenceSchema` of what it wrote).
+
+A source whose payloads are SequenceExamples (its ``payload_kind()`` says
+``"sequence_example"``) implements ``sequence_records(item, found)``: like
+``records``, but it decodes every payload whole, refuses one that does not
+decode (naming file, offset and record) and adds each to ``found``.
 """
 
 from __future__ import annotations
@@ -14,18 +20,20 @@ from __future__ import annotations
 import errno
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..codec.schema import Schema
-from ..format.manifest import ShardInfo
+from ..codec.sequence import SequenceSchema
+from ..format.framing import OVERHEAD
+from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
 from ..retry import RetryPolicy
 from ..storage import open_target
-from ..writer.shard import ShardWriter
+from ..writer.sequence import ShardSequence
 from ._errors import DiskFullError, add_note
 
-__all__ = ["PartitionResult", "PartitionTask", "run_partition"]
+__all__ = ["PartitionResult", "PartitionTask", "Reporter", "Tally", "run_partition", "write_items"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,7 @@ class PartitionTask:
     Attributes:
         index: the partition number.
         items: its source items.
-        source: the ``converters.Source`` (location and options only).
+        source: the ``recordkit.converters.Source`` (location and options only).
         schema: the schema in JSON form.
         dst: the dataset URL or path.
         storage_options: fsspec options for ``dst``.
@@ -54,6 +62,7 @@ class PartitionTask:
         max_records: roll-over record count, or ``None``.
         fsync: fsync shards before publishing.
         retry: how transient errors are retried (the whole partition again).
+        payload: the records' payload kind (``"example"``, ``"sequence_example"``).
     """
 
     index: int
@@ -69,6 +78,7 @@ class PartitionTask:
     max_records: int | None
     fsync: bool
     retry: RetryPolicy
+    payload: str = "example"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +91,8 @@ class PartitionResult:
         items: source items read.
         size: source bytes read (the items' sizes).
         attempts: how many attempts it took.
+        schema: for SequenceExample payloads, the ``SequenceSchema`` JSON of the
+            records written (``None`` for Examples).
     """
 
     index: int
@@ -88,6 +100,7 @@ class PartitionResult:
     items: int
     size: int
     attempts: int = 1
+    schema: dict[str, Any] | None = None
 
     @property
     def records(self) -> int:
@@ -103,6 +116,8 @@ class PartitionResult:
             "size": self.size,
             "shards": [s.to_json() for s in self.shards],
         }
+        if self.schema is not None:
+            doc["schema"] = self.schema
         return (json.dumps(doc, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -114,9 +129,18 @@ class PartitionResult:
                 ShardInfo(s["path"], int(s["records"]), int(s["bytes"]), int(s["crc32c"]))
                 for s in doc["shards"]
             )
-            result = cls(int(doc["partition"]), shards, int(doc["items"]), int(doc["size"]))
+            schema = doc.get("schema")
+            if schema is not None:
+                SequenceSchema.from_json(schema)  # a marker that is not one is redone
+            result = cls(
+                int(doc["partition"]),
+                shards,
+                int(doc["items"]),
+                int(doc["size"]),
+                schema=schema,
+            )
             return str(doc["fingerprint"]), result
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:  # SchemaError too
             raise ValueError(f"malformed done-marker: {exc!r}") from exc
 
 
@@ -124,8 +148,13 @@ def _noop(items: int, size: int, records: int) -> None:
     pass
 
 
-class _Counter:
-    """Forwards progress and remembers it, so a retried attempt can take it back."""
+class Tally:
+    """Forwards progress to ``report`` and remembers it, so an attempt that is
+    retried (or redone) can take back what it counted: :meth:`undo`.
+
+    Args:
+        report: where the progress goes.
+    """
 
     def __init__(self, report: Reporter) -> None:
         self.report = report
@@ -138,77 +167,106 @@ class _Counter:
         self.report(items, size, records)
 
     def undo(self) -> None:
-        self.report(-self.done[0], -self.done[1], -self.done[2])
+        """Report minus everything counted so far, and start from zero."""
+        if any(self.done):
+            self.report(-self.done[0], -self.done[1], -self.done[2])
+        self.done = [0, 0, 0]
 
 
-def _write(task: PartitionTask, report: Reporter) -> tuple[ShardInfo, ...]:
+def write_items(
+    shards: ShardSequence,
+    source: Any,
+    items: Sequence[Any],
+    schema: Schema,
+    report: Reporter,
+    *,
+    before_write: Callable[[int, int], None] | None = None,
+    sequences: SequenceSchema | None = None,
+) -> None:
+    """Write the records of ``items`` (a source's, in order) into ``shards``.
+
+    ``report(1, item.size, records)`` follows each item. An error from the
+    source gets a note naming the item (``while converting source item
+    'f03.jsonl'``; a source may call its items something else through an
+    ``item_label`` attribute). ``before_write(framed_size, item_number)`` runs
+    before each record and may raise to stop (the cache's reservation cap).
+    With ``sequences`` the records are SequenceExamples: the source's
+    ``sequence_records(item, sequences)`` yields them, each counted into it.
+    """
+    label = getattr(source, "item_label", "source item")
+    for n, item in enumerate(items):
+        records = 0
+        try:
+            if sequences is not None:
+                payloads = source.sequence_records(item, sequences)
+            else:
+                payloads = source.records(item, schema)
+            for payload in payloads:
+                if before_write is not None:
+                    before_write(len(payload) + OVERHEAD, n)
+                shards.write(payload)
+                records += 1
+        except Exception as exc:
+            add_note(exc, f"while converting {label} {item.key!r}")
+            raise
+        report(1, int(item.size), records)
+
+
+def _write(
+    task: PartitionTask, report: Reporter
+) -> tuple[tuple[ShardInfo, ...], SequenceSchema | None]:
     schema = Schema.from_json(task.schema)
+    found = SequenceSchema() if task.payload == SEQUENCE_EXAMPLE else None
     target = open_target(task.dst, task.storage_options)
-    shards: list[ShardInfo] = []
-    current: ShardWriter | None = None
+    shards = ShardSequence(
+        target,
+        task.shard_prefix,
+        shard_size=task.shard_size,
+        max_records=task.max_records,
+        fsync=task.fsync,
+    )
     try:
-        for item in task.items:
-            records = 0
-            try:
-                for payload in task.source.records(item, schema):
-                    framed = len(payload) + 16
-                    if current is not None and (
-                        (current.records and current.bytes + framed > task.shard_size)
-                        or (task.max_records is not None and current.records >= task.max_records)
-                    ):
-                        shards.append(current.publish())
-                        current = None
-                    if current is None:
-                        name = f"{task.shard_prefix}-{len(shards):05d}.tfrecord"
-                        current = ShardWriter(target, name, fsync=task.fsync)
-                    current.write(payload)
-                    records += 1
-            except Exception as exc:
-                add_note(exc, f"while converting source item {item.key!r}")
-                raise
-            report(1, int(item.size), records)
-        if current is not None:
-            shards.append(current.publish())
-            current = None
-        return tuple(shards)
+        write_items(shards, task.source, task.items, schema, report, sequences=found)
+        return shards.close(), found
     finally:
-        if current is not None:
-            current.discard()
+        shards.discard()  # what an error left in progress (nothing after close)
         target.close()
 
 
 def run_partition(task: PartitionTask, report: Reporter | None = None) -> PartitionResult:
     """Convert one partition, publish its shards and its done-marker; return what it wrote.
 
-    Transient remote errors (see ``is_transient``) retry the whole partition
-    after a backoff: it rewrites the same names with the same bytes, so a retry
-    is safe. A full disk raises :class:`DiskFullError`.
+    Transient remote errors (see :func:`recordkit.retry.is_transient`) retry the
+    whole partition after a backoff, as ``task.retry`` says: it rewrites the same
+    names with the same bytes, so a retry is safe. A full disk raises :class:`DiskFullError`.
     """
     report = report or _noop
-    counters: list[_Counter] = []
+    tallies: list[Tally] = []
 
-    def attempt() -> tuple[ShardInfo, ...]:
-        if counters:
-            counters[-1].undo()  # the retry counts its items again
-        counters.append(_Counter(report))
+    def attempt() -> tuple[Any, Any]:
+        if tallies:
+            tallies[-1].undo()  # the retry counts its items again
+        tallies.append(Tally(report))
         try:
-            return _write(task, counters[-1])
+            return _write(task, tallies[-1])
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
-                    "published are kept"
+                    "published are kept",
+                    errno=exc.errno,
                 ) from exc
             raise
 
-    shards = task.retry.call(attempt, what=f"partition {task.index}")
+    shards, found = task.retry.call(attempt, what=f"partition {task.index}")
     result = PartitionResult(
         task.index,
         shards,
         items=len(task.items),
         size=sum(int(i.size) for i in task.items),
-        attempts=len(counters),
+        attempts=len(tallies),
+        schema=None if found is None else found.to_json(),
     )
     state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
     try:

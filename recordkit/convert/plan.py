@@ -17,7 +17,7 @@ from typing import Any
 
 from .._units import parse_size
 from ..codec.schema import Schema, Tensor
-from ..format.manifest import FORMAT_VERSION
+from ..format.manifest import FORMAT_VERSION, PAYLOAD_KINDS
 from ..retry import RetryPolicy
 
 __all__ = ["ConvertOptions", "Partition", "Plan", "make_plan"]
@@ -101,7 +101,7 @@ class Partition:
 
     Attributes:
         index: the partition number (in shard names).
-        items: the source items (:class:`converters.Item`).
+        items: the source items (:class:`recordkit.converters.Item`).
     """
 
     index: int
@@ -130,6 +130,9 @@ class Plan:
         partitions: the partitions in order.
         options: the :class:`ConvertOptions`.
         fingerprint: SHA-256 hex of all the above; the same plan, the same output.
+        payload: what the records are (``"example"``, ``"sequence_example"``:
+            then ``schema`` is empty and the manifest's schema is a
+            ``SequenceSchema`` the partitions build from every record).
     """
 
     format: str
@@ -138,6 +141,7 @@ class Plan:
     partitions: tuple[Partition, ...]
     options: ConvertOptions
     fingerprint: str = field(default="")
+    payload: str = "example"
 
     @property
     def items(self) -> int:
@@ -190,6 +194,7 @@ def make_plan(
     schema: Schema,
     metadata: Mapping[str, Any],
     options: ConvertOptions,
+    payload: str = "example",
 ) -> Plan:
     """Cut ``items`` into partitions and fingerprint the result. Pure: no I/O, no clock.
 
@@ -199,7 +204,10 @@ def make_plan(
         schema: the schema (``options.compress`` is applied to its tensors here).
         metadata: the source's manifest metadata (JSON-ready).
         options: the output options.
+        payload: the records' payload kind (``recordkit.format.manifest.PAYLOAD_KINDS``).
     """
+    if payload not in PAYLOAD_KINDS:
+        raise ValueError(f"payload must be one of {PAYLOAD_KINDS}, got {payload!r}")
     schema = _with_compression(schema, options.compress)
     max_bytes = int(options.partition_bytes or options.shard_bytes)
     groups = _split(items, max_bytes, options.partition_items)
@@ -216,7 +224,9 @@ def make_plan(
         },
         "partitions": [[[i.key, int(i.size), list(i.ref)] for i in p.items] for p in partitions],
     }
+    if payload != "example":  # the plans of Example conversions keep their fingerprints
+        doc["payload"] = payload
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()
     fingerprint = hashlib.sha256(blob).hexdigest()
     full_metadata = {**metadata, "convert": {"from": fmt, "plan": fingerprint}}
-    return Plan(fmt, schema, full_metadata, partitions, options, fingerprint)
+    return Plan(fmt, schema, full_metadata, partitions, options, fingerprint, payload)

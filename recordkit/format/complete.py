@@ -1,6 +1,7 @@
 """Whole datasets only: the in-progress marker, and the check every reader makes.
 
-A write of ours (a :class:`~recordkit.Writer`, a ``recordkit convert``) puts
+A write of ours (a :class:`~recordkit.Writer`, a ``recordkit convert``, a
+:func:`recordkit.write`) puts
 :data:`MARKER_NAME` in the dataset directory before its first byte and removes
 it only after ``recordkit.json`` is published. So a directory with the marker
 and no manifest is a write that has not finished (it raised, was killed, or is
@@ -45,7 +46,11 @@ log = logging.getLogger(__name__)
 MARKER_NAME = ".recordkit-writing.json"
 _MAX_MARKER_BYTES = 1 << 16  # a marker is a few hundred bytes; refuse anything absurd
 _CONVERT_HINT = "rerun the same `recordkit convert` command to finish it"
+_WRITE_HINT = (
+    "rerun the same `recordkit.write(...)` call (or `recordkit write` command) to finish it"
+)
 _WRITER_HINT = "write the dataset again (a Writer block that exits normally publishes it)"
+_WRITERS = ("writer", "convert", "write")
 _PARTIAL_HINT = "or pass `partial=True` (`--partial`) to read what is there"
 
 
@@ -66,15 +71,16 @@ def marker_bytes(
     """The marker's content.
 
     Args:
-        writer: ``"writer"`` (a :class:`~recordkit.Writer`) or ``"convert"``.
+        writer: ``"writer"`` (a :class:`~recordkit.Writer`), ``"convert"`` or
+            ``"write"`` (:func:`recordkit.write`, a conversion of a function's samples).
         partitions: a conversion's partition count.
         state_dir: a conversion's state directory (relative), which holds one
             file per published partition ending in ``done_suffix``.
         done_suffix: see ``state_dir``.
         error: why a Writer stopped, when it knows (``ValueError: ...``).
     """
-    if writer not in ("writer", "convert"):
-        raise ValueError(f"writer must be 'writer' or 'convert', got {writer!r}")
+    if writer not in _WRITERS:
+        raise ValueError(f"writer must be one of {_WRITERS}, got {writer!r}")
     doc: dict[str, Any] = {
         "writer": writer,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -104,7 +110,7 @@ class Incomplete:
 
     Attributes:
         root: the dataset directory.
-        writer: ``"writer"`` or ``"convert"``.
+        writer: ``"writer"``, ``"convert"`` or ``"write"``.
         published: partitions published (a conversion) or shards published (a Writer).
         total: a conversion's partition count (``None`` for a Writer).
         error: why a Writer stopped, when it recorded it.
@@ -127,6 +133,8 @@ class Incomplete:
         """The refusal, naming the folder, how far the write got and how to go on."""
         if self.writer == "convert":
             what, hint = "a conversion was interrupted here", _CONVERT_HINT
+        elif self.writer == "write":
+            what, hint = "a recordkit.write was interrupted here", _WRITE_HINT
         else:
             stopped = f"; it stopped on {self.error}" if self.error else ""
             what, hint = f"a Writer did not finish here{stopped}", _WRITER_HINT
@@ -195,11 +203,12 @@ def find_incomplete(
     except ValueError:
         # Still ours, and still unfinished: a garbled marker does not make it whole.
         doc = {"writer": "writer"}
-    if doc.get("writer") == "convert" and isinstance(doc.get("partitions"), int):
+    kind = doc.get("writer")
+    if kind in ("convert", "write") and isinstance(doc.get("partitions"), int):
         suffix = str(doc.get("done_suffix") or ".done.json")
         state = listdir(str(doc.get("state_dir") or ""))
         done = sum(1 for n in state if n.endswith(suffix) and ".tmp-" not in n)
-        return Incomplete(root, "convert", done, int(doc["partitions"]))
+        return Incomplete(root, str(kind), done, int(doc["partitions"]))
     shards = sum(1 for n in names if n.endswith(".tfrecord") and ".tmp-" not in n)
     error = doc.get("error")
     return Incomplete(root, "writer", shards, None, error if isinstance(error, str) else None)

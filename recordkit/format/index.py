@@ -30,12 +30,15 @@ from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD, read_header, read_recor
 
 __all__ = [
     "INDEX_SUFFIX",
+    "check_entries",
+    "check_lengths",
     "ensure_index",
     "format_index",
     "index_path",
     "load_index",
     "max_index_bytes",
     "parse_index",
+    "read_index_text",
     "scan_index",
     "validate_index",
     "write_index",
@@ -207,6 +210,21 @@ def max_index_bytes(shard_bytes: int) -> int:
     return (shard_bytes // OVERHEAD + 1) * _MAX_LINE
 
 
+def read_index_text(path: str, *, max_bytes: int | None = None) -> bytes:
+    """The bytes of an index file, refused unread when it is larger than ``max_bytes``.
+
+    Raises:
+        ShardNotFoundError: there is no such file.
+        InvalidIndexError: not a regular file (a FIFO or a directory is refused
+            without blocking), or too large.
+    """
+    limit = (1 << 62) if max_bytes is None else max_bytes
+    try:
+        return read_regular(path, _index_error, max_bytes=limit, what="index")
+    except FileNotFoundError as exc:
+        raise ShardNotFoundError(f"index not found: {path}") from exc
+
+
 def load_index(path: str | os.PathLike[str], *, max_bytes: int | None = None) -> np.ndarray:
     """Read and parse an index file (see :func:`parse_index`).
 
@@ -221,12 +239,7 @@ def load_index(path: str | os.PathLike[str], *, max_bytes: int | None = None) ->
         InvalidIndexError: not a regular file, too large, or malformed.
     """
     path = os.fspath(path)
-    limit = (1 << 62) if max_bytes is None else max_bytes
-    try:
-        data = read_regular(path, _index_error, max_bytes=limit, what="index")
-    except FileNotFoundError as exc:
-        raise ShardNotFoundError(f"index not found: {path}") from exc
-    return parse_index(data, path=path)
+    return parse_index(read_index_text(path, max_bytes=max_bytes), path=path)
 
 
 def validate_index(
@@ -239,16 +252,31 @@ def validate_index(
     """Check that ``entries`` describe the shard in ``buf`` exactly.
 
     Entries must start at 0, be contiguous, have sizes >= 16, end at the file
-    size, and every record's length field must equal its size minus 16. The last
-    check reads one 8-byte field per record through the page cache; it is what
-    catches an index left over from a different shard of the same size.
+    size (``check_entries``), and every record's length field must equal its
+    size minus 16. The last check reads one 8-byte field per record through the
+    page cache; it is what catches an index left over from a different shard of
+    the same size.
 
     Raises:
         InvalidIndexError: naming the index file, the record and its offset.
         ShardChangedError: ``buf`` is a map whose file no longer has its size.
     """
     where = index_file or (index_path(path) if path else None)
-    n, size = len(entries), len(buf)
+    check_entries(entries, len(buf), where=where)
+    if len(entries):
+        check_lengths(entries[:, 0], entries[:, 1], buf, path=path, where=where)
+
+
+def check_entries(entries: np.ndarray, size: int, *, where: str | None = None) -> None:
+    """The checks of an index that need only the shard's size, not its bytes.
+
+    Entries must start at 0, each must start where the one before ends, every size
+    must be >= 16, and the last must end at ``size``.
+
+    Raises:
+        InvalidIndexError: naming the index file ``where``, the record and its offset.
+    """
+    n = len(entries)
     if n == 0:
         if size:
             raise InvalidIndexError(
@@ -260,30 +288,71 @@ def validate_index(
     problems = (sizes < OVERHEAD) | (offsets != expected_offsets) | (offsets + sizes > size)
     if problems.any():
         i = int(np.argmax(problems))
-        raise InvalidIndexError(
-            f"index entry ({int(offsets[i])}, {int(sizes[i])}) does not match the shard "
-            f"of {size} bytes (stale or corrupt index)",
-            path=where,
-            offset=int(offsets[i]),
-            record=i,
-        )
+        raise entry_error(int(offsets[i]), int(sizes[i]), i, size, where)
     end = int(offsets[-1] + sizes[-1])
     if end != size:
-        raise InvalidIndexError(
-            f"index covers {end} bytes but the shard has {size} (stale index)",
-            path=where,
-            offset=end,
-            record=n,
-        )
-    if guard.shrunk(buf):  # name the first record the cut took
-        i = int(np.argmax(offsets + sizes > (guard.current_size(buf) or 0)))
-        raise guard.changed(buf, path=path, offset=int(offsets[i]), record=i)
+        raise end_error(end, n, size, where)
+
+
+def entry_error(
+    offset: int, size: int, record: int, shard: int, where: str | None
+) -> InvalidIndexError:
+    """An index entry that does not fit its shard of ``shard`` bytes."""
+    return InvalidIndexError(
+        f"index entry ({offset}, {size}) does not match the shard of {shard} bytes "
+        "(stale or corrupt index)",
+        path=where,
+        offset=offset,
+        record=record,
+    )
+
+
+def end_error(end: int, records: int, shard: int, where: str | None) -> InvalidIndexError:
+    """An index whose ``records`` entries end at ``end``, not at the shard's size."""
+    if not records:
+        reason = f"index is empty but the shard has {shard} bytes"
+        return InvalidIndexError(reason, path=where, offset=0, record=0)
+    return InvalidIndexError(
+        f"index covers {end} bytes but the shard has {shard} (stale index)",
+        path=where,
+        offset=end,
+        record=records,
+    )
+
+
+def check_lengths(
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    buf: bytes | mmap.mmap | memoryview,
+    *,
+    path: str | None = None,
+    where: str | None = None,
+    records: np.ndarray | None = None,
+) -> None:
+    """Check that the u64 length field at each offset says its framed size minus 16.
+
+    The entries must lie inside ``buf`` (checked by :func:`check_entries`).
+    ``records`` are their record numbers, for the error (default ``0..n-1``).
+
+    Raises:
+        InvalidIndexError: the first entry whose length field disagrees (stale index).
+        ShardChangedError: ``buf`` is a map whose file shrank below an entry.
+    """
+    if not len(offsets):
+        return
+    if guard.shrunk(buf):  # a record the cut took: name the first
+        cut = offsets + sizes > (guard.current_size(buf) or 0)
+        if cut.any():
+            i = int(np.argmax(cut))
+            rec = i if records is None else int(records[i])
+            raise guard.changed(buf, path=path, offset=int(offsets[i]), record=rec)
     lengths = guard.gather_u64(buf, offsets, path=path)
     if lengths is None:  # not a map, or no native guard: NumPy reads them
         raw = np.frombuffer(buf, dtype=np.uint8)
-        lengths = np.zeros(n, dtype=np.uint64)
+        lengths = np.zeros(len(offsets), dtype=np.uint64)
         for k in range(8):  # the little-endian u64 length fields, a byte column at a time
             lengths |= raw[offsets + k].astype(np.uint64) << np.uint64(8 * k)
+        del raw  # an error's traceback must not keep the map exported (it could not close)
     mismatch = lengths != (sizes - OVERHEAD).astype(np.uint64)
     if mismatch.any():
         i = int(np.argmax(mismatch))
@@ -292,7 +361,7 @@ def validate_index(
             f"{int(lengths[i]) + OVERHEAD} (stale index)",
             path=where,
             offset=int(offsets[i]),
-            record=i,
+            record=i if records is None else int(records[i]),
         )
 
 
@@ -306,9 +375,11 @@ def ensure_index(
 ) -> np.ndarray:
     """Return a validated index for ``shard_path``, rebuilding it when missing or stale.
 
-    An index beside the shard is used when it validates. Otherwise one from the
-    per-user cache (``recordkit.format.index_cache``), validated the same way;
-    else a CRC-checked scan builds it.
+    An index beside the shard is used when it validates (every entry, every
+    length field). Otherwise one from the per-user cache
+    (``recordkit.format.index_cache``), validated the same way; else a
+    CRC-checked scan builds it. Readers hold the compact form instead
+    (``recordkit.format.shard_index.open_index``).
 
     Args:
         shard_path: the shard file.
@@ -320,40 +391,10 @@ def ensure_index(
         cache: use the per-user cache (``False``: the index lives in memory only
             unless written beside the shard).
     """
-    from . import index_cache  # the cache reads and writes indexes with this module
+    from .shard_index import open_index  # the compact form is built on this module
 
-    path = os.fspath(shard_path)
-    own = buf is None
-    if buf is None:
-        buf = open_map(path)
-    try:
-        idx = index_path(path)
-        regular = True
-        if os.path.lexists(idx):
-            try:
-                entries = load_index(idx, max_bytes=max_index_bytes(len(buf)))
-                validate_index(entries, buf, path=path, index_file=idx)
-                return entries
-            except (InvalidIndexError, ShardNotFoundError) as exc:
-                log.warning("rebuilding index: %s", exc)
-                # Never replace a FIFO or a device someone put there; use the index in memory.
-                regular = not os.path.exists(idx) or os.path.isfile(idx)
-        found = index_cache.cached_index(path, buf) if cache else None
-        entries = found if found is not None else _scan(buf, path, verify, DEFAULT_MAX_RECORD_BYTES)
-        if write and not regular:
-            log.info("not writing index %s over something that is not a file", idx)
-        elif write:
-            try:
-                write_index(idx, entries)
-                return entries
-            except OSError as exc:
-                log.info("could not write index %s (%s); using the per-user cache", idx, exc)
-        if cache and found is None:
-            index_cache.store_index(path, entries)
-        return entries
-    finally:
-        if own and isinstance(buf, mmap.mmap):
-            buf.close()
+    index = open_index(shard_path, buf=buf, write=write, verify=verify, cache=cache, full=True)
+    return index.entries()
 
 
 def entries_from_sizes(sizes: Iterable[int]) -> np.ndarray:

@@ -1,10 +1,23 @@
-"""A per-user cache of indexes for shards recordkit did not write.
+"""A per-user cache of indexes: text for shards recordkit did not write, binary for all.
 
 Reading someone else's TFRecords must not write into their folder (a
 tensorflow-datasets ``data_dir``, a read-only share, a colleague's home). An
 index rebuilt for such a shard goes here instead, keyed by the shard's
 absolute path, size and ``mtime_ns``: a shard rewritten in place gets a new
 key, and the stale entry ages out.
+
+The binary form (``bounds/*.bnd``): once a reader has parsed an index text (a
+sidecar or an entry here), it keeps the record boundaries it parsed there (a 32-byte
+header, then ``n + 1`` little-endian ``uint32``, or ``uint64`` past 4 GiB), keyed
+by the shard's and the text's absolute paths, sizes, ``mtime_ns`` and inodes, so
+the next process that maps the shard (a DataLoader worker, another rank, the
+next run, the same reader after the map budget unmapped it) reads 4 bytes a
+record instead of parsing ~11-20 (``benchmarks/index_bench.py``: 0.06 against
+3.8 ms for 250k records). It is derived data and checked like the text: the
+header against the shard, the first and last boundary at load, the others per
+run of records before any record of the run is returned
+(:mod:`recordkit.format.shard_index`). Written without fsync (a torn or lost file
+is caught by those checks and rebuilt from the text).
 
 Where: ``$RECORDKIT_INDEX_CACHE`` if set (``off`` keeps indexes in memory
 only), else ``$XDG_CACHE_HOME/recordkit/index``, else
@@ -14,12 +27,16 @@ Entries are the ordinary index text (the ``.idx`` format), written atomically
 (temp file, fsync, rename), and never trusted blindly: a hit is validated
 against the shard like any index, and one that fails is rebuilt.
 
-Bounded: when a write takes the directory past ``$RECORDKIT_INDEX_CACHE_BYTES``
-(default 1 GiB, about 50 million records' worth of index lines), the least
-recently used entries (by mtime; a hit touches its entry) are removed until it
-fits. Each process lists the directory once and then adds what it writes, so
-opening 100k foreign shards costs O(shards), not a listing per shard; a
-process that sees the estimate pass the limit lists it again.
+Bounded: when a write takes the directory (the text entries, or ``bounds/``:
+each has the budget) past ``$RECORDKIT_INDEX_CACHE_BYTES`` (default 1 GiB,
+about 50 million records' worth of index lines, or 250 million of binary
+boundaries), the least recently used entries (by mtime; a hit touches its
+entry) are removed until it holds 90% of that (so a full cache is listed once
+per tenth of its size written, not once per entry). Each process lists the
+directory once and then adds what it writes, so opening 100k foreign shards
+costs O(shards), not a listing per shard; a process that sees the estimate
+pass the limit lists it again. Temp files of writes that died (older than an
+hour) go at a listing.
 """
 
 from __future__ import annotations
@@ -28,20 +45,27 @@ import contextlib
 import hashlib
 import logging
 import os
+import struct
 import threading
+import time
 
 import numpy as np
 
 from ..errors import InvalidIndexError, ShardNotFoundError
-from ._atomic import TMP_MARKER
-from .index import load_index, max_index_bytes, validate_index, write_index
+from ._atomic import TMP_MARKER, temp_name
+from .index import write_index
+from .shard_index import ShardIndex, load_index_file
 
 __all__ = [
     "ENV_INDEX_CACHE",
     "ENV_INDEX_CACHE_BYTES",
     "cache_dir",
     "cache_limit",
+    "cached_bounds",
     "cached_index",
+    "cached_shard_index",
+    "drop_bounds",
+    "store_bounds",
     "store_index",
 ]
 
@@ -54,6 +78,11 @@ ENV_INDEX_CACHE_BYTES = "RECORDKIT_INDEX_CACHE_BYTES"
 # by a scan when next needed). Small against the data it indexes.
 _DEFAULT_LIMIT = 1 << 30
 _OFF = "off"
+_LOW_WATER = 0.9  # a trim leaves the directory at this share of the limit
+_STALE_TMP_S = 3600  # a temp file this old is a dead process's: removed by a trim
+_BOUNDS_SUFFIX = ".bnd"
+_BOUNDS_MAGIC = b"RKBNDS01"
+_BOUNDS_HEADER = struct.Struct("<8sQQI4x")  # magic, records, shard bytes, item size
 
 # directory -> bytes it holds, as far as this process knows (listed once, then
 # what this process wrote added); guarded by _LOCK.
@@ -96,9 +125,20 @@ def _entry(directory: str, path: str, st: os.stat_result) -> str:
 def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | None:
     """A cached index for the shard at ``path`` (mapped as ``buf``), validated; else ``None``.
 
+    Every entry and length field is checked (:func:`recordkit.format.validate_index`).
     An entry that does not validate is removed (with a log line) and ``None``
     returned, so the caller rebuilds it.
     """
+    found = cached_shard_index(path, buf, full=True)
+    return None if found is None else found.entries()
+
+
+def cached_shard_index(
+    path: str, buf: bytes | memoryview | object, *, full: bool = False, records: int | None = None
+) -> ShardIndex | None:
+    """:func:`cached_index` in the compact form readers hold, checked as
+    :func:`recordkit.format.shard_index.load_index_file` checks a sidecar (every
+    length field with ``full``, else spread samples now and the rest per run)."""
     directory = cache_dir()
     if directory is None:
         return None
@@ -106,10 +146,8 @@ def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | No
         entry = _entry(directory, path, os.stat(path))
     except OSError:
         return None
-    size = len(buf)  # type: ignore[arg-type]
     try:
-        entries = load_index(entry, max_bytes=max_index_bytes(size))
-        validate_index(entries, buf, path=path, index_file=entry)  # type: ignore[arg-type]
+        index = load_index_file(entry, buf, path=path, full=full, records=records)
     except ShardNotFoundError:
         return None
     except InvalidIndexError as exc:
@@ -119,7 +157,7 @@ def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | No
         return None
     with contextlib.suppress(OSError):
         os.utime(entry)  # least recently used goes first
-    return entries
+    return index
 
 
 def store_index(path: str, entries: np.ndarray) -> str | None:
@@ -135,16 +173,7 @@ def store_index(path: str, entries: np.ndarray) -> str | None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         entry = _entry(directory, path, os.stat(path))
         write_index(entry, entries)
-        limit = cache_limit()
-        with _LOCK:
-            known = _KNOWN.get(directory)
-            if known is None:  # first write here from this process: list it (and trim)
-                known = _trim(directory, limit, keep=entry)
-            else:
-                known += os.stat(entry).st_size
-                if known > limit:
-                    known = _trim(directory, limit, keep=entry)
-            _KNOWN[directory] = known
+        _account(directory, entry)
     except OSError as exc:
         log.info(
             "could not cache the index of %s in %s (%s); using it in memory", path, directory, exc
@@ -153,11 +182,125 @@ def store_index(path: str, entries: np.ndarray) -> str | None:
     return entry
 
 
+def _bounds_dir() -> str | None:
+    """Where binary entries go: ``bounds/`` in the cache directory (its own budget)."""
+    directory = cache_dir()
+    return None if directory is None else os.path.join(directory, "bounds")
+
+
+def _bounds_entry(directory: str, path: str, index_file: str) -> str:
+    """The binary entry for the shard at ``path`` as the text ``index_file`` indexes it."""
+    parts = []
+    for p in (path, index_file):
+        st = os.stat(p)
+        parts.append(f"{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}")
+    key = ("bounds\0" + "\0".join(parts)).encode()
+    return os.path.join(directory, hashlib.sha256(key).hexdigest()[:40] + _BOUNDS_SUFFIX)
+
+
+def _bounds_dtype(shard_bytes: int) -> np.dtype:
+    return np.dtype("<u4" if shard_bytes < 1 << 32 else "<u8")
+
+
+def cached_bounds(path: str, index_file: str, shard_bytes: int) -> np.ndarray | None:
+    """The boundaries parsed from ``index_file`` for the shard at ``path``, if cached.
+
+    Only the header and the first and last boundary are checked here (against
+    ``shard_bytes``); :class:`~recordkit.format.shard_index.ShardIndex` checks the
+    rest per run. ``None`` on a miss; an entry that does not fit is removed.
+    """
+    directory = _bounds_dir()
+    if directory is None:
+        return None
+    try:
+        entry = _bounds_entry(directory, path, index_file)
+        with open(entry, "rb") as f:
+            head = f.read(_BOUNDS_HEADER.size)
+            dtype = _bounds_dtype(shard_bytes)
+            if len(head) == _BOUNDS_HEADER.size:
+                magic, records, size, itemsize = _BOUNDS_HEADER.unpack(head)
+                fits = magic == _BOUNDS_MAGIC and size == shard_bytes
+                fits = fits and itemsize == dtype.itemsize and records <= shard_bytes // 16
+            else:
+                fits = False
+            bounds = np.fromfile(f, dtype=dtype, count=records + 1) if fits else None
+            if bounds is not None and (len(bounds) != records + 1 or f.read(1)):
+                bounds = None
+    except OSError:  # a miss (or an unreadable cache: the text is parsed)
+        return None
+    if bounds is None or int(bounds[0]) != 0 or int(bounds[-1]) != shard_bytes:
+        log.info("dropping cached index boundaries %s: they do not fit %s", entry, path)
+        with contextlib.suppress(OSError):
+            os.unlink(entry)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # least recently used goes first
+    out: np.ndarray = bounds.astype(bounds.dtype.newbyteorder("="), copy=False)
+    return out
+
+
+def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
+    """Keep the boundaries parsed from ``index_file`` for the shard at ``path``.
+
+    Best effort, like :func:`store_index`; no fsync (the entry is checked when read).
+    """
+    directory = _bounds_dir()
+    if directory is None:
+        return None
+    shard_bytes = int(bounds[-1])
+    dtype = _bounds_dtype(shard_bytes)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        entry = _bounds_entry(directory, path, index_file)
+        tmp = temp_name(entry)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(
+                    _BOUNDS_HEADER.pack(_BOUNDS_MAGIC, len(bounds) - 1, shard_bytes, dtype.itemsize)
+                )
+                f.write(np.ascontiguousarray(bounds, dtype=dtype).tobytes())
+            os.replace(tmp, entry)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _account(directory, entry)
+    except OSError as exc:
+        log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
+        return None
+    return entry
+
+
+def drop_bounds(path: str, index_file: str) -> None:
+    """Remove the binary entry of ``index_file`` for ``path`` (it failed a check)."""
+    directory = _bounds_dir()
+    if directory is None:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(_bounds_entry(directory, path, index_file))
+
+
+def _account(directory: str, entry: str) -> None:
+    """Add a written entry to what this process knows the directory holds; trim past the limit."""
+    limit = cache_limit()
+    with _LOCK:
+        known = _KNOWN.get(directory)
+        if known is None:  # first write here from this process: list it (and trim)
+            known = _trim(directory, limit, keep=entry)
+        else:
+            known += os.stat(entry).st_size
+            if known > limit:
+                known = _trim(directory, limit, keep=entry)
+        _KNOWN[directory] = known
+
+
 def _trim(directory: str, limit: int, *, keep: str) -> int:
-    """Remove least-recently-used entries until the directory holds at most ``limit``
-    bytes (``keep`` stays); return the bytes it holds then."""
+    """Remove least-recently-used entries until the directory holds at most 90% of
+    ``limit`` bytes if it holds more than ``limit`` (``keep`` stays), and temp files
+    of writes that died; return the bytes it holds then."""
     files = []
     total = 0
+    now = time.time()
     with os.scandir(directory) as it:
         for e in it:
             if not e.is_file(follow_symlinks=False):
@@ -166,13 +309,19 @@ def _trim(directory: str, limit: int, *, keep: str) -> int:
                 st = e.stat(follow_symlinks=False)
             except FileNotFoundError:  # another process trimmed it
                 continue
-            if TMP_MARKER in e.name:
-                continue  # another process's write in flight
+            if TMP_MARKER in e.name:  # another process's write in flight, or a dead one's
+                if now - st.st_mtime > _STALE_TMP_S:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
+                continue
             files.append((st.st_mtime_ns, st.st_size, e.path))
             total += st.st_size
+    if total <= limit:
+        return total
     files.sort()
+    target = int(limit * _LOW_WATER)
     for _, size, p in files:
-        if total <= limit:
+        if total <= target:
             break
         if p == keep:
             continue

@@ -1,9 +1,16 @@
 """The manifest ``recordkit.json``: what a complete dataset holds.
 
 Written last and atomically, so its presence means "every shard listed is
-published". It records the format version, the schema (as JSON), and for every
-shard its path relative to the dataset root, record count, byte size and the
-CRC32C of the whole file (so a copy can be checked without decoding).
+published". It records the format version, the payload kind, the schema (as
+JSON), and for every shard its path relative to the dataset root, record count,
+byte size and the CRC32C of the whole file (so a copy can be checked without
+decoding).
+
+The payload kind says what each record is: ``"example"`` (a ``tf.train.Example``,
+the default, and then not written) or ``"sequence_example"`` (a
+``tf.train.SequenceExample``, read whole; the schema is then a
+:class:`recordkit.codec.SequenceSchema`'s JSON). A kind this version
+does not know is refused, never read as Examples.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ __all__ = [
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
     "MAX_MANIFEST_DEPTH",
+    "PAYLOAD_KINDS",
+    "SEQUENCE_EXAMPLE",
     "Manifest",
     "ShardInfo",
     "normalize_shard_path",
@@ -37,6 +46,9 @@ __all__ = [
 
 MANIFEST_NAME = "recordkit.json"
 FORMAT_VERSION = 1
+#: What a record's payload is: a tf.train.Example, or a tf.train.SequenceExample.
+SEQUENCE_EXAMPLE = "sequence_example"
+PAYLOAD_KINDS = ("example", SEQUENCE_EXAMPLE)
 # A manifest is ~110 bytes per shard plus the schema and metadata: 256 MiB holds
 # two million shards and a large class list, and parsing it stays within a few GB.
 MAX_MANIFEST_BYTES = 256 << 20
@@ -165,6 +177,9 @@ class Manifest:
         format_version: the on-disk format version (currently 1).
         metadata: free-form JSON-serialisable user metadata (e.g. class names).
         created_by: the writing library and version.
+        payload: what each record is, one of ``PAYLOAD_KINDS``: ``"example"``
+            (``schema`` is a ``Schema``'s JSON) or ``"sequence_example"``
+            (``schema`` is a ``SequenceSchema``'s JSON).
     """
 
     schema: dict[str, Any]
@@ -172,6 +187,19 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     metadata: dict[str, Any] = field(default_factory=dict)
     created_by: str = ""
+    payload: str = "example"
+
+    def __post_init__(self) -> None:
+        if self.payload not in PAYLOAD_KINDS:
+            raise ManifestError(
+                f"payload {self.payload!r} is not a kind this recordkit reads "
+                f"({', '.join(PAYLOAD_KINDS)}); upgrade recordkit"
+            )
+
+    @property
+    def sequence_example(self) -> bool:
+        """Whether the records are ``tf.train.SequenceExample``\\ s (read whole)."""
+        return self.payload == SEQUENCE_EXAMPLE
 
     @property
     def records(self) -> int:
@@ -182,16 +210,21 @@ class Manifest:
         return sum(s.bytes for s in self.shards)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "format": "recordkit",
             "format_version": self.format_version,
             "created_by": self.created_by,
             "records": self.records,
             "bytes": self.bytes,
+        }
+        if self.payload != "example":  # Example manifests stay as they always were
+            doc["payload"] = self.payload
+        doc |= {
             "schema": self.schema,
             "metadata": self.metadata,
             "shards": [s.to_json() for s in self.shards],
         }
+        return doc
 
     def dumps(self) -> builtins.bytes:
         return (json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
@@ -240,6 +273,13 @@ class Manifest:
         metadata = doc.get("metadata") or {}
         if not isinstance(schema, dict) or not isinstance(metadata, dict):
             raise ManifestError("schema and metadata must be JSON objects", path=path)
+        payload = doc.get("payload", "example")
+        if payload not in PAYLOAD_KINDS:
+            raise ManifestError(
+                f"payload {payload!r} is not a kind this recordkit reads "
+                f"({', '.join(PAYLOAD_KINDS)}); upgrade recordkit",
+                path=path,
+            )
         _check_schema_claims(schema, path)
         return cls(
             schema=schema,
@@ -247,6 +287,7 @@ class Manifest:
             format_version=version,
             metadata=metadata,
             created_by=str(doc.get("created_by", "")),
+            payload=payload,
         )
 
 

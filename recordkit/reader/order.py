@@ -87,6 +87,11 @@ class Permutation:
         self._ckeys = ckeys
         self._keys = [np.uint64(k) for k in ckeys]
 
+    @property
+    def round_keys(self) -> tuple[int, ...]:
+        """The network's round keys (for ``recordkit/_order.c``'s ``plan_order``)."""
+        return self._ckeys
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """The images of positions ``x`` (int64 array in ``[0, n)``)."""
         return self._apply(x, inverse=False)

@@ -111,7 +111,12 @@ class _Task:
     unit_of_row: np.ndarray
     shard_ids: np.ndarray
     records: np.ndarray
-    nshards: int  # distinct shards: what the task holds mapped while it runs
+    groups: list[tuple[int, np.ndarray]]  # (shard id, its rows in task order), by shard id
+
+    @property
+    def nshards(self) -> int:
+        """Distinct shards: what the task holds mapped while it runs."""
+        return len(self.groups)
 
 
 @dataclass
@@ -190,16 +195,20 @@ class RecordReader:
         self.native_tasks = native_tasks and decoder.runner() is not None
         # Row widths to allocate for each padded bytes feature in runner tasks: the
         # widest value seen so far, with headroom; a wider one sends its task to
-        # the reference path, which is exact, and widens the guess.
+        # the reference path, which is exact, and widens the guess. While every
+        # task has had the same widest value (values of one size, as often), the
+        # guess is that width exactly: the runner then writes rows where they stay
+        # (it closes up rows allocated wider, an extra pass over the column).
         self._widths: list[int] = [0] * len(decoder.bytes_features)
+        self._same_width: list[bool] = [True] * len(decoder.bytes_features)
         self.native_fallbacks = 0  # runner tasks decoded the reference way instead
 
     # -- one task, on a reader thread ------------------------------------------------
 
     def _decode_task(self, task: _Task) -> _Done:
         t0 = time.perf_counter()
-        shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
-        groups = _groups(shard_ids)  # a shuffled task reads each shard's records in one call
+        records, unit_of_row = task.records, task.unit_of_row
+        groups = task.groups  # a shuffled task reads each shard's records in one call
         kept = np.ones(len(records), dtype=bool)
         parts: list[tuple[Columns, int]] = []
         rows_of_parts: list[np.ndarray] = []
@@ -208,7 +217,7 @@ class RecordReader:
         for sid, rows in groups:
             recs = records[rows]
             with self.shards.use(sid) as shard:
-                offsets, sizes = shard.offsets[recs], shard.sizes[recs]
+                offsets, sizes = shard.locate(recs)
                 alloc = self.pool.alloc if len(groups) == 1 else None
                 batch = self.decoder.decode(
                     shard.buf, offsets, sizes, alloc=alloc, path=shard.path, records=recs
@@ -261,8 +270,7 @@ class RecordReader:
         positions, lengths = plan.unit_positions(split, units)
         shard_ids, records = plan.resolve(positions)
         unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
-        nshards = len(np.unique(shard_ids))
-        return _Task(units, unit_of_row, shard_ids, records, nshards)
+        return _Task(units, unit_of_row, shard_ids, records, _groups(shard_ids))
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order (chunks with no rows included).
@@ -278,27 +286,31 @@ class RecordReader:
 
         ``rows``: the task's rows this piece decodes (``None``: all, in order).
         """
-        shard_ids, records = task.shard_ids, task.records
+        shard_ids, records, groups = task.shard_ids, task.records, task.groups
         if rows is not None:
             shard_ids, records = shard_ids[rows], records[rows]
+            groups = _groups(shard_ids)
         n = len(records)
         rec = np.empty((n, 3), dtype=np.int64)
         held: list[MappedShard] = []  # released once the runner is done with the piece
         try:
-            for slot, (sid, at) in enumerate(_groups(shard_ids)):
+            for slot, (sid, at) in enumerate(groups):
                 shard = self.shards.acquire(sid)
                 held.append(shard)
-                recs = records[at]
                 rec[at, 0] = slot
-                rec[at, 1] = shard.offsets[recs]
-                rec[at, 2] = shard.sizes[recs]
+                rec[at, 1], rec[at, 2] = shard.locate(records[at])
         except BaseException:
             self._release(held)
             raise
         widest = int(rec[:, 2].max()) - OVERHEAD if n else 0  # the longest payload
         widths = []
-        for seen in self._widths:
-            guess = widest if not seen else min(widest, seen + (seen >> 2) + 64)
+        for seen, same in zip(self._widths, self._same_width, strict=True):
+            if not seen:
+                guess = widest
+            elif same:
+                guess = min(widest, seen)
+            else:
+                guess = min(widest, seen + (seen >> 2) + 64)
             widths.append(max(guess, 0))
         outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
         bufs = tuple(shard.buf for shard in held)
@@ -341,11 +353,16 @@ class RecordReader:
         pending: deque[tuple[_Task, _Prepared, int]] = deque()
         upcoming: list[tuple[_Task, np.ndarray | None] | None] = [next(jobs, None)]
 
+        # Slow start: one task in flight before the first chunk, one more after each,
+        # up to `prefetch`: the first batch waits for one task's preparation (index
+        # loads, length-field checks, maps), not for `prefetch` of them.
+        depth = [1]
+
         def refill() -> None:
             # Admission: pieces in flight hold their shards mapped; one more is
             # submitted only while that stays within the map budget (one always is).
             held = sum(len(prep.held) for _, prep, _ in pending)
-            while len(pending) < self.prefetch:
+            while len(pending) < depth[0]:
                 job = upcoming[0]
                 if job is None:
                     return
@@ -377,6 +394,7 @@ class RecordReader:
                 finally:
                     self._release(prep.held)
                 waited += time.perf_counter() - t0
+                depth[0] = min(self.prefetch, depth[0] + 1)
                 refill()
                 done_parts.append((prep, ok, widths, seconds))
                 if sum(p.n for p, _, _, _ in done_parts) < len(task.records):
@@ -386,7 +404,10 @@ class RecordReader:
                 for k, name in enumerate(self.decoder.bytes_features):
                     col = done.chunk.columns.get(name)  # absent when every record was skipped
                     if col is not None:
-                        self._widths[k] = max(self._widths[k], col.shape[1])
+                        seen, width = self._widths[k], col.shape[1]
+                        if seen and width != seen:
+                            self._same_width[k] = False
+                        self._widths[k] = max(seen, width)
                 self._account(done, waited)
                 waited = 0.0
                 yield done.chunk
@@ -422,8 +443,10 @@ class RecordReader:
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
 
+        depth = [1]  # slow start, as _read_native
+
         def refill() -> None:
-            while len(pending) < self.prefetch:
+            while len(pending) < depth[0]:
                 task = next(tasks, None)
                 if task is None:
                     return
@@ -436,6 +459,7 @@ class RecordReader:
                 t0 = time.perf_counter()
                 done = future.result()
                 waited = time.perf_counter() - t0
+                depth[0] = min(self.prefetch, depth[0] + 1)
                 refill()
                 self._account(done, waited)
                 yield done.chunk
@@ -470,7 +494,7 @@ def _pieces(task: _Task, cap: int) -> list[np.ndarray | None]:
     """A task's rows in pieces that each touch at most ``cap`` shards (``[None]``: one)."""
     if task.nshards <= cap:
         return [None]
-    groups = _groups(task.shard_ids)
+    groups = task.groups
     return [
         np.concatenate([rows for _, rows in groups[k : k + cap]])
         for k in range(0, len(groups), cap)
@@ -485,7 +509,9 @@ def _groups(shard_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         order = np.arange(len(shard_ids))
         ids = shard_ids
     else:
-        order = np.argsort(shard_ids, kind="stable")
+        # A stable sort; ids that fit 16 bits take NumPy's radix sort (linear).
+        keys = shard_ids.astype(np.uint16) if shard_ids.max() < 1 << 16 else shard_ids
+        order = np.argsort(keys, kind="stable")
         ids = shard_ids[order]
     edges = (np.flatnonzero(np.diff(ids)) + 1).tolist()
     return [

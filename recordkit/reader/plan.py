@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import order as _order
 from .order import Permutation, mix64
 
 __all__ = ["EpochPlan", "PlanOptions", "Split"]
@@ -166,6 +167,25 @@ class EpochPlan:
         if self._blocks is None:
             same: np.ndarray = g.copy()
             return same
+        c = _order._c
+        if c is not None and len(g):  # the same order in one C pass (~30 ns a position)
+            out = np.empty_like(g)
+            c.plan_order(
+                np.ascontiguousarray(g),
+                out,
+                self.total,
+                self.block_records,
+                self._window,
+                self._full,
+                self._blocks.round_keys,
+                self._key,
+            )
+            return out
+        return self._order_numpy(g)
+
+    def _order_numpy(self, g: np.ndarray) -> np.ndarray:
+        """:meth:`order` in NumPy (the reference, and the path without the C module)."""
+        assert self._blocks is not None
         b = self.block_records
         w_of = np.minimum(g // (self._window * b), self.windows - 1)
         out = np.empty_like(g)

@@ -13,9 +13,10 @@ of all ``slots`` chunks while asking for more, :class:`RuntimeError` says so
 instead of deadlocking.
 
 The parent creates, grows (on the child's request) and unlinks every segment,
-so nothing is left in ``/dev/shm`` when the child is killed. The child is
-stopped when the iteration ends, is closed or collected: a stop message, then
-join → terminate → kill, with a log line at each step.
+so nothing is left in ``/dev/shm`` when the child is killed. The child is a
+:class:`recordkit._procs.Child` (a fresh interpreter that exits with its parent)
+and is stopped when the iteration ends, is closed or collected: a stop message,
+then join → terminate → kill, with a log line at each step.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ import mmap
 import os
 import pickle
 import secrets
-import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -42,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
 from ..errors import CorruptRecordError, LoaderTimeoutError, RecordkitError
 from .buffers import BufferPool
@@ -51,7 +51,7 @@ from .plan import EpochPlan, PlanOptions, Split
 
 __all__ = ["ProcessReader"]
 
-_ENTRY = "from recordkit.reader.process import _child_entry; _child_entry()"
+_ENTRY = f"{__name__}:_child_entry"
 
 log = logging.getLogger(__name__)
 
@@ -133,19 +133,15 @@ def _layout(chunk: Chunk) -> tuple[list[tuple[Any, ...]], list[tuple[int, np.nda
     return meta, copies, size
 
 
-def _child_entry() -> None:
-    """``python -c 'from recordkit.reader.process import _child_entry; _child_entry()' W R``.
-
-    A plain subprocess, not ``multiprocessing``'s spawn: it imports only recordkit
-    and NumPy, not the parent's ``__main__`` (and so not torch).
-    """
-    data = Connection(int(sys.argv[1]), readable=False)
-    ctrl = Connection(int(sys.argv[2]), writable=False)
+def _child_entry(conn: Connection) -> None:
+    """The loader process's entry (see :class:`recordkit._procs.Child`): a plain
+    interpreter, not ``multiprocessing``'s spawn, so it imports only recordkit and
+    NumPy, not the parent's ``__main__`` (and so not torch)."""
     try:
-        job = ctrl.recv()
+        job = receive(conn)
     except EOFError:
         return
-    _child_main(job, data, ctrl)
+    _child_main(job, conn, conn)
 
 
 def _child_main(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
@@ -403,29 +399,16 @@ class ProcessReader:
             "on_error": self.on_error,
             "slots": self.slots,
         }
-        data_r, data_w = os.pipe()
-        ctrl_r, ctrl_w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _ENTRY, str(data_w), str(ctrl_r)],
-                pass_fds=(data_w, ctrl_r),
-            )
-        except BaseException:
-            for fd in (data_r, data_w, ctrl_r, ctrl_w):
-                os.close(fd)
-            raise
-        os.close(data_w)
-        os.close(ctrl_r)
-        data_recv = Connection(data_r, writable=False)
-        ctrl_send = Connection(ctrl_w, readable=False)
-        slots = _Slots(ctrl_send, self.slots)
-        log.debug("loader process %d started for %s", proc.pid, self.path)
+        child = Child(_ENTRY, what="loader process")
+        conn = child.conn
+        slots = _Slots(conn, self.slots)
+        log.debug("loader process %d started for %s", child.pid, self.path)
         try:
             slots.send(job)
             waited = 0.0
             while True:
                 t0 = time.perf_counter()
-                msg = self._receive(data_recv, proc, slots)
+                msg = self._receive(conn, child, slots)
                 waited += time.perf_counter() - t0
                 if msg[0] == "grow":
                     slots.grow(msg[1], msg[2])
@@ -443,26 +426,24 @@ class ProcessReader:
                     raise msg[1]
         finally:
             slots.send(("stop",))
-            _stop(proc)
+            child.stop("asked to stop", join=_JOIN_SECONDS)
             slots.close()
-            data_recv.close()
-            ctrl_send.close()
 
-    def _receive(self, conn: Connection, proc: Any, slots: _Slots) -> tuple[Any, ...]:
+    def _receive(self, conn: Connection, child: Child, slots: _Slots) -> tuple[Any, ...]:
         limit = self.progress_timeout
-        poll = _POLL_SECONDS if limit is None else min(_POLL_SECONDS, limit / 4)
-        start = time.monotonic()
-        while not conn.poll(poll):
-            if limit is not None and time.monotonic() - start > limit:
-                _kill(proc)
+        deadline = Deadline(limit)
+        while not conn.poll(deadline.poll(_POLL_SECONDS)):
+            if deadline.expired():
+                child.kill("no progress")
                 raise LoaderTimeoutError(
-                    f"the loader process made no progress for {limit:g} s (pid {proc.pid}); "
+                    f"the loader process made no progress for {limit:g} s (pid {child.pid}); "
                     "it was killed. Stopped, or stuck in I/O (a network file system)? "
                     "Raise loader_timeout if its chunks take this long"
                 )
-            if proc.poll() is not None and not conn.poll(0):
+            if not child.alive() and not conn.poll(0):
                 raise RecordkitError(
-                    f"the loader process exited (code {proc.returncode}) before the epoch ended"
+                    f"the loader process exited (code {child.proc.returncode}) before the "
+                    "epoch ended"
                 )
             if slots.all_held():
                 gc.collect()  # batches in reference cycles
@@ -475,10 +456,7 @@ class ProcessReader:
         try:
             msg: tuple[Any, ...] = conn.recv()
         except (EOFError, OSError):  # the child closed its end: it has died
-            try:
-                code = proc.wait(_JOIN_SECONDS)
-            except subprocess.TimeoutExpired:
-                code = None
+            code = child.wait(_JOIN_SECONDS)
             raise RecordkitError(
                 f"the loader process exited (code {code}) before the epoch ended"
             ) from None
@@ -498,35 +476,3 @@ class ProcessReader:
                 warnings.warn(f"skipping corrupt record: {err}", RuntimeWarning, stacklevel=4)
             else:
                 log.debug("skipped corrupt record: %s", err)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """Kill a loader that stopped making progress (SIGKILL also ends a stopped process)."""
-    log.warning("loader process %s made no progress: killing", proc.pid)
-    proc.kill()
-    try:
-        proc.wait(_JOIN_SECONDS)
-    except subprocess.TimeoutExpired:  # in uninterruptible sleep: it dies when the I/O returns
-        log.warning("loader process %s did not die yet (uninterruptible I/O?)", proc.pid)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        proc.wait(_JOIN_SECONDS)
-    except subprocess.TimeoutExpired:
-        log.warning(
-            "loader process %s did not stop in %.0f s: terminating", proc.pid, _JOIN_SECONDS
-        )
-        proc.terminate()
-        try:
-            proc.wait(_JOIN_SECONDS)
-        except subprocess.TimeoutExpired:
-            log.warning("loader process %s ignored SIGTERM: killing", proc.pid)
-            proc.kill()
-            try:
-                proc.wait(_JOIN_SECONDS)
-            except subprocess.TimeoutExpired:  # uninterruptible I/O: never block training on it
-                log.warning("loader process %s did not die: left to exit on its own", proc.pid)
-                return
-    if proc.returncode != 0:
-        log.debug("loader process %s exited with code %s", proc.pid, proc.returncode)

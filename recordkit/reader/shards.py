@@ -46,7 +46,9 @@ from ..format.complete import check_complete
 from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from ..format.shard_index import open_index
 from ..storage import is_remote, is_temp_name, strip_file_scheme
+from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
 __all__ = ["MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
 
@@ -102,26 +104,34 @@ def find_shards(root: str) -> list[str]:
 
 
 class MappedShard:
-    """A shard mapped read-only, with its validated index as NumPy arrays.
+    """A shard mapped read-only, with its index in the compact form readers hold.
 
     Opening checks the file against what the shard set expects (size and record
     count, from the manifest or from counting): a mismatch is a
     :class:`~recordkit.errors.ManifestError` for a manifest's shard, a
-    :class:`~recordkit.errors.ShardChangedError` otherwise.
+    :class:`~recordkit.errors.ShardChangedError` otherwise. The index is loaded
+    and checked as :mod:`recordkit.format.shard_index` says: whole against the
+    file's size now, and each run of records' length fields before any record of
+    the run is located (:meth:`locate`, :meth:`entry`, ``offsets``, ``sizes``).
 
     Attributes:
         info: the manifest entry (or one made up for a foreign shard).
         path: absolute file path.
         buf: the ``mmap`` (``b""`` for an empty file).
         nbytes: the file size in bytes (still known after :meth:`close`).
-        offsets: int64 record offsets.
-        sizes: int64 framed record sizes.
+        index: the :class:`~recordkit.format.shard_index.ShardIndex`.
     """
 
-    __slots__ = ("buf", "info", "nbytes", "offsets", "path", "pins", "sizes")
+    __slots__ = ("buf", "index", "info", "nbytes", "path", "pins")
 
     def __init__(
-        self, root: str, info: ShardInfo, *, write_index: bool = False, listed: bool = True
+        self,
+        root: str,
+        info: ShardInfo,
+        *,
+        write_index: bool = False,
+        listed: bool = True,
+        counted_by: str | None = None,
     ) -> None:
         self.info = info
         self.path = os.path.join(root, info.path)
@@ -130,25 +140,46 @@ class MappedShard:
         self.nbytes = len(self.buf)  # still known after close()
         mismatch = ManifestError if listed else ShardChangedError
         what = "the manifest says" if listed else "it had when the dataset was opened"
+        if counted_by is not None:  # counts from another program's metadata
+            mismatch, what = ManifestError, f"{counted_by} says"
         try:
             if info.bytes != self.nbytes:
                 raise mismatch(f"shard is {self.nbytes} bytes, {what} {info.bytes}", path=self.path)
             # A manifest's shards are ours: a lost index goes back beside them. A foreign
             # shard's goes to the per-user cache unless the user asked for it beside.
-            entries = ensure_index(self.path, buf=self.buf, write=write_index or listed)
-            if len(entries) != info.records:
+            self.index = open_index(
+                self.path, buf=self.buf, write=write_index or listed, records=info.records
+            )
+            if self.index.records != info.records:
                 raise mismatch(
-                    f"shard has {len(entries)} records, {what} {info.records}", path=self.path
+                    f"shard has {self.index.records} records, {what} {info.records}",
+                    path=self.path,
                 )
         except BaseException:
             self.close()
             raise
-        self.offsets = np.ascontiguousarray(entries[:, 0])
-        self.sizes = np.ascontiguousarray(entries[:, 1])
 
     @property
     def records(self) -> int:
-        return len(self.offsets)
+        return self.index.records
+
+    def locate(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The int64 offsets and framed sizes of ``records`` (their index runs checked)."""
+        return self.index.locate(records, self.buf, path=self.path)
+
+    def entry(self, record: int) -> tuple[int, int]:
+        """One record's ``(offset, framed size)`` (its index run checked)."""
+        return self.index.entry(record, self.buf, path=self.path)
+
+    @property
+    def offsets(self) -> _Column:
+        """``shard.offsets[records]``: int64 offsets, as :meth:`locate` gives them."""
+        return _Column(self, 0)
+
+    @property
+    def sizes(self) -> _Column:
+        """``shard.sizes[records]``: int64 framed sizes, as :meth:`locate` gives them."""
+        return _Column(self, 1)
 
     def check(self) -> None:
         """Raise :class:`~recordkit.errors.ShardChangedError` if the file has shrunk.
@@ -169,13 +200,9 @@ class MappedShard:
 
     def payload(self, i: int, *, verify: bool = True) -> memoryview:
         """The payload of record ``i`` as a view into the map (CRC-checked)."""
+        offset, size = self.entry(i)
         return read_record(
-            self.buf,
-            int(self.offsets[i]),
-            path=self.path,
-            record=i,
-            verify=verify,
-            expected_size=int(self.sizes[i]),
+            self.buf, offset, path=self.path, record=i, verify=verify, expected_size=size
         )
 
     def close(self) -> bool:
@@ -188,6 +215,28 @@ class MappedShard:
                 log.debug("%s still has live views; leaving the unmap to GC", self.path)
                 return False
         return True
+
+
+class _Column:
+    """One column of a shard's index, indexed like the int64 arrays it replaced.
+
+    ``column[i]`` is an int, ``column[records]`` an int64 array; either way the
+    index runs of the records are checked first, so no location leaves the index
+    unchecked.
+    """
+
+    __slots__ = ("_k", "_shard")
+
+    def __init__(self, shard: MappedShard, k: int) -> None:
+        self._shard, self._k = shard, k
+
+    def __len__(self) -> int:
+        return self._shard.records
+
+    def __getitem__(self, records: Any) -> Any:
+        if isinstance(records, (int, np.integer)):
+            return self._shard.entry(int(records))[self._k]
+        return self._shard.locate(np.asarray(records, dtype=np.int64))[self._k]
 
 
 class ShardSet:
@@ -222,8 +271,14 @@ class ShardSet:
         *,
         write_index: bool = False,
         max_open: int | None = None,
+        view: TFDSView | None = None,
+        counted_by: str | None = None,
     ) -> None:
         self.root = root
+        # A tensorflow-datasets split: how its records become tfds's values (or None).
+        self.view = view
+        # Where foreign record counts come from ("/data/x/dataset_info.json"), if not counting.
+        self.counted_by = counted_by
         self.manifest = manifest
         self.infos = list(infos)
         self.counts = np.fromiter((i.records for i in self.infos), np.int64, len(self.infos))
@@ -234,10 +289,14 @@ class ShardSet:
         self._open: OrderedDict[int, MappedShard] = OrderedDict()  # least recently used first
         self._pid = os.getpid()
         _LIVE.add(self)
+        if schema is None and view is not None:
+            schema = view.schema
         self.schema: Schema = schema if schema is not None else self._schema()
 
     def _schema(self) -> Schema:
         if self.manifest is not None:
+            if self.manifest.sequence_example:  # read whole (reader/sequence.py), no Example schema
+                return Schema({})
             return Schema.from_json(self.manifest.schema)
         examples: list[dict[str, Any]] = []
         where: list[str] = []  # file:offset:record of each, for inference's messages
@@ -247,7 +306,7 @@ class ShardSet:
             with self.use(i) as shard:
                 take = min(shard.records, _INFER_RECORDS - len(examples))
                 for j in range(take):
-                    offset = int(shard.offsets[j])
+                    offset = shard.entry(j)[0]
                     try:
                         examples.append(decode_example(shard.payload(j)))
                     except CorruptRecordError as exc:
@@ -299,6 +358,7 @@ class ShardSet:
                     self.infos[i],
                     write_index=self.write_index,
                     listed=self.manifest is not None,
+                    counted_by=self.counted_by,
                 )
                 self._open[i] = shard
             else:
@@ -408,7 +468,10 @@ def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) 
             infos.append(ShardInfo(name, len(entries), len(buf)))
         finally:
             if isinstance(buf, mmap.mmap):
-                buf.close()
+                # An error's traceback may still hold a view of the map: then the map
+                # goes with it, and the error (not a BufferError) reaches the caller.
+                with contextlib.suppress(BufferError):
+                    buf.close()
     return infos
 
 
@@ -419,7 +482,9 @@ def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, li
             return path, manifest, list(manifest.shards)
         names = find_shards(path)
         if not names:
-            raise ShardNotFoundError(f"no manifest and no .tfrecord files in {path}")
+            raise ShardNotFoundError(
+                f"no manifest and no .tfrecord files in {path}{tfds_hint(path)}"
+            )
         return path, None, count_shards(path, names, write_index=write_index)
     if os.path.isfile(path):
         root, name = os.path.split(path)
@@ -433,6 +498,7 @@ def open_shards(
     *,
     write_index: bool = False,
     partial: bool = False,
+    split: str | None = None,
 ) -> ShardSet:
     """The shard set of a dataset directory, a folder of TFRecords, or one file.
 
@@ -440,6 +506,11 @@ def open_shards(
     counted (see :func:`count_shards`). Nothing is mapped until a reader asks.
     A directory where a write of ours did not finish is refused unless
     ``partial`` (then its published shards are read, with a WARNING).
+
+    A tensorflow-datasets folder (or one of its shards) is read by its
+    ``dataset_info.json``: the shards of ``split`` (required when it has several),
+    counted from there, and, unless ``schema`` is given, the set's ``view`` says
+    how its records become tfds's values (:mod:`recordkit.reader.tfds`).
 
     Raises:
         ShardNotFoundError: the path does not exist.
@@ -454,10 +525,46 @@ def open_shards(
     local = os.path.abspath(strip_file_scheme(path))
     if os.path.isdir(local):
         check_complete(local, partial)
+    # A tensorflow-datasets folder (ours win: a folder with a manifest is a recordkit dataset).
+    folder = local if os.path.isdir(local) else os.path.dirname(local)
+    ours = os.path.exists(os.path.join(folder, MANIFEST_NAME))
+    found = None if ours else tfds_folder(local)
+    if found is not None:
+        return _open_tfds(*found, schema, split, write_index)
+    if split is not None:
+        raise ValueError(
+            f"split={split!r}: {local} is not a tensorflow-datasets folder (no "
+            f"dataset_info.json and features.json){tfds_hint(local)}; split= is for those"
+        )
     root, manifest, infos = _shard_infos(local, write_index)
     if manifest is not None:
         _check_listed(root, infos)
     return ShardSet(root, manifest, infos, schema, write_index=write_index)
+
+
+def _open_tfds(
+    info: TFDSInfo, file: str | None, schema: Schema | None, split: str | None, write_index: bool
+) -> ShardSet:
+    """A tensorflow-datasets split (or one shard of it), counted from its metadata."""
+    chosen = info.choose_split(split, file)
+    infos = info.shard_infos(chosen)
+    if file is not None:
+        infos = [i for i in infos if i.path == file]
+        if not infos:
+            raise ShardNotFoundError(
+                f"{os.path.join(info.root, file)}: not a shard of split {chosen!r}"
+            )
+    # With a schema of the user's, records come as it decodes them: no tfds view.
+    view = info.view(chosen) if schema is None else None
+    return ShardSet(
+        info.root,
+        None,
+        infos,
+        schema,
+        write_index=write_index,
+        view=view,
+        counted_by=os.path.join(info.root, INFO_NAME),
+    )
 
 
 def _check_listed(root: str, infos: Sequence[ShardInfo]) -> None:

@@ -15,7 +15,7 @@ from ..errors import DatasetExistsError, SchemaError
 from ..format.complete import MARKER_NAME, mark_finished, mark_started, marker_bytes
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..storage import is_temp_name, open_target
-from .shard import ShardWriter
+from .sequence import ShardSequence
 
 __all__ = ["Writer"]
 
@@ -93,12 +93,11 @@ class Writer:
         self._target = open_target(path_or_url, storage_options)
         self.root = self._target.root
         self._prepare(overwrite)
-        self._shards: list[ShardInfo] = []
-        self._current: ShardWriter | None = None
+        self._sequence = ShardSequence(
+            self._target, prefix, shard_size=self.shard_size, max_records=max_records, fsync=fsync
+        )
         self._closed = False
         self.manifest: Manifest | None = None
-        self.records_written = 0
-        self.bytes_written = 0
 
     def _prepare(self, overwrite: bool) -> None:
         names = self._target.listdir()
@@ -120,10 +119,17 @@ class Writer:
     @property
     def shards(self) -> tuple[ShardInfo, ...]:
         """The shards published so far."""
-        return tuple(self._shards)
+        return self._sequence.shards
 
-    def _shard_name(self, number: int) -> str:
-        return f"{self.prefix}-{number:05d}.tfrecord"
+    @property
+    def records_written(self) -> int:
+        """Records written so far (the shard in progress included)."""
+        return self._sequence.records
+
+    @property
+    def bytes_written(self) -> int:
+        """Framed bytes written so far (the shard in progress included)."""
+        return self._sequence.bytes
 
     def write(self, sample: Mapping[str, Any]) -> None:
         """Encode ``sample`` with the schema and append it (``SchemaError`` if it does not fit)."""
@@ -136,28 +142,7 @@ class Writer:
         """
         if self._closed:
             raise ValueError("write to a closed Writer")
-        framed = len(payload) + 16
-        shard = self._current
-        if shard is not None and (
-            (shard.records and shard.bytes + framed > self.shard_size)
-            or (self.max_records is not None and shard.records >= self.max_records)
-        ):
-            self._roll()
-            shard = None
-        if shard is None:
-            shard = self._current = ShardWriter(
-                self._target, self._shard_name(len(self._shards)), fsync=self.fsync
-            )
-        shard.write(payload)
-        self.records_written += 1
-        self.bytes_written += framed
-
-    def _roll(self) -> None:
-        assert self._current is not None
-        info = self._current.publish()
-        self._current = None
-        self._shards.append(info)
-        log.debug("published %s (%d records, %d bytes)", info.path, info.records, info.bytes)
+        self._sequence.write(payload)
 
     def close(self) -> Manifest:
         """Publish the last shard and the manifest; return the manifest. Idempotent."""
@@ -166,11 +151,10 @@ class Writer:
                 raise ValueError("this Writer was aborted; it wrote no manifest")
             return self.manifest
         try:
-            if self._current is not None:
-                self._roll()
+            shards = self._sequence.close()
             manifest = Manifest(
                 schema=self.schema.to_json(),
-                shards=tuple(self._shards),
+                shards=shards,
                 metadata=self.metadata,
                 created_by=f"recordkit {__version__}",
             )
@@ -192,9 +176,7 @@ class Writer:
             return
         self._closed = True
         try:
-            if self._current is not None:
-                self._current.discard()
-                self._current = None
+            self._sequence.discard()
             if error is not None:
                 note = f"record {self.records_written}: {type(error).__name__}: {error}"
                 try:

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from converters.base import Item
-from converters.jsonl import JsonlSource
 from recordkit import Schema
+from recordkit.converters.base import Item
+from recordkit.converters.jsonl import JsonlSource
 
 
 class GatedJsonl(JsonlSource):
@@ -70,3 +70,18 @@ class DiskFullJsonl(JsonlSource):
                 continue  # another writer took it
             return True
         return False
+
+
+class FlakyJsonl(JsonlSource):
+    """JSONL whose reads fail with a transient ``ConnectionResetError`` on the second
+    item of a partition while ``flaky/<n>`` files are left: each failure uses one up."""
+
+    name: ClassVar[str] = "flaky-jsonl"
+    defaults: ClassVar[Mapping[str, Any]] = {**JsonlSource.defaults, "flaky": ""}
+
+    def records(self, item: Item, schema: Schema) -> Iterator[bytes]:
+        folder = str(self.options["flaky"])
+        for n, payload in enumerate(super().records(item, schema)):
+            if n == 1 and item.key.endswith("1.jsonl") and DiskFullJsonl._use_one(folder):
+                raise ConnectionResetError(errno.ECONNRESET, "connection reset by the source")
+            yield payload

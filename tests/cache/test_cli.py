@@ -53,7 +53,7 @@ def test_fill_status_gc(remote, tmp_path, capsys):
 
 def test_errors_are_messages(tmp_path, capsys):
     assert main(["cache", "status", str(tmp_path / "nothing")]) == 2
-    assert "recordkit cache: error:" in capsys.readouterr().err
+    assert "recordkit cache status: error:" in capsys.readouterr().err
     assert (
         main(["cache", "fill", str(tmp_path / "none"), str(tmp_path / "c"), "--max-bytes", "1MiB"])
         == 2

@@ -17,14 +17,14 @@ import zlib
 import numpy as np
 import pytest
 
-import converters
 import recordkit as rk
+from recordkit import converters
 from recordkit.cache import CacheFullError, ProduceError, ShardCache, _cache
 from recordkit.cache._dir import BOOKKEEPING_SLACK
 from recordkit.cli import main
 from recordkit.retry import RetryPolicy
 
-from ._sources import DiskFullJsonl, GatedJsonl
+from ._sources import DiskFullJsonl, FlakyJsonl, GatedJsonl
 from .conftest import BudgetWatch, disk_bytes, overhead, visible_shards
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,6 +39,7 @@ def _test_sources(monkeypatch):
     monkeypatch.setattr(_cache, "DEFAULT_POLICY", RetryPolicy(cooldown=0.2))
     converters.register(GatedJsonl.name, GatedJsonl)
     converters.register(DiskFullJsonl.name, DiskFullJsonl)
+    converters.register(FlakyJsonl.name, FlakyJsonl)
 
 
 def sample(i: int, size: int) -> dict:
@@ -231,6 +232,56 @@ def test_partition_larger_than_the_budget_is_a_clear_error(tmp_path):
     assert visible_shards(tmp_path / "c") == [] and temp_files(tmp_path / "c") == []
 
 
+class CountingEvents:
+    """Sums the source bytes the cache reports as converted ("downloaded")."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def downloaded(self, nbytes: int) -> None:
+        self.total += nbytes
+
+    def published(self, shard, used: int) -> None:
+        pass
+
+    def evicted(self, path: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fill_workers", [0, 1])  # in this thread; in a writer process
+def test_a_retried_partition_counts_its_source_bytes_once(tmp_path, fill_workers):
+    """Two transient errors on the second item of a partition: it is converted three
+    times, its bytes counted once (the producer's retry once counted the first item's
+    again, lacking the undo convert's retry has)."""
+    src, source = local_source(tmp_path / "raw", 4)
+    flaky = tmp_path / "flaky"
+    flaky.mkdir()
+    for n in range(2):
+        (flaky / str(n)).touch()
+    counted = CountingEvents()
+    cache = ShardCache(
+        src,
+        tmp_path / "c",
+        max_bytes="1MiB",
+        format=FlakyJsonl.name,
+        source_options={"flaky": str(flaky)},
+        # Two files (about 16.5 KB each) per partition: f00 and f01, then f02 and f03.
+        convert_options=rk.convert.ConvertOptions(
+            shard_size="64KiB", partition_bytes="40KiB", retry_backoff=0.0
+        ),
+        fill_workers=fill_workers,
+        events=counted,
+    )
+    try:
+        assert cache.fill() == 2
+    finally:
+        cache.stop()
+    assert os.listdir(flaky) == [] and cache.errors == []  # both failures happened, retried
+    assert counted.total == source
+    with cache.snapshot(0) as snap:
+        assert sorted(read_snapshot(snap)) == list(range(4 * LINES))
+
+
 # -- crashes -----------------------------------------------------------------------------------
 
 
@@ -322,7 +373,7 @@ def test_a_killed_cache_process_leaves_a_directory_that_is_reused(tmp_path):
     order = fill_order(4)
     options = {"gate": str(gate), "block": f"f{order[2]:02d}.jsonl"}  # the third one filled
     code = f"""
-        import converters
+        from recordkit import converters
         from recordkit.cache import ShardCache
         from tests.cache._sources import GatedJsonl
         converters.register(GatedJsonl.name, GatedJsonl)

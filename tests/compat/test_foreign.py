@@ -157,7 +157,7 @@ def test_reading_writes_nothing_beside_foreign_shards(tf: ModuleType, tmp_path: 
     _same(list(ds), theirs)
     _same([ds[i] for i in range(len(ds))], theirs)
     assert _listing(root) == before
-    cached = sorted(Path(index_cache.cache_dir() or "").iterdir())
+    cached = sorted(Path(index_cache.cache_dir() or "").glob("*.idx"))
     assert len(cached) == 2 and all(p.suffix == ".idx" for p in cached)
     # The cached index is the one `recordkit index` would write.
     rk.build_index(root)
@@ -182,7 +182,7 @@ def test_cached_index_is_validated_not_trusted(
     root = _foreign(tf, tmp_path / "tfds")
     rk.Dataset(root)
     directory = Path(index_cache.cache_dir() or "")
-    entries = sorted(directory.iterdir())
+    entries = sorted(directory.glob("*.idx"))
     for p in entries:  # a lying index: contiguous, but the wrong record sizes
         lines = p.read_text().splitlines()
         p.write_text("".join(f"{i * 16} 16\n" for i in range(len(lines))))
@@ -192,7 +192,7 @@ def test_cached_index_is_validated_not_trusted(
     assert "dropping cached index" in caplog.text
     assert all(
         p.read_text().startswith("0 ") and not p.read_text().startswith("0 16\n")
-        for p in directory.iterdir()
+        for p in directory.glob("*.idx")
     )
 
 
@@ -200,23 +200,23 @@ def test_cache_key_follows_size_and_mtime(tf: ModuleType, tmp_path: Path):
     root = _foreign(tf, tmp_path / "tfds")
     rk.Dataset(root)
     directory = Path(index_cache.cache_dir() or "")
-    first = {p.name for p in directory.iterdir()}
+    first = {p.name for p in directory.glob("*.idx")}
     _write(tf, root / "train.tfrecord-00001-of-00002", n=7)  # rewritten in place
     assert len(rk.Dataset(root)) == 32
-    assert len({p.name for p in directory.iterdir()} - first) == 1
+    assert len({p.name for p in directory.glob("*.idx")} - first) == 1
 
 
 def test_cache_is_bounded(tf: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     root = _foreign(tf, tmp_path / "tfds")
     directory = Path(index_cache.cache_dir() or "")
     rk.Dataset(root)
-    sizes = {p.name: p.stat().st_size for p in directory.iterdir()}
-    for p in directory.iterdir():
+    sizes = {p.name: p.stat().st_size for p in directory.glob("*.idx")}
+    for p in directory.glob("*.idx"):
         p.unlink()
     # Room for the larger index alone: writing the second drops the first.
     monkeypatch.setenv(index_cache.ENV_INDEX_CACHE_BYTES, str(max(sizes.values())))
     rk.Dataset(root)
-    left = [p.name for p in directory.iterdir()]
+    left = [p.name for p in directory.glob("*.idx")]
     assert len(left) == 1 and sum(sizes[n] for n in left) <= max(sizes.values())
 
 
@@ -450,13 +450,102 @@ def test_sequence_example_batch_path_refuses(tf: ModuleType, tmp_path: Path):
         next(iter(ds))
 
 
-def test_convert_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
+def _sequence_equal(a: dict, b: dict) -> None:
+    """Two whole SequenceExample samples (tensors or arrays) hold the same values."""
+    assert set(a) == {"context", "feature_lists"} and a.keys() == b.keys()
+    for part in ("context", "feature_lists"):
+        assert a[part].keys() == b[part].keys()
+        for name in a[part]:
+            x, y = a[part][name], b[part][name]
+            if part == "context":
+                x, y = [x], [y]
+            assert len(x) == len(y)
+            for u, v in zip(x, y):
+                u = u.numpy() if hasattr(u, "numpy") else u
+                if isinstance(v, list):
+                    assert u == v
+                else:
+                    assert u.dtype == v.dtype
+                    np.testing.assert_array_equal(u, v)
+
+
+def test_sequence_example_record_dataset(tf: ModuleType, tmp_path: Path):
+    pytest.importorskip("torch")
+    from recordkit.torch import RecordDataset
+
+    path = _write_sequences(tf, tmp_path / "seq.tfrecord", n=11)
+    reference = list(rk.Dataset(path, sequence_example=True))  # checked against TF above
+    samples = list(RecordDataset(path, sequence_example=True, num_threads=2))
+    assert len(samples) == 11
+    for a, b in zip(samples, reference):
+        _sequence_equal(a, b)
+    batches = list(RecordDataset(path, sequence_example=True, batch_size=4, num_threads=2))
+    assert [len(b) for b in batches] == [4, 4, 3]
+    for a, b in zip([s for batch in batches for s in batch], reference):
+        _sequence_equal(a, b)
+    shuffled = list(RecordDataset(path, sequence_example=True, shuffle=True, seed=3))
+    ids = sorted(int(s["context"]["id"][0]) for s in shuffled)
+    assert ids == list(range(11))
+    with pytest.raises(ValueError, match="no schema, columns"):
+        RecordDataset(path, sequence_example=True, schema=rk.Schema(id=rk.Int64()))
+    # A record that does not decode is a bad record: named, or skipped with on_error.
+    from recordkit.format import frame
+
+    with open(path, "ab") as f:
+        f.write(frame(b"\x12\xff"))  # feature_lists whose length runs past the payload
+    with pytest.raises(rk.errors.CorruptRecordError, match=rf"{path}:\d+:11: malformed"):
+        list(RecordDataset(path, sequence_example=True))
+    kept = list(RecordDataset(path, sequence_example=True, on_error="skip"))
+    assert len(kept) == 11
+    # A corrupt frame is named when the index is rebuilt (not a BufferError).
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(rk.errors.CorruptRecordError, match=rf"{path}:0:0: "):
+        RecordDataset(path, sequence_example=True)
+
+
+def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
+    from recordkit import tf as rktf
+
+    path = _write_sequences(tf, tmp_path / "seq.tfrecord", n=7)
+    reference = list(rk.Dataset(path, sequence_example=True))
+    ours = list(rktf.dataset(path, sequence_example=True))
+    assert len(ours) == 7
+    for a, b in zip(ours, reference):
+        assert a["context"]["id"].numpy().tolist() == b["context"]["id"].tolist()
+        for name, steps in b["feature_lists"].items():
+            got = a["feature_lists"][name].to_list()
+            want = [s if isinstance(s, list) else s.tolist() for s in steps]
+            if name == "scores":
+                np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want))
+            else:
+                assert got == want, name
+        assert set(a["feature_lists"]) <= set(b["feature_lists"]) | {"words"}
+    (batch,) = list(rktf.dataset(path, sequence_example=True, batch_size=7))
+    assert batch["feature_lists"]["tokens"].shape[0] == 7
+    # A feature the leading records lack fails the pipeline by name, never dropped.
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    _write_sequences(tf, extra / "a.tfrecord", n=2)
+    f = tf.train.Feature
+    ctx = tf.train.Features(feature={"late": f(bytes_list=tf.train.BytesList(value=[b"x"]))})
+    with tf.io.TFRecordWriter(str(extra / "b.tfrecord")) as w:
+        w.write(tf.train.SequenceExample(context=ctx).SerializeToString())
+    with pytest.raises(tf.errors.OpError, match="context feature 'late' as bytes"):
+        list(rktf.dataset(extra, sequence_example=True))
+
+
+def test_convert_told_examples_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):
+    # Converting them whole (detected, or told) is tests/compat/test_sequence_convert.py's.
     src = tmp_path / "src"
     src.mkdir()
     _write_sequences(tf, src / "seq.tfrecord")
-    code = main(["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")])
-    assert code != 0
-    assert "payload is a tf.train.SequenceExample" in capsys.readouterr().err
+    argv = ["convert", "--from", "tfrecord", str(src), str(tmp_path / "dst")]
+    assert main([*argv, "-o", "sequence_example=false"]) != 0
+    err = capsys.readouterr().err
+    assert f"{src / 'seq.tfrecord'}:0:0: a tf.train.SequenceExample" in err
+    assert "mixed input is refused" in err and "sequence_example=False" in err
     assert not (tmp_path / "dst" / "recordkit.json").exists()
 
 
@@ -506,7 +595,7 @@ def test_cache_lists_its_directory_once_per_process(
     monkeypatch.setattr(index_cache.os, "scandir", counting_scandir)
     assert len(rk.Dataset(root)) == 70
     assert [p for p in listings if p == index_cache.cache_dir()] == [index_cache.cache_dir()]
-    assert len(list(Path(index_cache.cache_dir() or "").iterdir())) == 12
+    assert len(list(Path(index_cache.cache_dir() or "").glob("*.idx"))) == 12
 
 
 def test_head_shows_raw_and_sequence_records(

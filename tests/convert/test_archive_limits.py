@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import recordkit as rk
-from converters import SourceError
-from converters.webdataset import WebDatasetSource
+from recordkit.converters import SourceError
+from recordkit.converters.webdataset import WebDatasetSource
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from converters import SourceError, SourceNotFoundError
 from recordkit.convert import (
     ConvertOptions,
     DiskFullError,
@@ -24,6 +23,7 @@ from recordkit.convert import (
     plan_conversion,
 )
 from recordkit.convert._cli import parse_schema
+from recordkit.converters import SourceError, SourceNotFoundError
 from recordkit.errors import CorruptRecordError, DatasetExistsError, SchemaError
 
 from .cases import assert_samples_equal, imagefolder, numpy_npz, read_all
@@ -253,7 +253,7 @@ def test_tfrecord_corruption_names_file_offset_record(tmp_path):
 
 
 _PLUGIN = '''
-from converters import Item, Source
+from recordkit.converters import Item, Source
 from recordkit import Int64, Schema
 
 
@@ -288,7 +288,7 @@ def test_third_party_converter_through_entry_points(tmp_path):
     entry = "[recordkit.converters]\ncount = countplug:CountSource\n"
     (dist / "entry_points.txt").write_text(entry)
     code = (
-        "import converters, recordkit as rk\n"
+        "import recordkit as rk\nfrom recordkit import converters\n"
         "assert 'count' in converters.available(), converters.available()\n"
         "r = rk.convert('unused', 'out', format='count', workers=1, source_options={'n': 20})\n"
         "print(r.records, [int(s['x']) for s in rk.Dataset('out')][-1])\n"

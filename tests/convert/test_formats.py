@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-import converters
 import recordkit as rk
-from converters import Item, Source
+from recordkit import converters
+from recordkit.converters import Item, Source
 
 from .cases import CASES, assert_samples_equal, read_all
 
@@ -24,6 +24,10 @@ def _make(case: str, root):
         pytest.importorskip("pyarrow")
     if fmt == "imagefolder":
         pytest.importorskip("PIL")
+    if fmt == "hf":
+        pytest.importorskip("datasets")
+    if fmt == "arrayrecord":
+        pytest.importorskip("array_record.python.array_record_module")
     root.mkdir(parents=True, exist_ok=True)
     src_rel, expected = make(root)
     return fmt, src_rel, expected
@@ -57,7 +61,7 @@ def test_source_conformance(case, tmp_path):
     fmt, src_rel, expected = _make(case, tmp_path / "src")
     cls = converters.get(fmt)
     assert issubclass(cls, Source) and cls.name == fmt and fmt in converters.available()
-    assert cls.__doc__ and cls.__module__.startswith("converters.")
+    assert cls.__doc__ and cls.__module__.startswith("recordkit.converters.")
     src = str(tmp_path / "src" / src_rel)
     source = cls(src)
     items = source.list_items()

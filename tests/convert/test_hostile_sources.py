@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from converters import SourceError, get
 from recordkit.cli import main
 from recordkit.convert import PartitionsFailedError
+from recordkit.converters import SourceError, get
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,7 +120,7 @@ def test_non_image_is_an_error_naming_the_file(tree, tmp_path, content, what):
 def test_non_images_can_be_skipped_with_a_warning(tree, tmp_path, caplog):
     (tree / "cat" / "empty.jpg").write_bytes(b"")
     (tree / "dog" / "text.jpg").write_bytes(b"just text")
-    with caplog.at_level(logging.WARNING, logger="converters.imagefolder"):
+    with caplog.at_level(logging.WARNING, logger="recordkit.converters.imagefolder"):
         result = _convert(tree, tmp_path / "out", on_error="skip")
     assert (result.items, result.records) == (4, 2)
     assert "cat/empty.jpg: not an image" in caplog.text

@@ -75,6 +75,6 @@ def test_other_file_systems_through_read_and_listdir(tmp_path):
 
 
 def test_marker_bytes_refuses_an_unknown_writer(tmp_path):
-    with pytest.raises(ValueError, match="'writer' or 'convert'"):
+    with pytest.raises(ValueError, match=r"writer must be one of \('writer', 'convert', 'write'\)"):
         mark_started(open_target(tmp_path), "someone")
     assert not (tmp_path / MARKER_NAME).exists()

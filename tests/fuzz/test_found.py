@@ -222,3 +222,26 @@ def test_a_manifest_record_count_that_is_wrong_is_refused_by_every_reader(datase
         with pytest.raises((ManifestError, CorruptRecordError, InvalidIndexError)):
             read()
     assert not rk.verify(dataset).ok
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", ["marker", "index"])
+def test_recordkit_tf_opens_no_fifo(tmp_path, what):
+    """An in-progress marker or a foreign shard's ``.idx`` that is a FIFO: TensorFlow's
+    ``GFile`` would wait for a writer for ever."""
+    pytest.importorskip("tensorflow")
+    import recordkit.tf as rtf
+    from recordkit.format.complete import MARKER_NAME
+
+    root = tmp_path / "ds"
+    with rk.Writer(root, SCHEMA, fsync=False) as w:
+        for i in range(4):
+            w.write({"i": i, "x": np.full(4, i, np.uint8)})
+    if what == "marker":
+        os.mkfifo(root / MARKER_NAME)  # beside a whole dataset: not ours, ignored
+    else:
+        (root / "recordkit.json").unlink()  # a folder of foreign TFRecords
+        (root / "part-00000.tfrecord.idx").unlink()
+        os.mkfifo(root / "part-00000.tfrecord.idx")
+    got = [int(s["i"]) for s in rtf.dataset(root, schema=SCHEMA, shuffle=False)]
+    assert got == [0, 1, 2, 3]

@@ -113,3 +113,30 @@ def test_mixing_metric():
     assert sorted_d == pytest.approx(64)  # one class per batch: D = batch size
     with pytest.raises(ValueError, match="at least one batch"):
         mixing(np.arange(5), 64)
+
+
+@pytest.mark.parametrize(
+    ("counts", "block", "window"),
+    [
+        ([1], 1, 1),
+        ([5], 3, 2),
+        ([7, 0, 3], 2, 1),
+        ([100] * 11, 0, 8192),
+        ([4097, 12, 999], 64, 7),
+        ([3000] * 7, 3, 5),
+        ([65537], 1, 2**16 + 1),  # a window past 2^16 records: wider networks
+        ([10], 16, 4),  # fewer records than a block: only the tail
+    ],
+)
+def test_the_c_plan_order_is_the_numpy_one(counts, block, window):
+    """``EpochPlan.order`` in C (``recordkit/_order.c``) equals its NumPy reference."""
+    _need_native()
+    for seed, epoch in ((0, 0), (11, 3)):
+        options = PlanOptions(shuffle=True, seed=seed, block_records=block, window_blocks=window)
+        plan = EpochPlan(np.array(counts), options, epoch, avg_record_bytes=100)
+        g = np.arange(plan.total)
+        got = plan.order(g)
+        assert np.array_equal(got, plan._order_numpy(g))
+        assert np.array_equal(np.sort(got), g)
+        picks = np.random.default_rng(seed).permutation(plan.total)[: plan.total // 2 + 1]
+        assert np.array_equal(plan.order(picks), plan._order_numpy(picks))

@@ -271,3 +271,46 @@ def test_environment_turns_the_runner_off(ds_path, monkeypatch):
         ).native_tasks
     finally:
         shards.close()
+
+
+def _write(root, samples):
+    with rk.Writer(root, SCHEMA, max_records=50) as w:
+        for s in samples:
+            w.write(s)
+    return root
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_large_records_take_the_two_pass_path(tmp_path, shuffle):
+    """Records past the fused-copy size (the payload CRC computed in the copy of the
+    biggest value): parse first, then every copied column at the task's exact widths."""
+    rng = np.random.default_rng(5)
+    samples = []
+    for i in range(240):
+        s = _sample(i % 100, rng)  # no doubling: widths stay within the guess
+        s["idx"] = i
+        s["data"] = rng.bytes(int(rng.integers(20_000, 40_000)) if i % 9 else 0)
+        s["tag"] = rng.bytes(int(rng.integers(0, 30_000)))  # two large bytes columns
+        samples.append(s)
+    root = _write(tmp_path / "big", samples)
+    kw = {"shuffle": shuffle, "task_records": 64, "batch_size": 8}
+    native, stats = _read(root, native=True, **kw)
+    _same(native, _read(root, native=False, **kw)[0])
+    assert stats["fallbacks"] <= 2
+
+
+def test_values_of_one_size_are_written_where_they_stay(tmp_path):
+    """While every task's widest value has had one size, the runner is given rows of
+    exactly that width; a wider value later falls back once, narrower ones close up."""
+    rng = np.random.default_rng(6)
+    samples = []
+    for i in range(600):
+        s = _sample(i % 100, rng)
+        s["idx"] = i
+        s["data"] = rng.bytes(64 if i < 400 else (100 if i == 400 else int(rng.integers(1, 64))))
+        samples.append(s)
+    root = _write(tmp_path / "fixed", samples)
+    kw = {"shuffle": False, "task_records": 32}
+    native, stats = _read(root, native=True, **kw)
+    _same(native, _read(root, native=False, **kw)[0])
+    assert stats["fallbacks"] == 1  # the 100-byte value; every other task took the runner

@@ -203,6 +203,7 @@ def test_open_reads_no_index(many, monkeypatch):
         raise AssertionError("an index was read at open time")
 
     monkeypatch.setattr(rks, "ensure_index", refuse)
+    monkeypatch.setattr(rks, "open_index", refuse)
     shards = open_shards(many)
     assert shards.open_count == 0
     assert shards.records == SHARDS * RECORDS

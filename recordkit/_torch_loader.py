@@ -1,0 +1,90 @@
+"""``recordkit.torch.DataLoader``: torch's ``DataLoader`` that saves and resumes a
+``RecordDataset`` exactly, with any number of workers, and needs nothing else.
+
+Imported only by :mod:`recordkit.torch` (it imports torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader as _TorchDataLoader
+
+if TYPE_CHECKING:
+    from .torch import RecordDataset
+
+__all__ = ["DataLoader"]
+
+
+class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
+    """``torch.utils.data.DataLoader`` that can save and resume a
+    :class:`~recordkit.torch.RecordDataset`.
+
+    With worker processes, the dataset object in the training process does not
+    see what the workers read; this loader counts the batches it yields, so
+    :meth:`state_dict` is exact (one state for the rank, which resumes with any
+    number of workers), and advances the dataset's epoch after each full pass.
+    ``batch_size`` defaults to ``None`` (the dataset batches). torchdata's
+    ``StatefulDataLoader`` resumes exactly too (``docs/howto/resume.md``).
+    """
+
+    def __init__(
+        self, dataset: RecordDataset, *, batch_size: int | None = None, **kwargs: Any
+    ) -> None:
+        from .torch import RecordDataset  # the module that exports this class
+
+        if not isinstance(dataset, RecordDataset):
+            raise TypeError("recordkit.torch.DataLoader takes a recordkit.torch.RecordDataset")
+        if batch_size is not None:
+            raise ValueError(
+                "let the dataset batch: RecordDataset(..., batch_size=N) with "
+                "DataLoader(batch_size=None); that is faster and keeps resume exact"
+            )
+        super().__init__(dataset, batch_size=batch_size, **kwargs)
+        self._ds = dataset
+        self._consumed = 0
+        self._epoch: int | None = None  # the epoch of the pass under way
+
+    # A generator, not a _BaseDataLoaderIter: it wraps one to count what it yields.
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        ds = self._ds
+        epoch = ds.epoch
+        if self.num_workers > 0:
+            with ds.worker_pass() as start:  # the workers copy the dataset in here
+                it = super().__iter__()
+        else:  # the dataset iterates in this process and resumes itself
+            start, it = ds.resume_point(), super().__iter__()
+        self._epoch, self._consumed = epoch, start
+        finished = False
+        try:
+            for item in it:
+                self._consumed += 1
+                yield item
+            finished = True
+        finally:
+            if not finished:
+                # Left early: the next pass reads this epoch again (workers that had
+                # read their share ahead have marked it finished).
+                ds.epoch = epoch
+        # A full pass: the next one reads the next epoch (the dataset, or its
+        # workers, may have advanced it already).
+        if ds.epoch == epoch:
+            ds.set_epoch(epoch + 1)
+        self._epoch, self._consumed = None, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the batches this loader has yielded (JSON-serialisable)."""
+        ds = self._ds
+        return ds.state_dict(consumed=self._consumed, epoch=self._epoch)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next pass starts at the batch after it."""
+        ds = self._ds
+        if state.get("worker") is not None:
+            raise ValueError(
+                "this is one DataLoader worker's state (torchdata's StatefulDataLoader "
+                "saves those): load it with the StatefulDataLoader that saved it"
+            )
+        ds.load_state_dict(state)
+        self._epoch, self._consumed = None, int(state["consumed"])

@@ -1,0 +1,80 @@
+"""Objects that carry a shard set into other processes and map it again in each.
+
+A reader object that DataLoader workers or Grain's worker processes copy (forked or
+pickled) takes its :class:`~recordkit.reader.shards.ShardSet` along: record counts,
+sizes and the schema, no maps. Each process maps the shards it reads on demand and
+makes its own buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from ..codec.limits import DecodeLimits
+from ..codec.schema import Schema
+from .shards import ShardSet, open_shards
+from .tfds import TFDSView
+
+__all__ = ["OPEN_LOCK", "ProcessLocalShards"]
+
+# Guards (re)opening the shard maps of a reader object; opening is rare (once per
+# process), so one lock for all of them is enough.
+OPEN_LOCK = threading.Lock()
+
+
+class ProcessLocalShards:
+    """Shard maps (and what hangs off them) live in one process each.
+
+    Subclasses set ``path`` (and optionally ``schema``, ``partial``, ``split``,
+    ``decode_images`` and ``limits``) and call
+    :meth:`_open` for the shard set; :meth:`_opened` runs once in each process
+    that opens it (to make per-process buffers).
+    """
+
+    path: str
+    schema: Schema
+    decode_images: bool = False
+    limits: DecodeLimits | None = None
+    _shards: ShardSet | None = None
+    _pid = -1
+
+    def _open(self) -> ShardSet:
+        shards = self._shards
+        if shards is not None and self._pid == os.getpid():
+            return shards
+        with OPEN_LOCK:  # several threads may iterate one reader: open once
+            if self._shards is None or self._pid != os.getpid():
+                shards = self._shards if self._shards is not None else self._open_shards()
+                self._opened()  # before publishing: a thread that sees the shards sees the rest
+                self._shards = shards
+                self._pid = os.getpid()
+            assert self._shards is not None
+            return self._shards
+
+    def _open_shards(self) -> ShardSet:
+        return open_shards(
+            self.path,
+            getattr(self, "schema", None),
+            partial=getattr(self, "partial", False),
+            split=getattr(self, "split", None),
+        )
+
+    def _view(self) -> TFDSView | None:
+        """A tensorflow-datasets split's view, with this reader's options (or ``None``)."""
+        view = self._open().view
+        if view is None:
+            if getattr(self, "decode_images", False):
+                raise ValueError("decode_images=True is for tensorflow-datasets folders")
+            return None
+        return view.with_options(decode_images=self.decode_images, limits=self.limits)
+
+    def _opened(self) -> None:
+        """Called in each process after its maps are opened."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pid"] = -1  # the shard set pickles without its maps; the pool stays here
+        state.pop("_pool", None)
+        return state

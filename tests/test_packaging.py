@@ -1,0 +1,47 @@
+"""What a wheel installs: recordkit (converters included as recordkit.converters), and
+nothing at the top level that a user's own module could shadow or clash with."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_the_converters_inside_recordkit(tmp_path):
+    pytest.importorskip("setuptools")
+    out = subprocess.run(  # offline: the build backend of this environment
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path), "-q"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = tmp_path.glob("recordkit-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+        entry = zf.read(entry_points).decode()
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"recordkit"}, tops
+    ours = sorted(p.name for p in (ROOT / "converters").glob("*.py"))
+    packed = sorted(n.rsplit("/", 1)[1] for n in names if n.startswith("recordkit/converters/"))
+    assert packed == ours
+    assert "[recordkit.converters]" in entry
+    assert "csv = recordkit.converters.csv:CsvSource" in entry
+    assert "= converters." not in entry
+
+
+def test_the_source_tree_links_the_converters_into_recordkit():
+    """recordkit/converters is the top-level converters/ folder (a checkout, an editable
+    install and a wheel all import the same files as recordkit.converters)."""
+    link = ROOT / "recordkit" / "converters"
+    assert link.is_symlink() and link.resolve() == (ROOT / "converters").resolve()
+    import recordkit.converters
+
+    assert Path(recordkit.converters.__file__).resolve().parent == (ROOT / "converters").resolve()
