@@ -12,11 +12,16 @@ counts against the global proportions over classes - 1; uniform gives 1.0):
   cost of ordering a position;
 - ``images``: 5 classes x 600 records written class by class (as ``--from
   imagefolder`` would without its interleave), read through ``RecordDataset``, batch 32.
+- ``remote``: the plan of whole epochs through a shard cache smaller than the
+  dataset (shard windows: ``PlanOptions.shard_window_bytes``): 100,000 sorted
+  records (10 classes) in 100 shards, a cache budget of 1/2 .. 1/20 of the
+  dataset (windows of half that), at world size 1 and 8 (worst rank), batch 64;
+  D(64) and D(6400), distinct labels per batch.
 
 Run it against another checkout (``PYTHONPATH=/path/to/other/checkout``) to compare
 orders; the epoch-time comparison is ``read_bench.py --readers recordkit-shuffle``.
 
-    python benchmarks/shuffle_bench.py [--parts sorted,billion,images] [--seeds 3]
+    python benchmarks/shuffle_bench.py [--parts sorted,billion,images,remote] [--seeds 3]
 """
 
 from __future__ import annotations
@@ -107,6 +112,41 @@ def billion_part() -> None:
     print(f"  distinct shards per batch of 64: {distinct_shards:.1f}")
 
 
+def remote_part(seeds: int) -> None:
+    n, shards, classes, batch = 100_000, 100, 10, 64
+    counts = np.full(shards, n // shards)
+    sizes = np.full(shards, 1 << 20)  # 1 MiB shards: the budget fractions below are exact
+    print(f"remote: {n:,} records, {classes} classes in order, {shards} shards, batch {batch}")
+    print(f"  {'budget (of the dataset)':<34} {'labels':>8} {'p1':>6} {'D(64)':>8} {'D(6400)':>8}")
+    rng = np.random.default_rng(0)
+    uniform = rng.permutation(n) * classes // n
+    m = mixing(uniform, batch, classes)
+    print(_row("uniform permutation", m) + f" {mixing(uniform, 6400, classes)['dispersion']:>8.3f}")
+    for fraction in (1, 2, 4, 10, 20):
+        window = 0 if fraction == 1 else int(sizes.sum()) // fraction // 2
+        for world in (1, 8):
+            worst: dict[str, float] | None = None
+            d6400 = 0.0
+            for seed in range(seeds):
+                opts = PlanOptions(
+                    shuffle=True, seed=seed, batch_size=batch, shard_window_bytes=window
+                )
+                plan = EpochPlan(counts, opts, 0, shard_bytes=sizes)
+                for rank in range(world):
+                    labels = _stream(plan, counts, rank, world) * classes // n
+                    got = mixing(labels, batch, classes)
+                    if worst is None or got["distinct"] < worst["distinct"]:
+                        worst = got
+                    d6400 = max(d6400, mixing(labels, 6400, classes)["dispersion"])
+            assert worst is not None
+            name = (
+                "all (the local order)"
+                if fraction == 1
+                else f"1/{fraction}: windows of {100 // fraction // 2} shards"
+            )
+            print(_row(f"{name}, world {world}", worst) + f" {d6400:>8.3f}")
+
+
 def images_part(seeds: int) -> None:
     import recordkit.torch as rkt
 
@@ -127,12 +167,12 @@ def images_part(seeds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parts", default="sorted,billion,images")
+    ap.add_argument("--parts", default="sorted,billion,images,remote")
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
     parts = args.parts.split(",")
     for part in parts:
-        if part not in ("sorted", "billion", "images"):
+        if part not in ("sorted", "billion", "images", "remote"):
             ap.error(f"unknown part {part!r}")
     print(f"recordkit from {os.path.dirname(rk.__file__)}")
     if "sorted" in parts:
@@ -141,6 +181,8 @@ def main() -> None:
         billion_part()
     if "images" in parts:
         images_part(args.seeds)
+    if "remote" in parts:
+        remote_part(args.seeds)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss:.0f} MiB")
 

@@ -56,12 +56,25 @@ class PlanTasks:
         options: the plan's options (shuffle, seed, batch size, drop_last).
         pipeline: this pipeline's id (the plan's rank).
         pipelines: the number of input pipelines (the plan's world size).
+        feed: told when a task starts and ends (``begin(epoch, task)``,
+            ``done(epoch, task)``): whole epochs through a shard cache fetch the
+            shards ahead and let each go once the tasks before it are done.
+        task_bytes: a task holds at most about this many bytes of records
+            (default 4 MiB); through a shard cache, a fraction of what it holds,
+            so that a task's shards fit beside the next ones'.
     """
 
     def __init__(
-        self, shards: ShardSet, options: PlanOptions, pipeline: int, pipelines: int
+        self,
+        shards: ShardSet,
+        options: PlanOptions,
+        pipeline: int,
+        pipelines: int,
+        feed: Any = None,
+        task_bytes: int = _TASK_BYTES,
     ) -> None:
         self.shards = shards
+        self.feed = feed
         self.options = options
         self.split = Split(rank=pipeline, world_size=pipelines)
         self._lock = threading.Lock()
@@ -71,7 +84,7 @@ class PlanTasks:
         #: units (batches, or records without a batch size) this pipeline reads per epoch
         self.units = first.unit_count(pipeline, pipelines)
         unit = options.batch_size or 1
-        per_task = min(_TASK_RECORDS, max(1, int(_TASK_BYTES / max(shards.avg_record_bytes, 1))))
+        per_task = min(_TASK_RECORDS, max(1, int(task_bytes / max(shards.avg_record_bytes, 1))))
         self.task_units = max(1, per_task // unit)
         #: tasks per epoch (the same every epoch: the shard set is fixed)
         self.tasks = -(-self.units // self.task_units)
@@ -88,6 +101,7 @@ class PlanTasks:
                     self.options,
                     epoch,
                     avg_record_bytes=self.shards.avg_record_bytes,
+                    shard_bytes=self.shards.nbytes,
                 )
                 self._plans[epoch] = plan
                 while len(self._plans) > _PLANS_KEPT:
@@ -115,7 +129,16 @@ class PlanTasks:
             CorruptRecordError: a record's framing or CRC is bad (file, offset, record).
             ShardChangedError: a shard shrank under the reader.
         """
-        shard, rec = self.records(int(epoch), int(task))
+        if self.feed is None:
+            return self._read(int(epoch), int(task))
+        self.feed.begin(int(epoch), int(task))
+        try:
+            return self._read(int(epoch), int(task))
+        finally:
+            self.feed.done(int(epoch), int(task))
+
+    def _read(self, epoch: int, task: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        shard, rec = self.records(epoch, task)
         n, row = len(rec), self.row
         starts = np.empty(n, np.int64)  # where each record went in the buffer
         length = np.empty(n, np.int64)

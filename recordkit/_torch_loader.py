@@ -41,6 +41,11 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
                 "let the dataset batch: RecordDataset(..., batch_size=N) with "
                 "DataLoader(batch_size=None); that is faster and keeps resume exact"
             )
+        if kwargs.get("persistent_workers") and dataset.cache_epochs == "whole":
+            raise ValueError(
+                "persistent_workers=True with whole epochs through a cache: each pass's "
+                "workers must start after the pass's stream (workers per pass instead)"
+            )
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._ds = dataset
         self._consumed = 0
@@ -61,8 +66,12 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
             for item in it:
                 self._consumed += 1
                 yield item
+                if self.num_workers > 0:
+                    ds._delivered(self._consumed - 1)  # whole epochs: finished shards go
             finished = True
         finally:
+            if self.num_workers > 0:
+                ds._end_pass()  # whole epochs: the pass's stream stops
             if not finished:
                 # Left early: the next pass reads this epoch again (workers that had
                 # read their share ahead have marked it finished).

@@ -44,7 +44,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -60,7 +60,7 @@ from .format import open_regular
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest, read_manifest
-from .reader.epochs import CacheEpochs
+from .reader.epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
 from .reader.plan import PlanOptions
 from .reader.shards import open_shards
 from .reader.tfds import tfds_folder
@@ -284,6 +284,12 @@ def _cached_files(
     """A generator of each epoch's shard paths (rescanning the cache), and the first set."""
     first = epochs.take(0)
     manifest = first.manifest
+    if manifest is not None and manifest.sequence_example:
+        epochs.close()  # lets the epoch's shards go (and stops a cache made for this call)
+        raise ValueError(
+            f"{epochs.cache.remote_url}: a manifest that says its records are SequenceExamples: "
+            "they are read whole, not through a shard cache"
+        )
     if schema is None:
         schema = Schema.from_json(manifest.schema) if manifest else _infer(first.paths[0])
     held: dict[str, Any] = {"epoch": 0, "first": first}
@@ -331,6 +337,7 @@ def dataset(
     cache: Any = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    cache_epochs: Literal["whole", "growing"] = "whole",
     cache_timeout: float | None = 600.0,
     partial: bool = False,
     limits: DecodeLimits | None = None,
@@ -380,18 +387,25 @@ def dataset(
             order for speed where it interleaves files (the native path).
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
-        cache: read through this started :class:`recordkit.cache.ShardCache`:
-            each time the dataset is iterated (each epoch) it takes every
-            complete shard the cache holds then, pinned until the next epoch
-            starts, so epochs grow as the cache fills. ``path_or_url`` is then
-            only a label. With a cache, ``input_context`` splits by shard only
-            (pipeline *i* takes shards *i*, *i + n*, ... of each epoch's set),
-            the length is unknown, and the order is not the plan's.
+        cache: read the remote dataset through this
+            :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
+            label. How epochs read it: ``cache_epochs``.
         cache_dir: instead of ``cache``: cache the remote ``path_or_url`` here,
-            within ``cache_limit`` bytes; the fill workers start now and stop at
-            interpreter exit.
+            within ``cache_limit`` bytes.
         cache_limit: the disk budget for ``cache_dir`` (e.g. ``"50GiB"``).
-        cache_timeout: seconds an epoch start waits for a first complete shard.
+        cache_epochs: ``"whole"`` (default): every epoch reads every record of
+            the remote dataset in the plan's order (the records of
+            ``recordkit.torch``), the shards fetched ahead of the readers within
+            the budget and evicted once the epoch is done with them; the length
+            is known and ``tf.train.Checkpoint`` resumes mid-epoch. One iterator
+            at a time. ``"growing"``: each time the dataset is iterated (each
+            epoch) it takes every complete shard a started cache holds then,
+            pinned until the next epoch starts, so epochs grow as the cache
+            fills (each says at WARNING how much it reads); ``input_context``
+            then splits by shard only, the length is unknown, and the order is
+            not the plan's. See ``docs/cache.md``.
+        cache_timeout: seconds a reader waits for one shard (whole epochs), or
+            an epoch start for a first complete shard (growing epochs).
         num_parallel_reads: on the native path, shards read at once (default
             4), in parallel; their records (small records: chunks of up to 1024
             records or 1 MiB) alternate, so the order is fixed but not the
@@ -443,16 +457,54 @@ def dataset(
     if input_context is not None:
         pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
         shard_files([], pipelines, pipeline)  # validates them
-    cache_epochs = CacheEpochs.open(
+    if (cache is not None or cache_dir is not None) and (split is not None or decode_images):
+        raise ValueError(
+            f"{os.fspath(path_or_url)}: split= and decode_images= are for a local "
+            "tensorflow-datasets folder, not a dataset read through a shard cache"
+        )
+    source = open_cache(
         os.fspath(path_or_url),
         cache=cache,
         cache_dir=cache_dir,
         cache_limit=cache_limit,
         timeout=cache_timeout,
+        mode=cache_epochs,
     )
+    if isinstance(source, WholeEpochs):
+        assert source.manifest is not None
+        if sequence_example or source.manifest.sequence_example:
+            raise ValueError(
+                f"{os.fspath(path_or_url)}: sequence_example=True, or a manifest that says its "
+                "records are SequenceExamples: they are read whole, not through a shard cache"
+            )
+        schema = Schema.from_json(source.manifest.schema) if schema is None else schema
+        options = PlanOptions(
+            shuffle=shuffle,
+            seed=seed,
+            batch_size=batch_size,
+            drop_last=drop_remainder,
+            shard_window_bytes=source.window_bytes(shuffle),
+        )
+        shards = source.shard_set(schema)
+        # a task's records span at most two shard windows (a quarter of the budget)
+        task_bytes = max(1, min(4 << 20, source.capacity // 4))
+        tasks = PlanTasks(shards, options, pipeline, pipelines, task_bytes=task_bytes)
+        tasks.feed = TaskFeed(
+            source,
+            shards,
+            tasks.plan,
+            task_units=tasks.task_units,
+            tasks=tasks.tasks,
+            rank=pipeline,
+            world_size=pipelines,
+        )
+        names = _columns(schema, columns)
+        ds = _planned(tasks, schema, names, batch_size, epoch, epochs, limits)
+        return ds.prefetch(tf.data.AUTOTUNE)
+    growing = source
     path = strip_file_scheme(os.fspath(path_or_url))
-    if sequence_example or (cache_epochs is None and _says_sequences(path)):
-        if schema is not None or columns is not None or cache_epochs is not None:
+    if sequence_example or (growing is None and _says_sequences(path)):
+        if schema is not None or columns is not None or growing is not None:
             raise ValueError(
                 f"{path}: sequence_example=True, or a manifest that says so: records are read "
                 "whole: no schema, columns or cache"
@@ -480,11 +532,11 @@ def dataset(
             ds = ds.repeat(epochs)
         return ds.prefetch(tf.data.AUTOTUNE)
     tfds = (
-        cache_epochs is None
+        growing is None
         and "://" not in path
         and (split is not None or decode_images or _is_tfds(path))
     )
-    if tfds or (cache_epochs is None and "://" not in path and (shuffle or pipelines > 1)):
+    if tfds or (growing is None and "://" not in path and (shuffle or pipelines > 1)):
         if not os.path.exists(path):
             raise ShardNotFoundError(f"no such dataset: {path}")
         shards = open_shards(path, schema, partial=partial, split=split)
@@ -505,9 +557,9 @@ def dataset(
         ds = _planned(tasks, shards.schema, names, batch_size, epoch, epochs, limits, finish)
         return ds.prefetch(tf.data.AUTOTUNE)
     epoch_files = None
-    if cache_epochs is not None:
+    if growing is not None:
         epoch_files, files, schema, manifest = _cached_files(
-            cache_epochs, schema, seed, shuffle, input_context
+            growing, schema, seed, shuffle, input_context
         )
     else:
         _check_complete(strip_file_scheme(os.fspath(path_or_url)), partial)

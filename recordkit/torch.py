@@ -28,11 +28,14 @@ a plain ``DataLoader`` collates fixed-shape features and ``Bytes()`` (as a list)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from ._deps import require
 
@@ -50,7 +53,7 @@ from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
-from .reader.epochs import CacheEpochs  # noqa: E402
+from .reader.epochs import CacheEpochs, WholeEpochs, open_cache  # noqa: E402
 from .reader.local import OPEN_LOCK as _OPEN_LOCK  # noqa: E402
 from .reader.local import ProcessLocalShards  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
@@ -89,6 +92,16 @@ def _cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def _smallest(value: int) -> int:
+    """The smallest of every ``torch.distributed`` rank's ``value`` (or ``value`` alone)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def _common_shards(paths: list[str]) -> set[str]:
@@ -165,19 +178,27 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             (about 180 s) does not trip; ``None``: wait forever.
         rank: this process's rank; default ``torch.distributed``'s, else 0.
         world_size: number of ranks; default ``torch.distributed``'s, else 1.
-        cache: read through this :class:`recordkit.cache.ShardCache` (started
-            by you): at each epoch start the dataset takes every complete shard
-            the cache holds (so epochs grow as the cache fills), pins them, and
-            unpins each shard once this rank has read it. ``path_or_url`` is
-            then only a label. With ``torch.distributed`` the ranks read the
-            shards that every rank's cache holds. See ``docs/cache.md``.
+        cache: read the remote dataset through this
+            :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
+            label. How epochs read it: ``cache_epochs``. See ``docs/cache.md``.
         cache_dir: instead of ``cache``: cache the remote ``path_or_url`` in
-            this directory, with ``cache_limit`` bytes (e.g. ``"50GiB"``); the
-            dataset starts the cache's fill workers and stops them when it is
-            garbage collected (or :meth:`close`).
+            this directory, with ``cache_limit`` bytes (e.g. ``"50GiB"``).
         cache_limit: the disk budget for ``cache_dir``.
-        cache_timeout: seconds an epoch start waits for the first complete
-            shard (``None``: no limit).
+        cache_epochs: ``"whole"`` (default): every epoch reads every record of
+            the remote dataset in the plan's order; the shards the plan needs
+            next are fetched ahead of the readers within the budget (a
+            read-ahead window), those the epoch is done with are evicted first,
+            and ``len()`` is the whole dataset's. The remote needs a manifest.
+            Shuffled under a budget smaller than the dataset, the epoch is read
+            in shard windows sized from the budget (``docs/howto/shuffle.md``).
+            ``"growing"``: each epoch reads the shards complete in the cache
+            when it starts (a started cache fills in the background), so epochs
+            grow as the cache fills; each epoch says at WARNING how much it
+            reads. With ``torch.distributed`` the ranks read the shards every
+            rank's cache holds.
+        cache_timeout: seconds a reader waits for one shard (whole epochs) or
+            an epoch start for a first complete shard (growing epochs);
+            ``None``: no limit.
         partial: read a directory where a write did not finish (the shards it
             published, with a WARNING) instead of raising
             :class:`~recordkit.errors.IncompleteDatasetError`.
@@ -229,6 +250,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         cache: ShardCache | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        cache_epochs: Literal["whole", "growing"] = "whole",
         cache_timeout: float | None = 600.0,
         partial: bool = False,
         split: str | None = None,
@@ -281,7 +303,12 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         self._pass: Pass | None = None  # the pass this process reads (or left unfinished)
         self._passes = 0  # passes started in this process: a persistent worker's pass id
         self._fixed = False  # in worker_pass(): the epoch's shard set is fixed for the workers
-        self._init_cache(cache, cache_dir, cache_limit, cache_timeout, reader_process)
+        if (cache is not None or cache_dir is not None) and (split is not None or decode_images):
+            raise ValueError(
+                f"{self.path}: split= and decode_images= are for a local tensorflow-datasets "
+                "folder, not a dataset read through a shard cache"
+            )
+        self._init_cache(cache, cache_dir, cache_limit, cache_timeout, cache_epochs)
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()  # fail early, in the main process, on a bad path or schema
@@ -296,6 +323,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         state = super().__getstate__()
         if "_epochs" in state:  # workers read the epoch's set; the training process pins it
             state["cache"] = state["_epochs"] = None
+        if "_whole" in state:  # ... or streams the shards in (the shard set's gate waits)
+            state["_whole"] = None
         return state
 
     # -- the shard cache ---------------------------------------------------------------
@@ -306,20 +335,26 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         cache_dir: str | os.PathLike[str] | None,
         cache_limit: int | str | None,
         timeout: float | None,
-        reader_process: bool,
+        mode: str,
     ) -> None:
-        if reader_process and (cache is not None or cache_dir is not None):
-            raise ValueError("reader_process=True does not read through a cache yet")
-        self._epochs = CacheEpochs.open(
+        source = open_cache(
             self.path,
             cache=cache,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             timeout=timeout,
+            mode=mode,
             agree=_common_shards,
+            agree_min=_smallest,
         )
-        self.cache: ShardCache | None = self._epochs.cache if self._epochs else None
-        self._cached = self._epochs is not None  # also true in workers, which have no cache
+        self._whole = source if isinstance(source, WholeEpochs) else None
+        self._epochs = source if isinstance(source, CacheEpochs) else None
+        self.cache: ShardCache | None = source.cache if source is not None else None
+        self.cache_epochs: str | None = mode if source is not None else None
+        self._window = self._whole.window_bytes(self.options.shuffle) if self._whole else 0
+        # growing epochs: the shard set changes per epoch (also true in workers, which
+        # have no cache); whole epochs read one fixed set, the remote's whole catalog
+        self._cached = self._epochs is not None
         self._fresh = False  # the epoch taken last is not yet started
         self._resume_shards: list[str] | None = None
 
@@ -328,6 +363,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         self._let_go()
         if self._epochs is not None:
             self._epochs.close()
+        if self._whole is not None:
+            self._whole.close()
 
     def _let_go(self) -> None:
         """Unmap this process's shards, then unpin them (in that order: never unmapped
@@ -340,6 +377,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             self._epochs.let_go()
 
     def _open_shards(self) -> ShardSet:
+        if self._whole is not None:
+            return self._whole.shard_set(getattr(self, "schema", None))
         if not self._cached:
             return open_shards(
                 self.path,
@@ -359,7 +398,10 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         return ShardSet(taken.root, taken.manifest, taken.infos, getattr(self, "schema", None))
 
     def _start_epoch(self, epoch: int) -> None:
-        """At the start of a pass in the training process: rescan the cache."""
+        """At the start of a pass in the training process: rescan the cache (growing
+        epochs), or end the last pass's stream (whole epochs)."""
+        if self._whole is not None and get_worker_info() is None:
+            self._whole.end()
         if self._epochs is None or get_worker_info() is not None:
             return
         current = self._epochs.current
@@ -369,7 +411,26 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         self._fresh = False
 
     def _releaser(self, plan: EpochPlan, split: Split, start: int) -> Callable[[int], None] | None:
-        """Cache mode: unmap and unpin each shard once this rank has read its last unit."""
+        """Cache mode: unmap and unpin each shard once this rank has read its last unit.
+
+        Whole epochs start the pass here (the stream that fetches ahead); in a
+        DataLoader worker or the loader process only this process's maps go.
+        """
+        if self._whole is not None and get_worker_info() is None:
+            begun = self._whole.begin(plan, split.rank, split.world_size, start, self._open())
+            return begun.release
+        if self.cache_epochs == "whole":  # a worker: the training process streams and pins
+            shards = self._open()
+            last = plan.last_units(split.rank, split.world_size, len(shards))
+            order = iter(np.argsort(last, kind="stable").tolist())
+            pending = [next(order, None)]
+
+            def unmap(unit: int) -> None:
+                while pending[0] is not None and last[pending[0]] <= unit:
+                    shards.evict(pending[0])
+                    pending[0] = next(order, None)
+
+            return unmap
         if self._epochs is None or get_worker_info() is not None:
             return None  # a DataLoader worker: the training process holds the pins
         shards = self._open()
@@ -430,8 +491,15 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
 
     def _plan(self, epoch: int) -> EpochPlan:
         shards = self._open()
+        options = self.options
+        if self._window:
+            options = dataclasses.replace(options, shard_window_bytes=self._window)
         return EpochPlan(
-            shards.counts, self.options, epoch, avg_record_bytes=shards.avg_record_bytes
+            shards.counts,
+            options,
+            epoch,
+            avg_record_bytes=shards.avg_record_bytes,
+            shard_bytes=shards.nbytes,
         )
 
     # -- public API --------------------------------------------------------------------
@@ -454,12 +522,27 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         """
         start = self.resume_point()
         self._start_epoch(self.epoch)
+        if self._whole is not None:  # whole epochs: this process streams the shards in
+            split = self._split()
+            plan = self._plan(self.epoch)
+            self._whole.begin(plan, split.rank, split.world_size, start, self._open())
         self._fixed = True  # the copies read the set fixed here (cache mode)
         try:
             yield start
         finally:
             self._resume = None
             self._fixed = False
+
+    def _delivered(self, unit: int) -> None:
+        """A loader with workers yielded unit ``unit`` of this rank (whole epochs: the
+        shards that no later unit reads can go)."""
+        if self._whole is not None and self._whole.pass_ is not None:
+            self._whole.pass_.release(unit)
+
+    def _end_pass(self) -> None:
+        """A loader with workers ended its pass (whole epochs: the stream stops)."""
+        if self._whole is not None:
+            self._whole.end()
 
     @property
     def epoch(self) -> int:
@@ -520,12 +603,12 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             epoch = self.epoch
             first = self.resume_point() + split.worker
         self._worker_resume = self._resume = None  # spent (in this copy: persistent workers)
-        if self._cached and not self._fixed:
+        if self.cache_epochs is not None and not self._fixed:
             raise RuntimeError(
                 "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
-                "(it takes each epoch's shards from the cache in the training process); with "
-                "another loader (torchdata's StatefulDataLoader) use num_workers=0: the "
-                "dataset reads with threads"
+                "(it takes each epoch's shards from the cache in the training process, or "
+                "streams them in there for whole epochs); with another loader (torchdata's "
+                "StatefulDataLoader) use num_workers=0: the dataset reads with threads"
             )
         key = pass_key(info.seed - info.id, self._passes, epoch)
         p = self._pass = Pass(epoch, first, split.num_workers, split.worker, key)
@@ -572,6 +655,9 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
                 on_error=self.on_error,
                 stats=self.stats,
                 progress_timeout=self.loader_timeout,
+                # through a cache the loader maps the cache's files: it gets the shard
+                # set (with its gate, which waits for each shard in the loader)
+                shards=shards if self.cache_epochs is not None else None,
             )
         else:
             reader = RecordReader(
@@ -608,6 +694,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
                         release(unit)  # batches are copies: a finished shard can go
         finally:
             chunks.close()
+            if self._whole is not None and get_worker_info() is None:
+                self._whole.end()  # the stream stops; what is left unpinned
         p.next = max(p.next, count)  # units left out whole (on_error="skip") are passed too
         if worker:
             self._finish(p, split)
@@ -680,6 +768,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             world_size=split.world_size,
             fingerprint=shards.fingerprint(),
             shard_paths=[info.path for info in shards.infos] if self._cached else None,
+            shard_window_bytes=self._window,
         )
 
     def _next_worker_pass(self, split: Split) -> WorkerPosition:
@@ -687,6 +776,32 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         if self._worker_resume is not None:
             return self._worker_resume
         return WorkerPosition(self.epoch, self.resume_point() + split.worker)
+
+    def _adopt_window(self, saved: int) -> None:
+        """Resume with the shard windows the state was saved with (the order depends
+        on them), if this cache's budget holds two of them (or, for none, the dataset)."""
+        if saved == self._window:
+            return
+        whole = self._whole
+        if whole is None:
+            raise ValueError(
+                f"cannot resume: the state was saved reading through a shard cache in shard "
+                f"windows of {saved:,} bytes (a different order); read through the cache again"
+            )
+        if (saved == 0 and whole.fits) or (saved and 2 * saved <= whole.capacity):
+            log.info(
+                "resuming with the saved shard windows of %s bytes (this budget gives %s)",
+                f"{saved:,}",
+                f"{self._window:,}",
+            )
+            self._window = saved
+            return
+        raise ValueError(
+            f"cannot resume: the state was saved reading shard windows of {saved:,} bytes "
+            f"(0: the whole dataset at once), which the cache budget of "
+            f"{whole.cache.max_bytes:,} cannot hold; give cache_limit at least the "
+            "budget it was saved with"
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration starts at the first unit not consumed.
@@ -716,6 +831,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             self._resume_shards = list(state["shard_paths"])
             self._fresh = False  # the next pass takes exactly the saved shards
         check_state(state, self.state_dict(consumed=0), keys)
+        self._adopt_window(state.get("shard_window_bytes", 0))
         epoch = int(state["epoch"])
         self.epoch = epoch  # in a worker, every restored worker writes the same epoch
         self._pass = None

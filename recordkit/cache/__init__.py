@@ -36,6 +36,13 @@ Reader protocol (what ``recordkit.torch`` and ``recordkit.tf`` call):
    ``state_dict`` and call ``cache.snapshot(epoch, shards=saved)``: missing
    shards are fetched first.
 
+That is how readers read *growing* epochs. *Whole* epochs (the readers'
+default) read every shard every epoch instead: ``cache.stream(order,
+epoch=...)`` returns a :class:`Stream` that fetches the shards in the order the
+reader first needs them, ahead of it and within the budget (a read-ahead window
+pinned by name), and moves on as the reader releases them;
+``cache.stream_stats`` (:class:`StreamStats`) counts what streams did.
+
 Producer mode: when the remote holds raw samples rather than shards,
 ``ShardCache(src, local_dir, max_bytes=..., format="jsonl")`` (any converter
 name) converts them into local shards in writer processes while training
@@ -59,6 +66,7 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
     from ._errors import CacheFullError, DownloadError, ProduceError
     from ._remote import RetryOptions
     from ._snapshot import Snapshot
+    from ._stream import Stream, StreamStats
     from ._types import CacheEvents, CacheStatus
 
 # Loaded on first use, so that a writer process, which imports only
@@ -72,6 +80,8 @@ _WHERE = {
     "RetryOptions": "._remote",
     "ShardCache": "._cache",
     "Snapshot": "._snapshot",
+    "Stream": "._stream",
+    "StreamStats": "._stream",
 }
 
 __all__ = [
@@ -83,6 +93,8 @@ __all__ = [
     "RetryOptions",
     "ShardCache",
     "Snapshot",
+    "Stream",
+    "StreamStats",
 ]
 
 

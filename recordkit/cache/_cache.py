@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._units import parse_size
 from ..errors import ShardNotFoundError
-from ..format.manifest import ShardInfo
+from ..format.manifest import Manifest, ShardInfo
 from ..retry import DEFAULT_POLICY
 from ..storage import is_remote
 from ._dir import POLICIES, CacheDir, Scan
@@ -34,6 +34,7 @@ from ._locks import HeldFile
 from ._remote import Remote, RetryOptions
 from ._reservation import Filler, Reservation
 from ._snapshot import Snapshot
+from ._stream import Stream, StreamStats, fetch_one
 from ._types import CacheEvents, CacheStatus, FillContext, NoEvents
 
 if TYPE_CHECKING:
@@ -239,6 +240,9 @@ class ShardCache:
         self.failed: dict[str, BaseException] = {}
         self.budget_full = False  # whether the last fill() stopped on a full budget
         self._give_up: int | None = None  # fill(): failed downloads after which a shard waits
+        self._streams: set[Stream] = set()  # whole-epoch readers' streams (they fetch first)
+        #: what whole-epoch readers' streams did, over all passes (see :meth:`stream`)
+        self.stream_stats = StreamStats()
 
     # -- the remote's catalog ------------------------------------------------------------------
 
@@ -270,6 +274,26 @@ class ShardCache:
     def _known(self) -> dict[str, ShardInfo]:
         self.catalog()
         return self._by_path
+
+    def info(self, rel: str) -> ShardInfo:
+        """The catalog's entry for shard ``rel``.
+
+        Raises:
+            ShardNotFoundError: the remote does not list it.
+        """
+        info = self._known().get(rel)
+        if info is None:
+            raise ShardNotFoundError(f"not in the remote {self.remote_url}: {rel}")
+        return info
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The remote dataset's manifest (``None`` for a folder of foreign TFRecords and
+        in producer mode)."""
+        self.catalog()
+        if self._filler.mode != "shards":
+            return None
+        return self._filler.snapshot_manifest([])  # shard mode: the remote's
 
     def _next(self, present: Mapping[str, Any], leased: set[str]) -> ShardInfo | None:
         """The next shard to fetch: fetched least often first, then by seeded hash.
@@ -456,6 +480,8 @@ class ShardCache:
                 even after eviction.
         """
         known = self._known()
+        if only is None and self._streams:
+            return "idle"  # whole-epoch readers decide what comes next
         with self.dir.lock():
             scan = self.dir.scan()
             leased, present = scan.leased, scan.complete
@@ -504,6 +530,76 @@ class ShardCache:
         finally:
             room.release()
         return "worked"
+
+    # -- whole epochs --------------------------------------------------------------------------
+
+    def stream(
+        self,
+        order: Sequence[ShardInfo],
+        *,
+        epoch: int | None = None,
+        timeout: float | None = None,
+        workers: int | None = None,
+        capacity: int | None = None,
+    ) -> Stream:
+        """Fetch shards in the order a reader needs them, ahead of it (whole epochs).
+
+        The returned :class:`~recordkit.cache._stream.Stream` pins a read-ahead
+        window of the next shards of ``order`` (as many as the budget holds
+        beside what the reader still reads), downloads them in order with
+        ``workers`` threads (default ``fill_workers``, at least 1), evicting
+        unpinned shards (consumed first) to make room, and moves the window on
+        as the reader lets shards go (``stream.release``). While a stream runs,
+        this cache's own fill workers fetch nothing else. ``stream.close()``
+        when the pass ends.
+
+        Args:
+            order: the shards, in the order they are first needed.
+            epoch: the epoch read (for the eviction policy).
+            timeout: seconds a reader waits for one shard.
+            workers: concurrent downloads.
+            capacity: hold at most this many bytes of shards (and their indexes)
+                in the window (default: all the budget leaves beside the cache's
+                own files).
+        """
+        if self._filler.mode != "shards":
+            raise ValueError(
+                f"cache {self.root} is in producer mode: its shards are made while training "
+                "runs, so an epoch cannot be planned over all of them (read it with growing "
+                "epochs)"
+            )
+        stream = Stream(
+            self,
+            order,
+            epoch=epoch,
+            workers=workers or max(1, self.fill_workers),
+            timeout=timeout,
+            stats=self.stream_stats,
+            capacity=capacity,
+        )
+        with self._cv:
+            self._streams.add(stream)
+        return stream
+
+    def _stream_ended(self, stream: Stream) -> None:
+        with self._cv:
+            self._streams.discard(stream)
+        self._notify()
+
+    @property
+    def _retriable(self) -> tuple[type[BaseException], ...]:
+        return self._filler.retriable
+
+    def _fetch_for_stream(self, info: ShardInfo) -> str:
+        """Fetch one shard a stream needs (see ``_stream.fetch_one``)."""
+        return fetch_one(
+            self.dir,
+            self._filler,
+            info,
+            max_bytes=self.max_bytes,
+            policy=self.policy,
+            events=self.events,
+        )
 
     def fill(self) -> int:
         """Fill in this thread (with ``fill_workers`` threads) until nothing is left to do.

@@ -544,6 +544,16 @@ class CacheDir:
             self.touch(rels, epoch=epoch)
             return claim
 
+    def readable(self) -> set[str]:
+        """Published shards that some live reader pins (no process may evict them)."""
+        with self.lock():
+            present = self.store.present()
+            scan = Scan()
+            self._claims(scan)
+            if None in scan.pinned:
+                return set(present)
+            return {rel for rel in scan.pinned if rel is not None and rel in present}
+
     def unpin(self, claim: HeldFile, rels: Iterable[str]) -> None:
         """Stop pinning some shards of a pin."""
         drop = set(rels)

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,13 +36,28 @@ log = logging.getLogger(__name__)
 
 
 class DirLock:
-    """A mutex over a cache directory for threads and processes (re-entrant per thread)."""
+    """A mutex over a cache directory for threads and processes (re-entrant per thread).
+
+    Fork-safe: a child's copy of a descriptor that holds (or is about to hold)
+    the ``flock`` would keep it held for as long as the child lives, so a fork
+    (DataLoader workers) waits for every lock's current holder to leave, and the
+    child starts with fresh locks.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._thread_lock = threading.RLock()
         self._depth = 0
         self._fd = -1
+        _LOCKS.add(self)
+
+    def _forget_after_fork(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)  # the child's copy; the parent's stays locked
+        self._fd = -1
+        self._depth = 0
+        self._thread_lock = threading.RLock()
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
@@ -62,6 +78,37 @@ class DirLock:
                 if self._depth == 0:
                     fd, self._fd = self._fd, -1
                     os.close(fd)  # closing the last descriptor drops the flock
+
+
+_LOCKS: weakref.WeakSet[DirLock] = weakref.WeakSet()
+_HELD_FOR_FORK: list[DirLock] = []
+
+
+def _before_fork() -> None:
+    # No thread may be between opening the lock file and recording the descriptor
+    # (or blocked in flock on it) while the process is copied.
+    for lock in list(_LOCKS):
+        lock._thread_lock.acquire()
+        _HELD_FOR_FORK.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _HELD_FOR_FORK:
+        _HELD_FOR_FORK.pop()._thread_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _HELD_FOR_FORK.clear()
+    for lock in list(_LOCKS):
+        lock._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 class HeldFile:

@@ -61,6 +61,10 @@ class ReaderStats:
         skipped: corrupt records skipped (``on_error="skip"`` or ``"warn"``).
         wait_seconds: time the consuming thread spent waiting for data.
         decode_seconds: time reader threads spent verifying and decoding (summed over threads).
+        remote_wait_seconds: the part of ``wait_seconds`` spent waiting for shards
+            still on their way from remote storage (whole epochs through a shard
+            cache): 0 while the cache's read-ahead keeps up, so training waits for
+            the network only when the network is slower than training.
     """
 
     records: int = 0
@@ -69,6 +73,7 @@ class ReaderStats:
     skipped: int = 0
     wait_seconds: float = 0.0
     decode_seconds: float = 0.0
+    remote_wait_seconds: float = 0.0
 
     def add(self, **deltas: float) -> None:
         """Add to several counters at once, atomically: ``stats.add(records=64, batches=1)``."""
@@ -254,6 +259,8 @@ class RecordReader:
         per_record = max(self._avg_bytes, 1.0)
         per_task = max(1, min(self.task_records // size, int(self.task_bytes / per_record) // size))
         cap = max(1, self.shards.max_open // 2)
+        gate = self.shards.gate
+        limit = gate.limit if gate is not None else 0
         step = units.step
         first = units.start
         while first < units.stop:
@@ -262,6 +269,10 @@ class RecordReader:
             )
             if task.nshards > cap and len(task.units) > 1:
                 task = self._locate(plan, split, task.units[: _units_within(task, cap)])
+            if limit and len(task.units) > 1:  # a cache holds what a task touches at once
+                k = _units_within_bytes(task, limit, self.shards.nbytes)
+                if k < len(task.units):
+                    task = self._locate(plan, split, task.units[:k])
             yield task
             first = task.units.stop
 
@@ -358,9 +369,11 @@ class RecordReader:
         # loads, length-field checks, maps), not for `prefetch` of them.
         depth = [1]
 
-        def refill() -> None:
+        def refill(wait: bool) -> None:
             # Admission: pieces in flight hold their shards mapped; one more is
-            # submitted only while that stays within the map budget (one always is).
+            # submitted only while that stays within the map budget (one always is),
+            # and only once its shards are here (a cache may be fetching them): with
+            # ``wait`` and nothing pending it waits for them, else it waits its turn.
             held = sum(len(prep.held) for _, prep, _ in pending)
             while len(pending) < depth[0]:
                 job = upcoming[0]
@@ -371,6 +384,8 @@ class RecordReader:
                     pending
                     and held + (task.nshards if rows is None else cap) > self.shards.max_open
                 ):
+                    return
+                if not self._arrived(task, rows, waiting=wait and not pending):
                     return
                 upcoming[0] = next(jobs, None)
                 prep = self._prepare(task, rows)
@@ -383,7 +398,7 @@ class RecordReader:
                 pending.append((task, prep, task_id))
 
         try:
-            refill()
+            refill(True)
             done_parts: list[tuple[_Prepared, bool, Any, float]] = []
             waited = 0.0
             while pending:
@@ -395,9 +410,11 @@ class RecordReader:
                     self._release(prep.held)
                 waited += time.perf_counter() - t0
                 depth[0] = min(self.prefetch, depth[0] + 1)
-                refill()
+                refill(False)  # the chunk in hand goes out first: its reader may let shards go
                 done_parts.append((prep, ok, widths, seconds))
                 if sum(p.n for p, _, _, _ in done_parts) < len(task.records):
+                    if not pending:
+                        refill(True)
                     continue  # more pieces of this task to come
                 done = self._join(task, done_parts)
                 done_parts = []
@@ -411,6 +428,8 @@ class RecordReader:
                 self._account(done, waited)
                 waited = 0.0
                 yield done.chunk
+                if not pending:
+                    refill(True)
         finally:
             runner.close()
             runner.drop()  # waits for a task in progress; the shards are then let go
@@ -443,30 +462,54 @@ class RecordReader:
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
 
+        upcoming: list[_Task | None] = [None]
         depth = [1]  # slow start, as _read_native
 
-        def refill() -> None:
+        def refill(wait: bool) -> None:
+            # wait: nothing is pending, so a task whose shards are still on their
+            # way (a cache fetching them) is waited for; else it waits its turn
             while len(pending) < depth[0]:
-                task = next(tasks, None)
+                task = upcoming[0]
                 if task is None:
                     return
+                if not self._arrived(task, None, waiting=wait and not pending):
+                    return
+                upcoming[0] = next(tasks, None)
                 pending.append(executor.submit(self._decode_task, task))
 
         try:
-            refill()
+            upcoming[0] = next(tasks, None)
+            refill(True)
             while pending:
                 future = pending.popleft()
                 t0 = time.perf_counter()
                 done = future.result()
                 waited = time.perf_counter() - t0
                 depth[0] = min(self.prefetch, depth[0] + 1)
-                refill()
+                refill(False)  # the chunk in hand goes out first: its reader may let shards go
                 self._account(done, waited)
                 yield done.chunk
+                if not pending:
+                    refill(True)
         finally:
             for future in pending:
                 future.cancel()
             executor.shutdown(wait=True, cancel_futures=True)
+
+    def _arrived(self, task: _Task, rows: np.ndarray | None, *, waiting: bool) -> bool:
+        """Whether a task's shards can be mapped now (a cache may still be fetching
+        them); with ``waiting`` (nothing else to hand out), wait until they can."""
+        ids = task.shard_ids if rows is None else task.shard_ids[rows]
+        if self.shards.gate is None:
+            return True
+        unique = np.unique(ids).tolist()
+        if self.shards.ready(unique):
+            return True
+        if not waiting:
+            return False
+        waited = self.shards.wait(unique)
+        self.stats.add(remote_wait_seconds=waited, wait_seconds=waited)
+        return True
 
     def _account(self, done: _Done, waited: float) -> None:
         self.stats.add(
@@ -487,6 +530,19 @@ def _units_within(task: _Task, cap: int) -> int:
     _, first_rows = np.unique(task.shard_ids, return_index=True)
     over = int(np.sort(first_rows)[cap])  # the first row of the (cap + 1)-th shard
     units_before = int(task.unit_of_row[over]) - task.units.start
+    return max(1, units_before // task.units.step)
+
+
+def _units_within_bytes(task: _Task, limit: int, nbytes: np.ndarray) -> int:
+    """How many of a task's leading units touch shards of at most ``limit`` bytes (>= 1)."""
+    ids, first_rows = np.unique(task.shard_ids, return_index=True)
+    order = np.argsort(first_rows)
+    total = np.cumsum(nbytes[ids[order]])
+    over = np.flatnonzero(total > limit)
+    if not len(over):
+        return len(task.units)
+    row = int(first_rows[order[over[0]]])  # the first row of the shard that passes the limit
+    units_before = int(task.unit_of_row[row]) - task.units.start
     return max(1, units_before // task.units.step)
 
 

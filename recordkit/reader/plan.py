@@ -36,6 +36,20 @@ worker ``u % num_workers``; PyTorch's DataLoader collects from its workers in
 the same order, so the stream a rank consumes does not depend on
 ``num_workers``.
 
+Remote reads under a disk budget (``shard_window_bytes``): a window of the
+block shuffle draws blocks from the whole dataset, so reading one needs every
+shard at hand. When the shards come from remote storage through a cache smaller
+than the dataset, the epoch is instead cut into *shard windows*: the shards in a
+keyed order (seeded by ``seed`` and ``epoch``), taken greedily into groups of at
+most ``shard_window_bytes`` bytes (a shard larger than that is a group alone),
+and each group's records are ordered by the hierarchical block shuffle above as
+if the group were the whole dataset. A stretch of the epoch then reads only the
+shards of one group (two where a global batch straddles the border), so the
+cache fetches the next group while the readers read this one; splitting by
+global batch is unchanged. Mixing is bounded by the group: on sorted data a run
+of records holds only the labels of its group's shards (``docs/howto/shuffle.md``
+has the figures). Without shuffle the order is the dataset order either way.
+
 Uneven ends: with ``drop_last=False`` every record is read exactly once per
 epoch; the last, partial global batch is shared evenly (ranks' shares differ by
 at most one record), so a rank's last batch may be short or missing. With
@@ -76,6 +90,10 @@ class PlanOptions:
             under 2 on label-sorted data.
         batch_size: records per unit, or ``None`` for single-record units.
         drop_last: drop the tail so every rank gets the same number of full batches.
+        shard_window_bytes: with ``shuffle``, order the epoch in shard windows of
+            at most this many shard bytes (see the module docs); 0 (default): one
+            window over the whole dataset, the order of a local read. The shard
+            cache sets it from its budget when the dataset does not fit.
     """
 
     shuffle: bool = False
@@ -84,6 +102,7 @@ class PlanOptions:
     window_blocks: int = 8192
     batch_size: int | None = None
     drop_last: bool = False
+    shard_window_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.block_records < 0:
@@ -94,6 +113,8 @@ class PlanOptions:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.shard_window_bytes < 0:
+            raise ValueError(f"shard_window_bytes must be >= 0, got {self.shard_window_bytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +141,8 @@ class EpochPlan:
         options: ordering options.
         epoch: the epoch number (mixed into the seed).
         avg_record_bytes: used to pick ``block_records`` when it is 0.
+        shard_bytes: bytes per shard, in dataset order; needed (only) for shard
+            windows (``options.shard_window_bytes`` with ``shuffle``).
     """
 
     def __init__(
@@ -129,6 +152,7 @@ class EpochPlan:
         epoch: int,
         *,
         avg_record_bytes: float = 1024.0,
+        shard_bytes: np.ndarray | None = None,
     ) -> None:
         self.options = options
         self.epoch = epoch
@@ -143,12 +167,21 @@ class EpochPlan:
         self._key = key
         self._blocks = Permutation(self._full, mix64(key, 1)) if options.shuffle else None
         self._windows: dict[int, Permutation] = {}
+        self._groups: _ShardWindows | None = None
+        if options.shuffle and options.shard_window_bytes:
+            if shard_bytes is None:
+                raise ValueError("shard windows (shard_window_bytes) need the shards' bytes")
+            self._groups = _ShardWindows(counts, np.asarray(shard_bytes), options, key, b)
+            self._blocks = None  # each group orders its own blocks
 
     # -- the global order ----------------------------------------------------------------
 
     @property
     def windows(self) -> int:
-        """Number of windows in the epoch (1 without shuffle)."""
+        """Number of record-mixing windows in the epoch (1 without shuffle; with shard
+        windows, the number of shard windows)."""
+        if self._groups is not None:
+            return self._groups.count
         if self._blocks is None:
             return 1
         return max(1, -(-self._full // self._window))
@@ -164,6 +197,8 @@ class EpochPlan:
     def order(self, positions: np.ndarray) -> np.ndarray:
         """The global record numbers (dataset order) at epoch ``positions``."""
         g = np.asarray(positions, dtype=np.int64)
+        if self._groups is not None:
+            return self._groups.order(g, self.starts)
         if self._blocks is None:
             same: np.ndarray = g.copy()
             return same
@@ -277,21 +312,51 @@ class EpochPlan:
         spread over its windows). -1 for a shard with no records. O(blocks) time,
         O(window + shards) memory.
         """
+        return self.shard_units(rank, world_size)[1]
+
+    def shard_units(self, rank: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each shard, the first and last unit of ``rank`` that may read it.
+
+        ``first`` is never after the first unit that reads the shard, ``last``
+        never before the last (both exact without shuffle up to the global batch;
+        with shuffle, those of the windows that hold its records). -1 for a shard
+        this rank never reads. A reader through a cache fetches shards in order
+        of ``first`` and lets each go after ``last``.
+        """
+        shards = len(self.starts) - 1
         glob = self._batches(world_size)[1]
         units = self.unit_count(rank, world_size)
+        first = np.full(shards, -1, dtype=np.int64)
         last = np.full(shards, -1, dtype=np.int64)
         if not units:
-            return last
+            return first, last
         counts = np.diff(self.starts)
-        if self._blocks is None:
-            ends = self.starts[1:] - 1  # a shard's last position
-            unit = np.minimum((ends // glob), units - 1)
-            last[counts > 0] = unit[counts > 0]
-            return last
+        has = counts > 0
+        if self._groups is not None:
+            lo, hi = self._groups.shard_spans()
+            read = lo // glob < units  # else only the tail that drop_last drops
+            first[read] = lo[read] // glob
+            last[read] = np.minimum((hi[read] - 1) // glob, units - 1)
+        elif self._blocks is None:
+            lo = self.starts[:-1] // glob
+            read = has & (lo < units)
+            first[read] = lo[read]
+            last[read] = np.minimum((self.starts[1:] - 1) // glob, units - 1)[read]
+        else:
+            self._block_spans(glob, units, first, last)
+        first[~has] = -1
+        last[~has] = -1
+        return first, last
+
+    def _block_spans(self, glob: int, units: int, first: np.ndarray, last: np.ndarray) -> None:
+        """``shard_units`` of the block shuffle: each shard's first and last window."""
+        assert self._blocks is not None
         b = self.block_records
         for w in range(self.windows):
-            first, size, blocks = self._window_span(w)
-            unit = min((first + size - 1) // glob, units - 1)
+            begin, size, blocks = self._window_span(w)
+            if begin // glob >= units:
+                break  # only the tail that drop_last drops
+            unit = min((begin + size - 1) // glob, units - 1)
             recs = [self._blocks(w * self._window + np.arange(blocks)) * b]
             if w == self.windows - 1 and self._full * b < self.total:
                 recs.append(np.array([self._full * b], dtype=np.int64))  # the tail
@@ -300,9 +365,92 @@ class EpochPlan:
             hi = np.searchsorted(self.starts, np.minimum(starts + b, self.total) - 1, side="right")
             # a block can span several shards: every shard from lo to hi - 1 is touched
             touched = np.repeat(lo, hi - lo) + _ranks_within(hi - lo)
-            last[touched] = unit  # windows go forward: the last one wins
-        last[counts == 0] = -1
-        return last
+            fresh = touched[first[touched] < 0]
+            first[fresh] = begin // glob  # windows go forward: the first one wins
+            last[touched] = unit  # ... and the last one wins here
+
+    def shard_sequence(self) -> np.ndarray:
+        """Shard ids in the order the epoch's stretches take them: the shard windows'
+        keyed order, else the dataset order (a tie-break among equal first units)."""
+        if self._groups is not None:
+            seq: np.ndarray = self._groups.seq.copy()
+            return seq
+        return np.arange(len(self.starts) - 1, dtype=np.int64)
+
+
+class _ShardWindows:
+    """The shard windows of one epoch (see the module docs): shards in a keyed order,
+    grouped greedily by bytes, each group's records ordered by a block shuffle of its own.
+
+    O(shards) to make (one pass over the keyed order), O(1) per position after.
+    """
+
+    def __init__(
+        self, counts: np.ndarray, nbytes: np.ndarray, options: PlanOptions, key: int, block: int
+    ) -> None:
+        n = len(counts)
+        if len(nbytes) != n:
+            raise ValueError(f"{len(nbytes)} shard sizes for {n} shards")
+        self.options = options
+        self.block = block
+        self.key = key
+        self.seq = Permutation(n, mix64(key, 4))(np.arange(n, dtype=np.int64))
+        limit = options.shard_window_bytes
+        cuts = [0]
+        acc = 0
+        for i, size in enumerate(nbytes[self.seq].tolist()):
+            if acc and acc + size > limit:  # a shard larger than the limit stands alone
+                cuts.append(i)
+                acc = 0
+            acc += size
+        cuts.append(n)
+        self.cuts = np.asarray(cuts, dtype=np.int64)  # group g: seq[cuts[g] : cuts[g + 1]]
+        self.count = len(cuts) - 1
+        seq_counts = counts[self.seq]
+        self.seq_starts = np.concatenate(([0], np.cumsum(seq_counts)))  # epoch position of each
+        self.first = self.seq_starts[self.cuts]  # each group's first position (and the total)
+        self._plans: dict[int, EpochPlan] = {}
+
+    def _plan(self, g: int) -> EpochPlan:
+        plan = self._plans.get(g)
+        if plan is None:
+            if len(self._plans) > 8:  # positions move forward: old groups are done
+                self._plans.clear()
+            lo, hi = int(self.cuts[g]), int(self.cuts[g + 1])
+            options = PlanOptions(
+                shuffle=True,
+                seed=mix64(self.key, 5, g) >> 1,  # a seed in [0, 2**63)
+                block_records=self.block,
+                window_blocks=self.options.window_blocks,
+            )
+            plan = self._plans[g] = EpochPlan(np.diff(self.seq_starts[lo : hi + 1]), options, 0)
+        return plan
+
+    def order(self, g: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Global record numbers (dataset order) at epoch positions ``g``."""
+        out = np.empty_like(g)
+        which = np.searchsorted(self.first, g, side="right") - 1
+        edges = np.flatnonzero(np.diff(which)) + 1
+        for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(g)]):
+            if lo == hi:
+                continue
+            w = int(which[lo])
+            local = self._plan(w).order(g[lo:hi] - self.first[w])  # within the group
+            at = local + self.first[w]  # a position in the groups' concatenation
+            k = np.searchsorted(self.seq_starts, at, side="right") - 1
+            shard = self.seq[k]
+            out[lo:hi] = starts[shard] + (at - self.seq_starts[k])
+        return out
+
+    def shard_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """For each shard (dataset order), the epoch positions ``[lo, hi)`` of its group."""
+        n = len(self.seq)
+        group = np.repeat(np.arange(self.count), np.diff(self.cuts))  # per seq slot
+        lo = np.empty(n, dtype=np.int64)
+        hi = np.empty(n, dtype=np.int64)
+        lo[self.seq] = self.first[group]
+        hi[self.seq] = self.first[group + 1]
+        return lo, hi
 
 
 def _ranks_within(lengths: np.ndarray) -> np.ndarray:

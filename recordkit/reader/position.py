@@ -169,6 +169,7 @@ def saved_state(
     world_size: int,
     fingerprint: str,
     shard_paths: list[str] | None,
+    shard_window_bytes: int = 0,
 ) -> dict[str, Any]:
     """A position and the settings it is valid under, as a JSON-ready dict.
 
@@ -180,6 +181,8 @@ def saved_state(
         world_size: ranks sharing the global batch.
         fingerprint: the shard set's (see ``ShardSet.fingerprint``).
         shard_paths: a cached epoch's shards (its set changes per epoch), else ``None``.
+        shard_window_bytes: whole epochs through a cache smaller than the dataset: the
+            plan's shard windows (the order depends on them), else 0.
     """
     return {
         "version": STATE_VERSION,
@@ -198,6 +201,8 @@ def saved_state(
         "shards": fingerprint,
         # with a cache the shard set changes per epoch: a resume takes these again
         "shard_paths": shard_paths,
+        # whole epochs through a cache smaller than the dataset: the shard windows
+        "shard_window_bytes": shard_window_bytes,
     }
 
 

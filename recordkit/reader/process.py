@@ -48,6 +48,7 @@ from .buffers import BufferPool
 from .decode import BatchDecoder
 from .pipeline import Chunk, OnError, ReaderStats, RecordReader, _Done
 from .plan import EpochPlan, PlanOptions, Split
+from .shards import ShardSet
 
 __all__ = ["ProcessReader"]
 
@@ -160,11 +161,17 @@ def _child_main(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
 def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
     from .shards import open_shards
 
-    shards = open_shards(job["path"], Schema.from_json(job["schema"]))
+    shards = job["shards"]
+    if shards is None:
+        shards = open_shards(job["path"], Schema.from_json(job["schema"]))
     if shards.fingerprint() != job["fingerprint"]:
         raise RecordkitError(f"the shards of {job['path']} changed under the loader process")
     plan = EpochPlan(
-        shards.counts, job["options"], job["epoch"], avg_record_bytes=shards.avg_record_bytes
+        shards.counts,
+        job["options"],
+        job["epoch"],
+        avg_record_bytes=shards.avg_record_bytes,
+        shard_bytes=shards.nbytes,
     )
     reader = _ChildReader(
         shards,
@@ -346,6 +353,9 @@ class ProcessReader:
             and skip counts arrive in this process.
         slots: shared-memory segments (one chunk each) between the processes.
         stats: counters to update in this process.
+        shards: the shard set to read (default: the child opens ``path``); a
+            reader through a shard cache passes the cache's set, whose gate then
+            waits in the child for each shard to arrive.
         progress_timeout: seconds this process may wait for the loader's next
             message (a chunk, or a request) before the loader is killed and
             :class:`~recordkit.errors.LoaderTimeoutError` raised; ``None``:
@@ -366,6 +376,7 @@ class ProcessReader:
         slots: int = 4,
         stats: ReaderStats | None = None,
         progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT,
+        shards: ShardSet | None = None,
     ) -> None:
         if slots < 2:
             raise ValueError(f"slots must be >= 2, got {slots}")
@@ -381,6 +392,7 @@ class ProcessReader:
         self.on_error = on_error
         self.slots = slots
         self.stats = stats or ReaderStats()
+        self.shards = shards
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order; stops the child when closed."""
@@ -398,6 +410,7 @@ class ProcessReader:
             "prefetch": self.prefetch,
             "on_error": self.on_error,
             "slots": self.slots,
+            "shards": self.shards,
         }
         child = Child(_ENTRY, what="loader process")
         conn = child.conn

@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from ..format.shard_index import open_index
 from ..storage import is_remote, is_temp_name, strip_file_scheme
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
-__all__ = ["MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
+__all__ = ["Gate", "MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,23 @@ _SHARD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
 _FD_SHARE = 4
 _MIN_OPEN, _MAX_OPEN = 8, 4096  # 4096 maps stay far below vm.max_map_count (65530)
 ENV_MAX_OPEN = "RECORDKIT_MAX_OPEN_SHARDS"
+
+
+class Gate(Protocol):
+    """Says when a shard may be mapped (a cache that fetches shards as they are needed).
+
+    Attributes:
+        limit: the most shard bytes one reader task may touch (what the cache can
+            hold at once beside the next task's); 0: no limit.
+    """
+
+    limit: int
+
+    def ready(self, rel: str) -> bool:
+        """Whether shard ``rel`` (its path relative to the root) is there now."""
+
+    def wait(self, rel: str) -> float:
+        """Block until it is; return the seconds waited."""
 
 
 def max_open_shards() -> int:
@@ -289,6 +306,10 @@ class ShardSet:
         self._open: OrderedDict[int, MappedShard] = OrderedDict()  # least recently used first
         self._pid = os.getpid()
         _LIVE.add(self)
+        #: set by a reader through a shard cache that fetches shards as they are needed:
+        #: ``gate.wait(info.path)`` before a shard is first mapped, ``gate.ready(path)``
+        #: to ask without waiting (see ``recordkit.cache.Stream``)
+        self.gate: Gate | None = None
         if schema is None and view is not None:
             schema = view.schema
         self.schema: Schema = schema if schema is not None else self._schema()
@@ -349,6 +370,9 @@ class ShardSet:
         A shard already open is checked for having shrunk; a shard opened now is
         checked against its expected size and record count.
         """
+        gate = self.gate
+        if gate is not None and i not in self._open:
+            gate.wait(self.infos[i].path)  # outside the lock: others read meanwhile
         with self._lock:
             self._forked()
             shard = self._open.get(i)
@@ -367,6 +391,20 @@ class ShardSet:
             shard.pins += 1
             self._trim()
             return shard
+
+    def ready(self, ids: Sequence[int] | np.ndarray) -> bool:
+        """Whether shards ``ids`` can be mapped without waiting for a gate."""
+        gate = self.gate
+        if gate is None:
+            return True
+        return all(i in self._open or gate.ready(self.infos[i].path) for i in ids)
+
+    def wait(self, ids: Sequence[int] | np.ndarray) -> float:
+        """Wait until shards ``ids`` can be mapped; the seconds waited."""
+        gate = self.gate
+        if gate is None:
+            return 0.0
+        return sum(gate.wait(self.infos[i].path) for i in ids if i not in self._open)
 
     def release(self, shard: MappedShard) -> None:
         """Let go of a shard from :meth:`acquire` (it stays mapped while the budget allows)."""

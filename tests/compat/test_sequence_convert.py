@@ -277,6 +277,34 @@ def test_torch_readers_read_it_whole_untold(converted: dict[str, Any]):
     _sequence_equal(foreign[5], reference[5])
 
 
+def test_through_a_shard_cache(converted: dict[str, Any], tmp_path: Path):
+    """Whole epochs through a cache: RecordDataset reads every record whole (threads and
+    DataLoader workers); recordkit.tf refuses the dataset by name in either mode."""
+    pytest.importorskip("torch")
+    from recordkit import tf as rktf
+    from recordkit.torch import DataLoader, RecordDataset
+
+    reference = list(rk.Dataset(converted["dst"]))
+    cached = RecordDataset(
+        converted["dst"], cache_dir=tmp_path / "a", cache_limit="1GiB", num_threads=2
+    )
+    assert cached.sequence_example and cached.cache_epochs == "whole"
+    for a, b in zip(cached, reference, strict=True):
+        _sequence_equal(a, b)
+    cached.close()
+    batched = RecordDataset(
+        converted["dst"], cache_dir=tmp_path / "b", cache_limit="1GiB", batch_size=4
+    )
+    ids = [int(s["context"]["id"][0]) for b in DataLoader(batched, num_workers=2) for s in b]
+    assert sorted(ids) == list(range(31))
+    batched.close()
+    for mode in ("whole", "growing"):
+        with pytest.raises(ValueError, match="SequenceExamples"):
+            rktf.dataset(
+                converted["dst"], cache_dir=tmp_path / mode, cache_limit="1GiB", cache_epochs=mode
+            )
+
+
 def test_verify_info_and_head(converted: dict[str, Any], capsys: pytest.CaptureFixture[str]):
     report = rk.verify(converted["dst"])
     assert report.ok and report.records == 31, str(report)

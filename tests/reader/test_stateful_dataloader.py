@@ -268,17 +268,22 @@ def remote(tmp_path):
     return root, write_dataset(root, shards=10, records=20, size=2000)
 
 
-def test_cached_dataset_resumes_its_shard_set_in_process(remote, tmp_path):
-    """Cache mode: the position includes the epoch's shard set; a resume in a fresh
-    cache, whose contents moved on, takes that set again."""
+@pytest.mark.parametrize("mode", ["growing", "whole"])
+def test_cached_dataset_resumes_its_shard_set_in_process(remote, tmp_path, mode):
+    """Growing epochs: the position includes the epoch's shard set; a resume in a fresh
+    cache, whose contents moved on, takes that set again. Whole epochs (a budget of 3
+    of the 10 shards): the rest of the epoch, every record once."""
     from recordkit.cache import ShardCache
     from tests.cache.conftest import overhead
+    from tests.reader.test_torch_whole import budget_for
 
     root, manifest = remote
     budget = 3 * (max(s.bytes for s in manifest.shards) + 2 * 20 * 24) + 1024 + overhead(root)
+    if mode == "whole":  # the stream's bookkeeping is counted in its budget too
+        budget = budget_for(manifest, 3)
 
     def loader(cache):
-        ds = RecordDataset(root, batch_size=4, shuffle=True, seed=5, cache=cache)
+        ds = RecordDataset(root, batch_size=4, shuffle=True, seed=5, cache=cache, cache_epochs=mode)
         return ds, StatefulDataLoader(ds, batch_size=None, num_workers=0)
 
     with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
@@ -297,15 +302,21 @@ def test_cached_dataset_resumes_its_shard_set_in_process(remote, tmp_path):
     assert after == rest
     assert len(set(first + after)) == len(first + after) == len(after) + 12
     assert len(first + after) % 20 == 0  # whole shards
+    if mode == "whole":
+        assert sorted(first + after) == list(range(200))
 
 
-def test_cached_dataset_with_workers_needs_recordkit_dataloader(remote, tmp_path):
+@pytest.mark.parametrize("mode", ["whole", "growing"])
+def test_cached_dataset_with_workers_needs_recordkit_dataloader(remote, tmp_path, mode):
+    """Workers of another loader would read without the training process taking each
+    epoch's shards (growing) or streaming them in (whole): refused by name."""
     from recordkit.cache import ShardCache
 
     root, _ = remote
     with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
-        cache.wait_settled(timeout=60)
-        ds = RecordDataset(root, batch_size=8, cache=cache)
+        if mode == "growing":
+            cache.wait_settled(timeout=60)
+        ds = RecordDataset(root, batch_size=8, cache=cache, cache_epochs=mode)
         with pytest.raises(RuntimeError, match="use num_workers=0"):
             next(iter(StatefulDataLoader(ds, batch_size=None, num_workers=2)))
         ids = [x for b in DataLoader(ds, num_workers=2) for x in b["i"].tolist()]

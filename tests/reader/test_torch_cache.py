@@ -1,4 +1,5 @@
-"""RecordDataset over a ShardCache: epochs grow with the cache, shards are released as read."""
+"""RecordDataset over a ShardCache with growing epochs (``cache_epochs="growing"``): epochs
+grow with the cache, shards are released as read. Whole epochs: ``test_torch_whole.py``."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def test_epochs_grow_with_the_cache_then_rotate(remote, tmp_path):
     budget = _budget(root, manifest, 4)
     watch = BudgetWatch(tmp_path / "cache", budget)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget, events=watch) as cache:
-        ds = rkt.RecordDataset(root, batch_size=8, shuffle=True, cache=cache, cache_timeout=60)
+        ds = rkt.RecordDataset(
+            root, batch_size=8, shuffle=True, cache=cache, cache_timeout=60, cache_epochs="growing"
+        )
         seen: set[int] = set()
         sizes = []
         for _ in range(300):  # bounded: stops as soon as every record was read once
@@ -67,7 +70,9 @@ def test_resume_takes_the_saved_shard_set(remote, tmp_path):
     root, manifest = remote
     budget = _budget(root, manifest, 3)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
-        ds = rkt.RecordDataset(root, batch_size=4, shuffle=True, seed=5, cache=cache)
+        ds = rkt.RecordDataset(
+            root, batch_size=4, shuffle=True, seed=5, cache=cache, cache_epochs="growing"
+        )
         it = iter(ds)
         first = [next(it)["i"].tolist() for _ in range(3)]
         state = ds.state_dict()
@@ -76,7 +81,9 @@ def test_resume_takes_the_saved_shard_set(remote, tmp_path):
     # Later, in a fresh cache over the same directory (its contents moved on meanwhile):
     with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
         cache.wait_settled(timeout=60)
-        resumed = rkt.RecordDataset(root, batch_size=4, shuffle=True, seed=5, cache=cache)
+        resumed = rkt.RecordDataset(
+            root, batch_size=4, shuffle=True, seed=5, cache=cache, cache_epochs="growing"
+        )
         resumed.load_state_dict(state)
         after = [b["i"].tolist() for b in resumed]
         resumed.close()
@@ -90,7 +97,9 @@ def test_dataloader_workers_read_the_epochs_set_once(remote, tmp_path):
     root, _ = remote
     with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
         cache.wait_settled(timeout=60)
-        ds = rkt.RecordDataset(root, batch_size=8, shuffle=True, cache=cache)
+        ds = rkt.RecordDataset(
+            root, batch_size=8, shuffle=True, cache=cache, cache_epochs="growing"
+        )
         loader = rkt.DataLoader(ds, num_workers=2)
         for _ in range(2):
             ids = [i for b in loader for i in b["i"].tolist()]
@@ -109,3 +118,14 @@ def test_cache_arguments_are_checked(remote, tmp_path):
         pytest.raises(ValueError, match="not both"),
     ):
         rkt.RecordDataset(root, cache=cache, cache_dir=tmp_path / "c", cache_limit="1GiB")
+
+
+def test_the_loader_process_reads_growing_epochs(remote, tmp_path):
+    root, _ = remote
+    with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
+        cache.wait_settled(timeout=60)
+        ds = rkt.RecordDataset(
+            root, batch_size=8, cache=cache, cache_epochs="growing", reader_process=True
+        )
+        assert [i for b in ds for i in b["i"].tolist()] == list(range(SHARDS * RECORDS))
+        ds.close()

@@ -1,11 +1,13 @@
-"""recordkit.tf.dataset over a ShardCache: each epoch takes the shards cached by then."""
+"""recordkit.tf.dataset over a ShardCache: whole epochs (the default), or growing ones."""
 
 from __future__ import annotations
 
 import pytest
 
 from recordkit.cache import ShardCache
+from recordkit.cache._stream import plan_capacity
 from tests.cache.conftest import BudgetWatch, check_sample, overhead, write_dataset
+from tests.servers import http_server
 
 tf = pytest.importorskip("tensorflow")
 rtf = pytest.importorskip("recordkit.tf")
@@ -27,7 +29,7 @@ def test_epochs_rescan_and_rotate_within_the_budget(remote, tmp_path):
     budget = 4 * (biggest + 2 * RECORDS * 24) + 1024 + overhead(root)  # and the cache's files
     watch = BudgetWatch(tmp_path / "cache", budget)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget, events=watch) as cache:
-        ds = rtf.dataset(root, batch_size=8, shuffle=True, cache=cache)
+        ds = rtf.dataset(root, batch_size=8, shuffle=True, cache=cache, cache_epochs="growing")
         seen: set[int] = set()
         epochs = 0
         while len(seen) < SHARDS * RECORDS and epochs < 300:  # bounded
@@ -49,3 +51,71 @@ def test_cache_dir_reads_a_remote_folder(remote, tmp_path):
     assert len(ids) == len(set(ids)) and ids
     with pytest.raises(ValueError, match="cache_limit"):
         rtf.dataset(root, cache_dir=tmp_path / "d")
+    for mode in ("whole", "growing"):  # tensorflow-datasets options are for local folders
+        for option in ({"split": "train"}, {"decode_images": True}):
+            with pytest.raises(ValueError, match="not a dataset read through a shard cache"):
+                rtf.dataset(
+                    root, cache_dir=tmp_path / "e", cache_limit="1GiB", cache_epochs=mode, **option
+                )
+
+
+def _budget(manifest, shards: float) -> int:
+    per = max(s.bytes for s in manifest.shards) + 2 * RECORDS * 24
+    n = len(manifest.shards)
+    return int(shards * per) + (manifest.bytes - plan_capacity(manifest.bytes, n))
+
+
+def _ids(batches) -> list[int]:
+    out = []
+    for b in batches:
+        for i, x in zip(b["i"].numpy(), b["x"].to_list()):
+            out.append(check_sample({"i": i, "x": x}))
+    return out
+
+
+@pytest.mark.remote
+def test_whole_epochs_over_http_under_a_budget_of_a_third(tmp_path):
+    root = tmp_path / "srv"
+    manifest = write_dataset(root / "train", shards=SHARDS, records=RECORDS, size=2000)
+    budget = _budget(manifest, SHARDS / 3)
+    watch = BudgetWatch(tmp_path / "cache", budget)
+    with http_server(root) as http:
+        url = http.url + "/train"
+        cache = ShardCache(url, tmp_path / "cache", max_bytes=budget, events=watch)
+        ds = rtf.dataset(url, batch_size=8, shuffle=True, seed=3, cache=cache, epochs=2)
+        assert len(ds) == 2 * -(-SHARDS * RECORDS // 8)  # known: the whole dataset, twice
+        ids = _ids(ds)
+    total = SHARDS * RECORDS
+    assert sorted(ids[:total]) == list(range(total)) == sorted(ids[total:])
+    assert ids[:total] != ids[total:]
+    assert not watch.over, f"budget exceeded: {watch.over}"
+    assert len(watch.published_paths) > SHARDS  # shards came, went and came back
+    assert cache.stream_stats.fetched == len(watch.published_paths)
+
+
+def test_whole_epochs_resume_from_a_checkpoint(remote, tmp_path):
+    root, manifest = remote
+    budget = _budget(manifest, SHARDS / 3)
+
+    def make(where):
+        return rtf.dataset(
+            root,
+            batch_size=8,
+            shuffle=True,
+            seed=5,
+            cache_dir=tmp_path / where,
+            cache_limit=budget,
+            drop_remainder=True,
+        )
+
+    it = iter(make("a"))
+    head = [next(it) for _ in range(9)]
+    ckpt = tf.train.Checkpoint(iterator=it)
+    saved = ckpt.write(str(tmp_path / "ckpt" / "it"))
+    rest = list(it)
+    again = iter(make("b"))
+    tf.train.Checkpoint(iterator=again).read(saved).assert_consumed()
+    resumed = list(again)
+    assert _ids(resumed) == _ids(rest)
+    ids = _ids(head) + _ids(resumed)
+    assert len(ids) == len(set(ids)) == SHARDS * RECORDS // 8 * 8
