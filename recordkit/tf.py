@@ -153,7 +153,7 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
         # recordkit's own reading: a FIFO or a directory there is refused, never waited on
         manifest = read_manifest(path)
         files = [_join(path, s.path) for s in manifest.shards]
-        return files, schema or Schema.from_json(manifest.schema), manifest
+        return files, Schema.from_json(manifest.schema) if schema is None else schema, manifest
     if not local and gfile.isdir(path) and gfile.exists(manifest_path):
         with gfile.GFile(manifest_path, "rb") as f:
             manifest = Manifest.loads(f.read(), path=manifest_path)
