@@ -18,6 +18,7 @@ that only know the standard library can still catch it sensibly::
     ├── ShardChangedError (OSError)          a shard that changed (shrank) after it was opened
     ├── SchemaError (ValueError)             a bad schema, or a sample that does not fit it
     ├── ShardNotFoundError (FileNotFoundError)  a dataset, shard or index that is not there
+    ├── AccessDeniedError (PermissionError)  a remote that refused access (HTTP 401/403)
     ├── DatasetExistsError (FileExistsError) writing over a dataset without overwrite=True
     ├── LoaderTimeoutError (TimeoutError)    a loader process that made no progress in time
     ├── MissingDependencyError (ImportError) an optional extra that is not installed
@@ -54,6 +55,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 __all__ = [
+    "AccessDeniedError",
     "CacheFullError",
     "CompressedTFRecordError",
     "ConvertError",
@@ -330,6 +332,29 @@ class SchemaError(RecordkitError, ValueError):
 
 class ShardNotFoundError(RecordkitError, FileNotFoundError):
     """A dataset directory, shard, or index that does not exist."""
+
+
+class AccessDeniedError(RecordkitError, PermissionError):
+    """A remote that refused access: HTTP 401 or 403, S3 ``AccessDenied`` and the like.
+
+    Never retried, never taken for a missing file. The message names the URL
+    and what the remote answered; check the credentials and the permissions.
+
+    Attributes:
+        url: what was asked for.
+    """
+
+    def __init__(self, reason: str, *, url: str | None = None) -> None:
+        super().__init__(f"{url}: {reason}" if url else reason)
+        self.reason = reason
+        self.url = url
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_access, (self.reason, self.url))
+
+
+def _rebuild_access(reason: str, url: str | None) -> AccessDeniedError:
+    return AccessDeniedError(reason, url=url)
 
 
 class DatasetExistsError(RecordkitError, FileExistsError):

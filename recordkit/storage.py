@@ -2,7 +2,10 @@
 
 Local paths (and ``file://`` URLs) never import fsspec. Remote URLs are opened
 lazily through fsspec with the caller's ``storage_options``; credentials and
-endpoints come from fsspec's usual sources (e.g. ``AWS_ENDPOINT_URL``).
+endpoints come from fsspec's usual sources (e.g. ``AWS_ENDPOINT_URL``). Every
+remote filesystem opened here gets the deadlines of a
+:class:`~recordkit.retry.RetryPolicy` (connect and per-read inactivity), so no
+request can hang for ever; the caller's own settings in ``storage_options`` win.
 
 Publishing is atomic on both: locally a temp file in the same directory is
 fsync'ed and renamed; remotely the file is staged on local disk, uploaded under
@@ -21,6 +24,7 @@ from typing import Any, Protocol
 
 from ._deps import require
 from .format._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir, temp_name
+from .retry import DEFAULT_POLICY, RetryPolicy, classify
 
 __all__ = ["DirectoryTarget", "Location", "is_remote", "open_target", "strip_file_scheme"]
 
@@ -102,11 +106,23 @@ class LocalDirectory:
 
 
 class FsspecDirectory:
-    """A directory on any fsspec filesystem; files are staged in a local temp dir."""
+    """A directory on any fsspec filesystem; files are staged in a local temp dir.
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    Args:
+        url: the directory's URL.
+        storage_options: passed to fsspec.
+        retry: whose deadlines every request gets.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy = DEFAULT_POLICY,
+    ) -> None:
         fsspec = require("fsspec", extra="s3")
-        self.fs, self.path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        options = retry.storage_options(url, storage_options)
+        self.fs, self.path = fsspec.core.url_to_fs(url, **options)
         self.root = url.rstrip("/")
         self.fs.makedirs(self.path, exist_ok=True)
         self._staging = tempfile.mkdtemp(prefix="recordkit-stage-")
@@ -182,21 +198,30 @@ class Location:
     Args:
         url: a local path, ``file://`` URL, or any fsspec URL.
         storage_options: passed to fsspec for remote URLs.
+        retry: the deadlines of every remote request (connect, per-read
+            inactivity); see :class:`~recordkit.retry.RetryPolicy`. Retrying is
+            the caller's: a :class:`Location` makes each request once.
     """
 
     def __init__(
-        self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+        self,
+        url: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy = DEFAULT_POLICY,
     ) -> None:
         self.url = os.fspath(url)
         self.storage_options = dict(storage_options or {})
+        self.retry = retry
         self._fs: Any = None
         self._path = ""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": self.storage_options}
+        return {"url": self.url, "storage_options": self.storage_options, "retry": self.retry}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["storage_options"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["url"], state["storage_options"], state.get("retry", DEFAULT_POLICY)
+        )
 
     def __repr__(self) -> str:
         return f"Location({self.url!r})"
@@ -210,6 +235,7 @@ class Location:
         if self._fs is None:
             fsspec = require("fsspec", extra="s3")
             opts = {"skip_instance_cache": True, **self.storage_options}
+            opts = self.retry.storage_options(self.url, opts)
             self._fs, self._path = fsspec.core.url_to_fs(self.url, **opts)
         return self._fs, self._path
 
@@ -227,15 +253,30 @@ class Location:
 
     def child(self, rel: str) -> Location:
         """A :class:`Location` for ``rel`` below this one, with the same options."""
-        return Location(self.join(rel), self.storage_options)
+        return Location(self.join(rel), self.storage_options, self.retry)
 
     def exists(self, rel: str = "") -> bool:
-        """Whether ``rel`` (or this location itself) exists."""
+        """Whether ``rel`` (or this location itself) exists.
+
+        Only an answer that says "not there" (HTTP 404, S3 ``NoSuchKey``) is
+        ``False``; a request that fails otherwise raises (fsspec's own
+        ``exists()`` says ``False`` for a 503 over HTTP).
+        """
         if not self.remote:
             return os.path.exists(self._local(rel))
         fs, _ = self._filesystem()
         fs.invalidate_cache()
-        return bool(fs.exists(self._remote(rel)))
+        return self._remote_exists(fs, self._remote(rel))
+
+    @staticmethod
+    def _remote_exists(fs: Any, path: str) -> bool:
+        try:
+            fs.info(path)
+        except Exception as exc:
+            if classify(exc) == "absent":
+                return False
+            raise
+        return True
 
     def isdir(self, rel: str = "") -> bool:
         """Whether ``rel`` (or this location itself) is a directory (a prefix, remotely)."""
@@ -269,7 +310,7 @@ class Location:
             fs, path = self._filesystem()
             fs.invalidate_cache()
             if not fs.isdir(path):
-                return [("", int(fs.size(path)))] if fs.exists(path) else []
+                return [("", int(fs.size(path)))] if self._remote_exists(fs, path) else []
             base = path.rstrip("/") + "/"
             info = fs.find(path, detail=True)
             missing = [k for k, v in info.items() if v.get("size") is None]
@@ -282,6 +323,43 @@ class Location:
                 size = entry.get("size")
                 found.append((key[len(base) :], int(sizes.get(key, size) or 0)))
         return sorted((rel, size) for rel, size in found if not is_temp_name(rel))
+
+    def list_dir(self) -> list[tuple[str, int | None]]:
+        """The files directly in this directory as ``(name, size)``, sorted.
+
+        The size is ``None`` where the listing does not carry it (HTTP listings).
+        A directory that does not exist gives ``[]`` only when the answer says
+        so (HTTP 404, S3 ``NoSuchKey``); any other failure raises. Temp files of
+        interrupted writers are skipped.
+        """
+        found: list[tuple[str, int | None]] = []
+        if not self.remote:
+            try:
+                entries = list(os.scandir(self._local()))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            for e in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    if e.is_file():
+                        found.append((e.name, e.stat().st_size))
+        else:
+            fs, path = self._filesystem()
+            fs.invalidate_cache()
+            try:
+                listed = fs.ls(path, detail=True)
+            except Exception as exc:
+                if classify(exc) == "absent":
+                    return []
+                raise
+            base = path.rstrip("/") + "/"
+            for entry in listed:
+                name = str(entry.get("name", "")).rstrip("/")
+                rel = name[len(base) :] if name.startswith(base) else ""
+                if entry.get("type") == "directory" or not rel or "/" in rel:
+                    continue
+                size = entry.get("size")
+                found.append((rel, None if size is None else int(size)))
+        return sorted((name, size) for name, size in found if not is_temp_name(name))
 
     def size(self, rel: str = "") -> int:
         """The size of the file ``rel`` (or of this location) in bytes."""

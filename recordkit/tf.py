@@ -57,9 +57,10 @@ from ._tftasks import PlanTasks
 from .codec import Bytes, Float32, Int64, Schema, Tensor
 from .codec.limits import DecodeLimits
 from .errors import InvalidIndexError, SchemaError, ShardNotFoundError
+from .format import open_regular
 from .format.complete import check_complete
 from .format.index import INDEX_SUFFIX, parse_index
-from .format.manifest import MANIFEST_NAME, Manifest
+from .format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .images import ImageOptions
 from .reader.epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
 from .reader.plan import PlanOptions
@@ -149,7 +150,13 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
         )
     gfile = tf.io.gfile
     manifest_path = _join(path, MANIFEST_NAME)
-    if gfile.isdir(path) and gfile.exists(manifest_path):
+    local = "://" not in path
+    if local and os.path.isdir(path) and os.path.lexists(manifest_path):
+        # recordkit's own reading: a FIFO or a directory there is refused, never waited on
+        manifest = read_manifest(path)
+        files = [_join(path, s.path) for s in manifest.shards]
+        return files, Schema.from_json(manifest.schema) if schema is None else schema, manifest
+    if not local and gfile.isdir(path) and gfile.exists(manifest_path):
         with gfile.GFile(manifest_path, "rb") as f:
             manifest = Manifest.loads(f.read(), path=manifest_path)
         files = [_join(path, s.path) for s in manifest.shards]
@@ -180,6 +187,10 @@ def _says_sequences(path: str) -> bool:
     """A dataset whose manifest says its records are SequenceExamples (read whole)."""
     gfile = tf.io.gfile
     manifest_path = _join(path, MANIFEST_NAME)
+    if "://" not in path:  # recordkit's own reading: a FIFO there is refused, never waited on
+        if os.path.isdir(path) and os.path.lexists(manifest_path):
+            return read_manifest(path).sequence_example
+        return False
     if not (_is_native(path) and gfile.isdir(path) and gfile.exists(manifest_path)):
         return False
     with gfile.GFile(manifest_path, "rb") as f:
@@ -189,6 +200,10 @@ def _says_sequences(path: str) -> bool:
 def _check_complete(path: str, partial: bool) -> None:
     """Refuse an unfinished write of ours (through ``tf.io.gfile``, so ``gs://`` too)."""
     gfile = tf.io.gfile
+    if "://" not in path:  # the local reading opens regular files only (a FIFO never blocks)
+        if os.path.isdir(path):
+            check_complete(path, partial)
+        return
     if not _is_native(path) or not gfile.isdir(path):
         return
 
@@ -208,13 +223,22 @@ def _check_complete(path: str, partial: bool) -> None:
     check_complete(path, partial, read=read, listdir=listdir)
 
 
+def _not_an_index(reason: str, path: str) -> InvalidIndexError:
+    return InvalidIndexError(f"index {reason}", path=path)
+
+
 def _avg(path: str) -> float:
     """Mean framed record size of a foreign shard, from the head of its index if it has one."""
     try:
-        with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
-            head = f.read(1 << 20)
+        if "://" in path:
+            with tf.io.gfile.GFile(path + INDEX_SUFFIX, "rb") as f:
+                head = f.read(1 << 20)
+        else:  # only a regular file: an index that is a FIFO must not block
+            fd = open_regular(path + INDEX_SUFFIX, _not_an_index)
+            with open(fd, "rb", closefd=True) as f:
+                head = f.read(1 << 20)
         entries = parse_index(head[: head.rfind(b"\n") + 1], path=path + INDEX_SUFFIX)
-    except (tf.errors.OpError, InvalidIndexError):
+    except (tf.errors.OpError, OSError, InvalidIndexError):
         entries = None
     if entries is None or not len(entries):
         return 4096.0  # no usable index: assume small records

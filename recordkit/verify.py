@@ -116,13 +116,14 @@ class VerifyReport:
 
 def _shard_list(root: str) -> tuple[list[ShardInfo], Decoder | None, list[Problem]]:
     manifest_path = os.path.join(root, MANIFEST_NAME)
-    if not os.path.exists(manifest_path):
+    if not os.path.lexists(manifest_path):  # a broken link there is a problem, not "none"
         return [ShardInfo(p, 0, 0) for p in find_shards(root)], None, []
     try:
         manifest = read_manifest(root)
-    except ManifestError as exc:
+    except (ManifestError, ShardNotFoundError) as exc:
         found = [ShardInfo(p, 0, 0) for p in find_shards(root)]
-        return found, None, [Problem(manifest_path, None, None, exc.reason)]
+        reason = exc.reason if isinstance(exc, ManifestError) else f"{exc} (a dangling link)"
+        return found, None, [Problem(manifest_path, None, None, reason)]
     problems = []
     schema: Decoder | None
     try:

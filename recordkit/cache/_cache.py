@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._units import parse_size
 from ..errors import ShardNotFoundError
 from ..format.manifest import Manifest, ShardInfo
+from ..retry import DEFAULT_POLICY
 from ..storage import is_remote
 from ._dir import POLICIES, CacheDir, Scan
 from ._errors import CacheFullError
@@ -48,10 +49,6 @@ Policy = Literal["consumed-lru", "lru"]
 # How often idle or blocked fill workers look again for work that other processes
 # made possible (an eviction, a released pin); in-process changes wake them at once.
 _POLL_S = 0.5
-# A shard whose download failed (after its read retries) waits this long, doubling
-# with each failure, before the next try.
-_COOLDOWN_S = 5.0
-_MAX_COOLDOWN_S = 300.0
 
 
 class ShardCache:
@@ -99,7 +96,10 @@ class ShardCache:
             ``"lru"`` evicts least recently used and lets the filler displace any
             unpinned shard.
         storage_options: passed to fsspec for the remote.
-        retry: how remote reads are retried (:class:`RetryOptions`).
+        retry: how remote reads are retried, their deadlines, and how long a
+            shard whose download failed waits before the next try
+            (:class:`RetryOptions`, the same class as
+            :class:`recordkit.retry.RetryPolicy`).
         chunk_bytes: the size of each ranged read. 8 MiB is large enough that
             per-request latency is amortised, small enough that a retry after a
             cut-off response repeats little.
@@ -126,6 +126,13 @@ class ShardCache:
             and its partition retried later; ``None`` waits forever. With
             ``fill_workers=0`` partitions are converted in the calling thread
             instead of writer processes (debugging; ``memory://`` sources).
+
+    Attributes:
+        errors: every failed download or production so far (each was retried).
+        failed: shards whose last download failed and that are still missing,
+            with that error (what :meth:`fill` gave up on).
+        budget_full: whether the last :meth:`fill` stopped because the budget
+            was full of shards it may not displace.
     """
 
     def __init__(
@@ -229,6 +236,10 @@ class ShardCache:
         self._last: dict[int, tuple[str, int]] = {}  # worker -> (last outcome, _gen then)
         self._state_lock = threading.Lock()
         self.errors: list[BaseException] = []
+        # the last failure of each shard that failed, until it is fetched
+        self.failed: dict[str, BaseException] = {}
+        self.budget_full = False  # whether the last fill() stopped on a full budget
+        self._give_up: int | None = None  # fill(): failed downloads after which a shard waits
         self._streams: set[Stream] = set()  # whole-epoch readers' streams (they fetch first)
         #: what whole-epoch readers' streams did, over all passes (see :meth:`stream`)
         self.stream_stats = StreamStats()
@@ -300,8 +311,14 @@ class ShardCache:
         def fetched(info: ShardInfo) -> bool:
             return info.path in present or info.path in seen
 
+        give_up, failures = self._give_up, self._failures
+
         def free(info: ShardInfo) -> bool:
-            return info.path not in leased and cooldown.get(info.path, 0) <= now
+            return (
+                info.path not in leased
+                and cooldown.get(info.path, 0) <= now
+                and (give_up is None or failures.get(info.path, 0) < give_up)
+            )
 
         while self._cursor < len(order) and fetched(order[self._cursor]):
             self._cursor += 1
@@ -504,9 +521,10 @@ class ShardCache:
             # Retried later, less and less often: the remote may recover, a corrupt
             # object may be rewritten. Meanwhile the other shards go ahead.
             fails = self._failures[info.path] = self._failures.get(info.path, 0) + 1
-            wait = min(_MAX_COOLDOWN_S, _COOLDOWN_S * 2 ** (fails - 1))
+            wait = (self._retry or DEFAULT_POLICY).cooldown_after(fails)
             self._cooldown[info.path] = time.monotonic() + wait
             self.errors.append(exc)
+            self.failed[info.path] = exc
             verb = "fetch" if self._filler.mode == "shards" else "produce"
             log.error("could not %s %s (retrying in %.0f s): %s", verb, info.path, wait, exc)
         finally:
@@ -587,30 +605,47 @@ class ShardCache:
         """Fill in this thread (with ``fill_workers`` threads) until nothing is left to do.
 
         Stops when every remote shard is present, or when the budget is full of
-        shards the policy may not displace. Returns the number of shards present.
+        shards the policy may not displace (then :attr:`budget_full` is true).
+        A shard whose download failed is tried again when its cooldown ends,
+        up to the retry policy's ``shard_attempts`` downloads; shards it gave up
+        on are in :attr:`failed` with their last error. Returns the number of
+        shards present.
 
         Raises:
             CacheFullError: as :meth:`fill_one`.
         """
         self.gc()
         failures: list[BaseException] = []
+        outcomes: list[str] = []
 
         def run() -> None:
             self._fill_idents.add(threading.get_ident())
             try:
-                while self.fill_one() == "worked" and not self._stop.is_set():
+                while (outcome := self.fill_one()) == "worked" and not self._stop.is_set():
                     pass
+                outcomes.append(outcome)
             except BaseException as exc:
                 failures.append(exc)
                 self._stop.set()
             finally:
                 self._fill_idents.discard(threading.get_ident())
 
-        threads = [threading.Thread(target=run) for _ in range(max(1, self.fill_workers))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        self._give_up = (self._retry or DEFAULT_POLICY).shard_attempts
+        try:
+            while True:
+                outcomes.clear()
+                threads = [threading.Thread(target=run) for _ in range(max(1, self.fill_workers))]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wait = self._retry_wait()
+                if failures or self._stop.is_set() or "blocked" in outcomes or wait is None:
+                    break
+                self._stop.wait(wait)  # a failed shard's cooldown: the fill is not done yet
+        finally:
+            self._give_up = None
+        self.budget_full = "blocked" in outcomes
         self._stop.clear()
         if not self._threads:
             self._filler.close()  # no writer processes idle beside a finished fill
@@ -618,6 +653,22 @@ class ShardCache:
             raise failures[0]
         with self.dir.lock():
             return len(self.dir.scan().complete)
+
+    def _retry_wait(self) -> float | None:
+        """Seconds until a missing shard that failed fewer than ``shard_attempts`` times
+        may be tried again (0 if now), or ``None`` if there is none."""
+        limit = (self._retry or DEFAULT_POLICY).shard_attempts
+        with self.dir.lock():
+            present = self.dir.scan().complete
+        for rel in list(self.failed):
+            if rel in present:
+                del self.failed[rel]
+        due = [
+            self._cooldown[rel]
+            for rel, n in self._failures.items()
+            if rel not in present and n < limit and rel in self._cooldown
+        ]
+        return max(0.0, min(due) - time.monotonic()) if due else None
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -26,6 +26,10 @@ examples:
 
 fill stops when every shard is present, or when the budget is full of shards that
 no reader has used yet; training processes using the same directory keep it going.
+A shard whose download fails (after its read retries) is tried again after a
+cooldown, up to 4 times. Exit status: 0 when the dataset or the budget was filled
+(failed downloads that were retried included), 1 when shards are missing that could
+not be fetched, 2 when the remote could not be listed or an option is wrong.
 With --format (producer mode) REMOTE holds raw samples that writer processes convert
 into shards, one per partition, as `recordkit convert --from FORMAT` would.
 """
@@ -102,6 +106,25 @@ def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _retry_policy(args: argparse.Namespace) -> Any:
+    """The retry policy the deadline flags ask for (``None``: the default)."""
+    connect, read = args.connect_timeout, args.read_timeout
+    if connect is None and read is None:
+        return None
+    if args.format is not None:
+        raise ValueError(
+            "--connect-timeout/--read-timeout: shard mode only; in producer mode the "
+            "sources' reads take their deadlines from --storage-options"
+        )
+    from ..retry import RetryPolicy
+
+    default = RetryPolicy()
+    return RetryPolicy(
+        connect_timeout=default.connect_timeout if connect is None else (connect or None),
+        read_timeout=default.read_timeout if read is None else (read or None),
+    )
+
+
 def _cmd_fill(args: argparse.Namespace) -> int:
     from . import ShardCache
 
@@ -115,6 +138,7 @@ def _cmd_fill(args: argparse.Namespace) -> int:
             fill_workers=workers,
             policy=args.policy,
             storage_options=_storage_options(args.storage_options),
+            retry=_retry_policy(args),
             **producer,
         )
     except ValueError as exc:  # a bad option value, an unknown converter
@@ -136,9 +160,22 @@ def _cmd_fill(args: argparse.Namespace) -> int:
         f"{status.used} of {status.max_bytes} bytes used",
         file=sys.stderr,
     )
-    for err in cache.errors:
-        print(f"recordkit cache fill: error: {err}", file=sys.stderr)
-    return 1 if cache.errors else 0
+    if cache.failed and not cache.budget_full:
+        for rel, err in sorted(cache.failed.items()):
+            print(f"recordkit cache fill: error: {rel}: {err}", file=sys.stderr)
+        print(
+            f"recordkit cache fill: error: {len(cache.failed)} shard(s) could not be fetched "
+            "after their retries; run the command again to retry them",
+            file=sys.stderr,
+        )
+        return 1
+    if cache.errors:
+        print(
+            f"recordkit cache fill: {len(cache.errors)} failed download(s) were retried "
+            f"({'the budget is full' if cache.budget_full else 'every shard is cached'})",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def _open_local(local: str, max_bytes: str | None) -> Any:
@@ -225,6 +262,22 @@ def add_parser(sub: Any) -> None:
         "--policy", choices=("consumed-lru", "lru"), default="consumed-lru", help="eviction"
     )
     f.add_argument("--storage-options", help="fsspec options as a JSON object")
+    f.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a connection to the remote may take to open (default 10; 0: the "
+        "client's default)",
+    )
+    f.add_argument(
+        "--read-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long a remote request may go without receiving a byte before it is retried "
+        "(default 30; 0: no limit)",
+    )
     prod = f.add_argument_group(
         "producer mode",
         "REMOTE holds raw samples; writer processes convert each partition into one shard",

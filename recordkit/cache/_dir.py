@@ -43,6 +43,7 @@ from typing import Any
 
 from ..format import TMP_MARKER, atomic_write_bytes, fsync_dir
 from ..format.index import INDEX_SUFFIX
+from ._catalog import catalog_problem
 from ._errors import CacheFullError
 from ._locks import DirLock, HeldFile, live_claims
 from ._remote import is_shard_name
@@ -107,6 +108,9 @@ class CacheDir:
         self.leases_dir = os.path.join(self.meta, "leases")
         self.pins_dir = os.path.join(self.meta, "pins")
         for d in (self.root, self.meta, self.leases_dir, self.pins_dir):
+            if d != self.root and os.path.lexists(d) and not os.path.isdir(d):
+                log.warning("%s is not a directory; replacing it with one", d)
+                os.unlink(d)  # our own bookkeeping's place: whatever is there is damage
             os.makedirs(d, exist_ok=True)
         self.lock = DirLock(os.path.join(self.meta, "lock"))
         self.store = Store(os.path.join(self.meta, "state.db"))
@@ -138,13 +142,9 @@ class CacheDir:
         doc = self._read_json("catalog.json")
         if doc is None:
             return None
-        shards = doc.get("shards")
-        if (
-            not isinstance(doc.get("remote"), str)
-            or not isinstance(shards, list)
-            or not all(isinstance(s, dict) and isinstance(s.get("path"), str) for s in shards)
-        ):
-            log.warning("ignoring catalog.json in %s: not a cache catalog", self.meta)
+        problem = catalog_problem(doc)
+        if problem is not None:
+            log.warning("ignoring catalog.json in %s: not a cache catalog (%s)", self.meta, problem)
             return None
         return doc
 

@@ -7,9 +7,9 @@ Order of work for a shard (nothing is visible in the cache until the last step):
    appended to ``NAME.tmp-<lease>`` while a running CRC32C is kept.
 2. The total size and the CRC32C are compared with the remote manifest.
 3. The index is the remote ``.idx`` if there is one and it validates against the
-   downloaded bytes, else a CRC-checked scan; foreign shards (no manifest CRC)
-   are always scanned with every record CRC checked. The record count must
-   match the manifest.
+   downloaded bytes, else (none there, unreadable after its retries, or not
+   matching) a scan that checks every record's CRC; foreign shards (no
+   manifest CRC) are always scanned so. The record count must match the manifest.
 4. Both files are fsync'ed; the index and then the shard are renamed into place.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptRecordError, InvalidIndexError
+from ..errors import AccessDeniedError, CorruptRecordError, InvalidIndexError, ShardNotFoundError
 from ..format.crc import crc32c
 from ..format.index import (
     INDEX_SUFFIX,
@@ -131,8 +131,15 @@ def download(
 def _index_for(remote: Remote, info: ShardInfo, path: str, has_remote_index: bool) -> np.ndarray:
     url = remote.full(info.path)
     foreign = info.crc32c is None
+    data = None
     if has_remote_index and not foreign:
-        data = remote.read_all(info.path + INDEX_SUFFIX)
+        try:
+            data = remote.read_all(info.path + INDEX_SUFFIX)
+        except ShardNotFoundError:
+            log.info("%s has no index: scanning the download", url)
+        except (DownloadError, AccessDeniedError) as exc:
+            log.warning("could not read the index of %s, scanning the download: %s", url, exc)
+    if data is not None:
         buf = open_map(path)
         try:
             entries = parse_index(data, path=url + INDEX_SUFFIX)
@@ -148,6 +155,23 @@ def _index_for(remote: Remote, info: ShardInfo, path: str, has_remote_index: boo
         return scan_index(path, verify=True)
     except CorruptRecordError as exc:
         raise DownloadError(f"downloaded shard is corrupt: {exc}", url=url) from exc
+
+
+def _same_mode(
+    saved: dict[str, Any] | None, manifest: Manifest | None, url: str, root: str
+) -> None:
+    """A cache made from a remote with a manifest stays one: a remote that says it
+    has none now (HTTP 404) is not read as foreign TFRecords (which would change
+    every sample's shapes and drop the checksums); the catalog saved with the
+    manifest is used instead, as for a remote that cannot be reached."""
+    if manifest is not None or saved is None or saved.get("remote") != url:
+        return
+    if saved.get("manifest") is not None:
+        raise ShardNotFoundError(
+            f"{url} has no recordkit.json now, but had one when the cache {root} was "
+            "made (a dataset being rewritten?): wait for the write to finish, or remove "
+            "the cache directory to cache the remote as it is now"
+        )
 
 
 class Fetcher:
@@ -166,7 +190,13 @@ class Fetcher:
     """
 
     mode = "shards"
-    retriable: tuple[type[BaseException], ...] = (DownloadError,)
+    # A listed shard that is missing or refused for now may be there later (a
+    # remote being uploaded, credentials being renewed): retried like a bad download.
+    retriable: tuple[type[BaseException], ...] = (
+        DownloadError,
+        ShardNotFoundError,
+        AccessDeniedError,
+    )
 
     def __init__(
         self, context: FillContext, directory: CacheDir, remote: Callable[[], Remote]
@@ -180,11 +210,13 @@ class Fetcher:
     def catalog(self) -> list[ShardInfo]:
         """The remote's shards, saved in the cache for offline restarts (and used then)."""
         url = self.context.remote_url
+        saved = self.dir.load_catalog()
         try:
             manifest, infos = self._remote().listing()
+            _same_mode(saved, manifest, url, self.dir.root)
             if manifest is None:
                 names = {i.path for i in infos}
-                found = {n for n, _ in self._remote()._list_files()}
+                found = {n for n, _ in self._remote().files()}
                 self._remote_index = {n for n in names if n + INDEX_SUFFIX in found}
             else:
                 self._remote_index = {i.path for i in infos}
@@ -200,10 +232,9 @@ class Fetcher:
                 max_bytes=self.context.max_bytes,
             )
         except (DownloadError, OSError) as exc:
-            saved = self.dir.load_catalog()
             if saved is None or saved.get("remote") != url:
                 raise
-            log.warning("remote %s unreachable (%r); using the saved catalog", url, exc)
+            log.warning("remote %s: %s; using the catalog saved in the cache", url, exc)
             manifest = None
             if saved.get("manifest") is not None:
                 manifest = Manifest.loads(json.dumps(saved["manifest"]))

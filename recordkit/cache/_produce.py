@@ -364,8 +364,7 @@ class Producer:
                     source=source,
                     schema=plan.schema.to_json(),
                     fsync=self.options.fsync,
-                    retries=self.options.retries,
-                    retry_backoff=self.options.retry_backoff,
+                    retry=self.options.retry_policy,
                 )
                 outcome = room.stage(functools.partial(self._run, task, where, room))
                 if outcome[0] == "done":

@@ -1,10 +1,22 @@
 """Reading the remote side of a cache: its manifest or listing, and byte ranges.
 
-Every read is checked: a ranged read must return exactly the bytes asked for,
-a whole-file read exactly the file's listed size, or it is a
-:class:`DownloadError` and not data. Transient failures (a dropped connection,
-a server that is down for a moment, a response cut short) are retried with
-exponential backoff; a missing file or a refused permission is not retried.
+Every read is checked, and retried under the one
+:class:`~recordkit.retry.RetryPolicy` while the failure is transient or the
+bytes are wrong; what the remote answers decides the rest
+(:func:`recordkit.retry.classify`, which reads the whole exception chain):
+
+* a ranged read must return exactly the bytes asked for, or it is a
+  :class:`DownloadError` and not data;
+* the remote's catalog — ``recordkit.json``, or without one the listing of
+  its shards — is read twice per try and the two reads must agree (and the
+  manifest must parse): a body cut short or a flipped byte is retried, never
+  taken for the dataset. Only an answer that says "not there" (HTTP 404, S3
+  ``NoSuchKey``) means the dataset has no manifest; a failure that outlasts the
+  retries is an error, never "absent" (fsspec's HTTP ``info()`` turns every
+  failure into ``FileNotFoundError``; the cause it is raised from says which);
+* HTTP 401/403 and S3 ``AccessDenied`` are :class:`~recordkit.errors.AccessDeniedError`,
+  a 404 :class:`~recordkit.errors.ShardNotFoundError`, neither retried;
+* every request has the policy's deadlines (connect, per-read inactivity).
 
 All I/O goes through :class:`recordkit.storage.Location`: plain local paths
 with ``os.pread`` (no fsspec), any other URL through fsspec, imported on first
@@ -18,44 +30,44 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import ShardNotFoundError
+from ..errors import AccessDeniedError, ManifestError, ShardNotFoundError
 from ..format.index import INDEX_SUFFIX
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..retry import DEFAULT_POLICY, RetryPolicy, classify, describe
 from ..storage import Location, is_remote, is_temp_name, strip_file_scheme
 from ._errors import DownloadError
+
+__all__ = ["Remote", "RetryOptions", "is_shard_name"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _SHARD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
-# Errors that another attempt cannot fix.
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+RetryOptions = RetryPolicy
+"""The cache's name for :class:`recordkit.retry.RetryPolicy` (the one retry policy)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RetryOptions:
-    """How remote reads are retried.
+def _worth_retrying(exc: BaseException) -> bool:
+    """Wrong bytes (a short read, a manifest that does not parse, two reads that
+    differ) and transient failures; not a missing file, a refusal or a bug."""
+    return isinstance(exc, (DownloadError, ManifestError)) or classify(exc) == "transient"
 
-    Attributes:
-        attempts: tries per read, the first included. 6 tries with the default
-            backoff ride out about 15 s of a remote being unreachable, longer
-            than the restart of an object-store endpoint or a load balancer.
-        backoff: seconds before the second try; doubled after each failure.
-        max_backoff: the longest wait between two tries.
-    """
 
-    attempts: int = 6
-    backoff: float = 0.5
-    max_backoff: float = 8.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
-        if self.backoff < 0 or self.max_backoff < 0:
-            raise ValueError(f"backoff must be >= 0, got {self.backoff}, {self.max_backoff}")
+def _answer(exc: BaseException) -> str:
+    """What the remote said, for a message: ``HTTP 403``, ``NoSuchKey``, or the error."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if e is None:
+            continue
+        response = getattr(e, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            return str(response["Error"].get("Code"))
+        status = getattr(e, "status", None)
+        if isinstance(status, int):
+            return f"HTTP {status}"
+    return describe(exc)
 
 
 def is_shard_name(name: str) -> bool:
@@ -67,13 +79,33 @@ def is_shard_name(name: str) -> bool:
     )
 
 
+def _agreed(read: Callable[[], _T], what: str, url: str) -> Callable[[], _T]:
+    """One try of "two answers that agree": ``read()`` until two successive answers are
+    equal. The last answer is kept across tries, so a try after a failure needs one
+    good read, not two; answers that differ are a :class:`DownloadError` (retried)."""
+    last: list[_T] = []
+
+    def once() -> _T:
+        first = read()
+        if last and last[0] == first:
+            return first
+        last[:] = [first]
+        second = read()
+        last[:] = [second]
+        if second != first:
+            raise DownloadError(f"two {what} of it differ", url=url)
+        return first
+
+    return once
+
+
 class Remote:
     """A dataset directory to download from: a local path or an fsspec URL.
 
     Args:
         url: the dataset root (``s3://bucket/prefix``, ``https://host/data``, a path).
         storage_options: passed to fsspec.
-        retry: how reads are retried.
+        retry: how reads are retried, and their deadlines.
         sleep: the wait function between tries (tests pass a fast one).
     """
 
@@ -82,13 +114,14 @@ class Remote:
         url: str,
         storage_options: dict[str, Any] | None = None,
         *,
-        retry: RetryOptions | None = None,
+        retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url.rstrip("/") if is_remote(url) else os.path.abspath(strip_file_scheme(url))
-        self.retry = retry or RetryOptions()
+        self.retry = retry or DEFAULT_POLICY
         self._sleep = sleep
-        self._loc = Location(self.url, storage_options)
+        self._loc = Location(self.url, storage_options, self.retry)
+        self._files: list[tuple[str, int | None]] | None = None
 
     def full(self, rel: str) -> str:
         """The URL (or path) of ``rel`` under the remote root."""
@@ -97,31 +130,37 @@ class Remote:
     # -- retries -------------------------------------------------------------------------
 
     def _retrying(self, what: str, url: str, fn: Callable[[], _T], offset: int | None = None) -> _T:
-        delay = self.retry.backoff
-        for attempt in range(1, self.retry.attempts + 1):
-            try:
-                return fn()
-            except _PERMANENT:
+        """``fn()`` under the retry policy; a failure that outlasts it becomes our error:
+        :class:`ShardNotFoundError` (absent), :class:`AccessDeniedError` (refused),
+        our own verdict on bad bytes, else :class:`DownloadError`."""
+        try:
+            return self.retry.call(
+                fn, what=f"{what} of {url}", retry_if=_worth_retrying, sleep=self._sleep
+            )
+        except Exception as exc:
+            kind = classify(exc)
+            if kind == "absent":
+                raise ShardNotFoundError(f"{url}: not found ({_answer(exc)})") from exc
+            if kind == "forbidden":
+                raise AccessDeniedError(
+                    f"{what} refused ({_answer(exc)}): check the credentials and the "
+                    "permissions (storage_options, or the usual environment variables)",
+                    url=url,
+                ) from exc
+            if isinstance(exc, DownloadError):  # wrong bytes every time
+                raise DownloadError(
+                    f"{exc.reason} (in each of {self.retry.attempts} attempt(s))",
+                    url=exc.url,
+                    offset=exc.offset,
+                ) from exc
+            if isinstance(exc, ManifestError):
                 raise
-            except Exception as exc:
-                if attempt == self.retry.attempts:
-                    raise DownloadError(
-                        f"{what} failed after {attempt} attempt(s): {exc!r}",
-                        url=url,
-                        offset=offset,
-                    ) from exc
-                log.warning(
-                    "%s of %s failed (attempt %d/%d, retrying in %.1fs): %r",
-                    what,
-                    url,
-                    attempt,
-                    self.retry.attempts,
-                    delay,
-                    exc,
-                )
-                self._sleep(delay)
-                delay = min(self.retry.max_backoff, delay * 2 if delay else 0.0)
-        raise AssertionError("unreachable")
+            tries = "(not retried)"
+            if kind == "transient":
+                tries = f"after {self.retry.attempts} attempt(s)"
+            raise DownloadError(
+                f"{what} failed {tries}: {describe(exc)}", url=url, offset=offset
+            ) from exc
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -149,14 +188,24 @@ class Remote:
         """The remote file's size in bytes."""
         return int(self._retrying("stat", self.full(rel), lambda: self._loc.size(rel)))
 
-    def read_all(self, rel: str) -> bytes:
-        """The whole file, checked against its listed size."""
+    def agreed_size(self, rel: str) -> int:
+        """The remote file's size from two requests that agree (retried until they do).
+
+        Where nothing else says how large a file is (a folder of foreign TFRecords
+        over HTTP), one answer is not enough: fsspec falls back to a ``GET`` when
+        a ``HEAD`` fails, and a proxy that cuts a body short can make its
+        ``Content-Length`` agree."""
+        url = self.full(rel)
+        return self._retrying("stat", url, _agreed(lambda: int(self._loc.size(rel)), "stats", url))
+
+    def read_all(self, rel: str, size: int | None = None) -> bytes:
+        """The whole file, in one request whose answer is seen (a 404 is
+        :class:`ShardNotFoundError`, a 503 retried); with ``size``, checked against it."""
         url = self.full(rel)
 
         def once() -> bytes:
-            size = self._loc.size(rel)
             data = self._loc.read_bytes(rel)
-            if len(data) != size:
+            if size is not None and len(data) != size:
                 raise DownloadError(
                     f"read returned {len(data)} bytes, the file has {size}", url=url
                 )
@@ -165,10 +214,55 @@ class Remote:
         return self._retrying("read", url, once)
 
     def exists(self, rel: str) -> bool:
-        """Whether ``rel`` exists under the remote root."""
+        """Whether ``rel`` exists under the remote root (only a 404 or ``NoSuchKey`` is no)."""
         return bool(self._retrying("stat", self.full(rel), lambda: self._loc.exists(rel)))
 
     # -- what the remote holds -------------------------------------------------------------
+
+    def read_manifest(self) -> Manifest | None:
+        """The remote's manifest, or ``None`` when the remote says it has none.
+
+        Two reads must give the same bytes, and they must parse (a try reads
+        until two agree, keeping the last good read across tries). A failure
+        that outlasts the retries raises; only HTTP 404 or ``NoSuchKey`` gives
+        ``None``.
+
+        Raises:
+            DownloadError: the manifest could not be read, or never read the same twice.
+            AccessDeniedError: the remote refused access.
+            ManifestError: it reads the same every time and is malformed.
+        """
+        url = self.full(MANIFEST_NAME)
+
+        def read() -> bytes:
+            data = self._loc.read_bytes(MANIFEST_NAME)
+            Manifest.loads(data, path=url)  # a body that does not parse is not a read
+            return data
+
+        try:
+            data = self._retrying("manifest read", url, _agreed(read, "reads", url))
+        except ShardNotFoundError:
+            return None
+        return Manifest.loads(data, path=url)
+
+    def files(self) -> list[tuple[str, int | None]]:
+        """The files directly under the root with their sizes where the listing has
+        them (HTTP listings do not), listed twice: the two listings must agree.
+        Kept, so a second call does not list again.
+
+        Raises:
+            ShardNotFoundError: the root does not exist, or is empty.
+        """
+        if self._files is None:
+
+            def read() -> list[tuple[str, int | None]]:
+                found = self._loc.list_dir()
+                if not found:
+                    raise FileNotFoundError(self.url)
+                return found
+
+            self._files = self._retrying("listing", self.url, _agreed(read, "listings", self.url))
+        return self._files
 
     def listing(self) -> tuple[Manifest | None, list[ShardInfo]]:
         """The remote manifest and its shards, or, without one, the shard files found.
@@ -178,26 +272,23 @@ class Remote:
         Raises:
             ShardNotFoundError: neither a manifest nor any shard file is there.
             ManifestError: the manifest is malformed.
+            DownloadError: the remote failed after the retries (never taken for
+                "no manifest").
+            AccessDeniedError: the remote refused access.
         """
-        try:
-            data = self.read_all(MANIFEST_NAME)
-        except FileNotFoundError:
-            data = None
-        if data is not None:
-            manifest = Manifest.loads(data, path=self.full(MANIFEST_NAME))
+        manifest = self.read_manifest()
+        if manifest is not None:
             return manifest, list(manifest.shards)
         try:
-            files = self._list_files()
-        except FileNotFoundError as exc:
+            files = self.files()
+        except ShardNotFoundError as exc:
             raise ShardNotFoundError(f"no such dataset: {self.url}") from exc
-        infos = [ShardInfo(name, 0, size) for name, size in files if is_shard_name(name)]
+        # each size a request of its own where the listing has none (HEADs, retried)
+        infos = [
+            ShardInfo(name, 0, self.agreed_size(name) if size is None else size)
+            for name, size in files
+            if is_shard_name(name)
+        ]
         if not infos:
             raise ShardNotFoundError(f"no {MANIFEST_NAME} and no .tfrecord files at {self.url}")
         return None, infos
-
-    def _list_files(self) -> list[tuple[str, int]]:
-        """The files directly under the root, with their sizes."""
-        if not self._loc.isdir():
-            raise FileNotFoundError(self.url)
-        found = self._retrying("listing", self.url, self._loc.walk)
-        return [(rel, size) for rel, size in found if "/" not in rel]

@@ -41,6 +41,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..errors import RecordkitError
+from ..format.manifest import normalize_shard_path
 from ._errors import CacheFullError
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,27 @@ CREATE TRIGGER changes_del AFTER DELETE ON shards WHEN OLD.present = 1 BEGIN
     INSERT INTO changes(path, present, bytes, index_bytes) VALUES (OLD.path, 0, 0, 0);
 END;
 """
+# Rows another program (or a damaged disk) may have left, which the queries below would
+# choke on: counted at open, and a database with any is rebuilt like an unreadable one.
+_INT = "typeof({0}) = 'integer' AND {0} BETWEEN 0 AND 9007199254740992"
+_NUM = "typeof({0}) IN ('integer', 'real') AND abs({0}) < 1e18"
+_WRONG_SHAPE = f"""SELECT
+ (SELECT count(*) FROM shards WHERE NOT (
+    typeof(path) = 'text' AND path != '' AND path NOT LIKE '/%' AND path NOT LIKE '%\\%'
+    AND '/' || path || '/' NOT LIKE '%/../%' AND '/' || path || '/' NOT LIKE '%/./%'
+    AND path NOT LIKE '%//%' AND instr(path, char(0)) = 0
+    AND present IN (0, 1) AND {_INT.format("bytes")} AND {_INT.format("index_bytes")}
+    AND {_INT.format("seen")} AND {_INT.format("uses")} AND {_INT.format("reads")}
+    AND {_NUM.format("published")} AND {_NUM.format("used")}
+    AND (consumed IS NULL OR {_INT.format("consumed")})
+    AND typeof(extra) = 'text' AND json_valid(extra) AND json_type(extra) = 'object'))
+ + (SELECT count(*) FROM totals WHERE NOT ({_INT.format("bytes")}))
+ + (SELECT count(*) FROM settings WHERE NOT ({_INT.format("value")}))
+ + (SELECT count(*) FROM changes WHERE NOT (typeof(path) = 'text' AND present IN (0, 1)
+    AND {_INT.format("bytes")} AND {_INT.format("index_bytes")}))
+ + ((SELECT count(*) FROM totals) != 1)
+ + ((SELECT bytes FROM totals) != (SELECT coalesce(sum(present * (bytes + index_bytes)), 0)
+    FROM shards))"""
 # The change log keeps this many entries (trimmed at each commit); a process further
 # behind reloads the whole set. Small: the log's pages count against the budget.
 _CHANGES_KEPT = 256
@@ -163,10 +186,16 @@ class Store:
                 self.fresh = True
             elif version != _LAYOUT:
                 raise sqlite3.DatabaseError(f"layout {version}, expected {_LAYOUT}")
-            ok = conn.execute("PRAGMA quick_check").fetchone()[0]
+            ok = conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
             if ok != "ok":
                 raise sqlite3.DatabaseError(ok)
             conn.execute("SELECT bytes FROM totals WHERE id = 0").fetchone()[0]
+            bad = conn.execute(_WRONG_SHAPE).fetchone()[0]
+            if bad:  # sqlite keeps any value in any column: another program's rows
+                raise sqlite3.DatabaseError(f"{bad} value(s) of the wrong type or range")
+            for table, column in (("shards", "path"), ("shards", "extra"), ("changes", "path")):
+                for (raw,) in conn.execute(f"SELECT CAST({column} AS BLOB) FROM {table}"):
+                    bytes(raw).decode("utf-8")  # sqlite does not check; Python would, later
         except BaseException:
             conn.close()
             raise
@@ -175,7 +204,7 @@ class Store:
     def _open(self) -> sqlite3.Connection:
         try:
             return self._connect()
-        except (sqlite3.DatabaseError, TypeError) as exc:
+        except (sqlite3.DatabaseError, TypeError, ValueError) as exc:
             log.warning(
                 "cache state %s is unreadable (%s); rebuilding it from the directory",
                 self.path,
@@ -448,23 +477,51 @@ class Store:
         n = 0
         with self._write() as db:
             for rel, m in shards.items():
-                if not isinstance(rel, str) or not isinstance(m, dict):
+                row = _history_row(rel, m)
+                if row is None:
                     continue
-                try:
-                    cols = [float(m.get(c, 0) or 0) for c in _COLUMNS[:5]]
-                    consumed = m.get("consumed")
-                    consumed = None if consumed is None else int(consumed)
-                except (TypeError, ValueError):
-                    continue
-                extra = {k: v for k, v in m.items() if k not in _COLUMNS}
                 db.execute(
                     "INSERT OR IGNORE INTO shards(path, seen, published, used, uses, reads, "
                     "consumed, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (rel, *cols, consumed, json.dumps(extra, sort_keys=True)),
+                    row,
                 )
                 n += 1
-            db.execute("UPDATE settings SET value = ? WHERE key = 'epoch'", (int(epoch),))
+            epoch = epoch if _count(epoch) is not None else 0
+            db.execute("UPDATE settings SET value = ? WHERE key = 'epoch'", (epoch,))
         return n
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as a count the store keeps (an integral number in [0, 2**53)), or None."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    ok = type(value) is int and 0 <= value < 1 << 53
+    return value if ok else None
+
+
+def _history_row(rel: Any, m: Any) -> tuple[Any, ...] | None:
+    """A row for a ``state.json`` entry, or ``None`` for one of the wrong shape."""
+    if not isinstance(rel, str) or not isinstance(m, dict):
+        return None
+    try:
+        rel = normalize_shard_path(rel)
+    except RecordkitError:
+        return None
+    counts = [_count(m.get(c, 0) or 0) for c in ("seen", "uses", "reads")]
+    times = [m.get(c, 0) or 0 for c in ("published", "used")]
+    consumed = m.get("consumed")
+    if any(c is None for c in counts) or (consumed is not None and _count(consumed) is None):
+        return None
+    if not all(type(t) in (int, float) and abs(t) < 1e18 for t in times):
+        return None  # (NaN fails the comparison too)
+    try:
+        extra = {k: v for k, v in m.items() if k not in _COLUMNS}
+        text = json.dumps(extra, allow_nan=False, sort_keys=True)
+    except ValueError:
+        return None
+    seen, uses, reads = counts
+    published, used = (float(t) for t in times)
+    return (rel, seen, published, used, uses, reads, _count(consumed), text)
 
 
 def _loads(text: str) -> dict[str, Any]:

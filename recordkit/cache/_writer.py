@@ -23,8 +23,9 @@ from typing import Any
 
 from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
-from ..convert import Tally, is_transient, write_items
+from ..convert import Tally, write_items
 from ..errors import OutgrewError
+from ..retry import RetryPolicy, is_transient
 from ..writer.sequence import ShardSequence
 from ._staged import Staged, discard, is_disk_full, staged_names
 
@@ -54,8 +55,7 @@ class ProduceTask:
         source: the ``recordkit.converters.Source`` (its location and options, never samples).
         schema: the schema in JSON form.
         fsync: fsync the shard and the index before handing them back.
-        retries: attempts after the first on transient source errors.
-        retry_backoff: seconds before the first retry, doubled each time.
+        retry: how transient source errors are retried (the whole partition again).
     """
 
     path: str
@@ -66,8 +66,7 @@ class ProduceTask:
     source: Any
     schema: dict[str, Any]
     fsync: bool
-    retries: int
-    retry_backoff: float
+    retry: RetryPolicy
 
 
 class _StagedTarget:
@@ -166,28 +165,22 @@ def produce(task: ProduceTask, report: Callable[[int], None]) -> Staged:
     staged = staged_names(task.final, task.lease_id)
     os.makedirs(os.path.dirname(task.final), exist_ok=True)
     schema = Schema.from_json(task.schema)
-    attempt = 0
-    while True:
-        tally = Tally(lambda items, size, records: report(size))
+    tallies: list[Tally] = []
+
+    def attempt() -> Staged:
+        if tallies:
+            tallies[-1].undo()  # the retry reads the same items again
+        tallies.append(Tally(lambda items, size, records: report(size)))
         try:
-            return _write(task, schema, staged, tally)
-        except Exception as exc:
+            return _write(task, schema, staged, tallies[-1])
+        except BaseException:
             discard(staged)
-            if isinstance(exc, OutgrewError) or attempt >= task.retries or not is_transient(exc):
-                raise
-            error = exc
-        tally.undo()  # the retry reads the same items again
-        delay = task.retry_backoff * 2**attempt
-        attempt += 1
-        log.warning(
-            "%s: transient source error (%s), retry %d of %d in %.1f s",
-            task.path,
-            error,
-            attempt,
-            task.retries,
-            delay,
-        )
-        time.sleep(delay)
+            raise
+
+    def worth_retrying(exc: BaseException) -> bool:
+        return not isinstance(exc, OutgrewError) and is_transient(exc)
+
+    return task.retry.call(attempt, what=f"{task.path}: source", retry_if=worth_retrying)
 
 
 def run_task(task: ProduceTask, report: Callable[[int], None]) -> tuple[Any, ...]:

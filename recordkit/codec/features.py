@@ -339,7 +339,7 @@ class Tensor(_Feature):
     def __post_init__(self) -> None:
         try:
             dtype = np.dtype(self.dtype)
-        except TypeError:
+        except Exception:  # TypeError, ValueError, even SyntaxError for strings like "01"
             raise SchemaError(f"Tensor: {self.dtype!r} is not a numpy dtype") from None
         if dtype.name not in _TENSOR_DTYPES or dtype.fields is not None:
             raise SchemaError(

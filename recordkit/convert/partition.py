@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +28,10 @@ from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
 from ..format.framing import OVERHEAD
 from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
+from ..retry import RetryPolicy
 from ..storage import open_target
 from ..writer.sequence import ShardSequence
-from ._errors import DiskFullError, add_note, is_transient
+from ._errors import DiskFullError, add_note
 
 __all__ = ["PartitionResult", "PartitionTask", "Reporter", "Tally", "run_partition", "write_items"]
 
@@ -61,8 +61,7 @@ class PartitionTask:
         shard_size: roll-over size in bytes.
         max_records: roll-over record count, or ``None``.
         fsync: fsync shards before publishing.
-        retries: attempts after the first on transient errors.
-        retry_backoff: seconds before the first retry (doubled each time).
+        retry: how transient errors are retried (the whole partition again).
         payload: the records' payload kind (``"example"``, ``"sequence_example"``).
     """
 
@@ -78,8 +77,7 @@ class PartitionTask:
     shard_size: int
     max_records: int | None
     fsync: bool
-    retries: int
-    retry_backoff: float
+    retry: RetryPolicy
     payload: str = "example"
 
 
@@ -256,46 +254,36 @@ def _write(
 def run_partition(task: PartitionTask, report: Reporter | None = None) -> PartitionResult:
     """Convert one partition, publish its shards and its done-marker; return what it wrote.
 
-    Transient remote errors (see ``is_transient``) retry the whole partition
-    after a backoff: it rewrites the same names with the same bytes, so a retry
-    is safe. A full disk raises :class:`DiskFullError`.
+    Transient remote errors (see :func:`recordkit.retry.is_transient`) retry the
+    whole partition after a backoff, as ``task.retry`` says: it rewrites the same
+    names with the same bytes, so a retry is safe. A full disk raises :class:`DiskFullError`.
     """
     report = report or _noop
-    attempt = 0
-    while True:
-        tally = Tally(report)
+    tallies: list[Tally] = []
+
+    def attempt() -> tuple[Any, Any, int]:
+        if tallies:
+            tallies[-1].undo()  # the retry counts its items again
+        tallies.append(Tally(report))
         try:
-            shards, found, skipped = _write(task, tally)
-            break
-        except Exception as exc:
-            if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            return _write(task, tallies[-1])
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
                     "published are kept",
                     errno=exc.errno,
                 ) from exc
-            if attempt >= task.retries or not is_transient(exc):
-                raise
-            error = exc
-        tally.undo()  # the retry counts its items again
-        delay = task.retry_backoff * 2**attempt
-        attempt += 1
-        log.warning(
-            "partition %d: transient error (%s), retry %d of %d in %.1f s",
-            task.index,
-            error,
-            attempt,
-            task.retries,
-            delay,
-        )
-        time.sleep(delay)
+            raise
+
+    shards, found, skipped = task.retry.call(attempt, what=f"partition {task.index}")
     result = PartitionResult(
         task.index,
         shards,
         items=len(task.items),
         size=sum(int(i.size) for i in task.items),
-        attempts=attempt + 1,
+        attempts=len(tallies),
         skipped=skipped,
         schema=None if found is None else found.to_json(),
     )

@@ -18,6 +18,7 @@ from typing import Any
 from .._units import parse_size
 from ..codec.schema import Schema, Tensor
 from ..format.manifest import FORMAT_VERSION, PAYLOAD_KINDS
+from ..retry import RetryPolicy
 
 __all__ = ["ConvertOptions", "Partition", "Plan", "make_plan"]
 
@@ -42,8 +43,9 @@ class ConvertOptions:
         compress: ``"zstd"`` stores every ``Tensor`` feature zstd-compressed.
         prefix: shard name prefix.
         fsync: fsync each shard before publishing it.
-        retries: attempts after the first for a partition that hit a transient
-            remote error (connection reset, timeout, 5xx); 3 rides out a blip.
+        retries: attempts after the first for a partition (or the listing)
+            that hit a transient remote error (connection reset, timeout, 5xx);
+            3 rides out a blip. See :attr:`retry_policy`.
         retry_backoff: seconds before the first retry, doubled each time.
     """
 
@@ -79,6 +81,13 @@ class ConvertOptions:
             raise ValueError(
                 f"retries and retry_backoff must be >= 0, got {self.retries}, {self.retry_backoff}"
             )
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """These settings as the one :class:`~recordkit.retry.RetryPolicy` that runs
+        the retries (``retries + 1`` tries, ``retry_backoff`` doubled each time)."""
+        last = self.retry_backoff * 2.0 ** min(max(0, self.retries - 1), 32)
+        return RetryPolicy(attempts=self.retries + 1, backoff=self.retry_backoff, max_backoff=last)
 
     @property
     def shard_bytes(self) -> int:

@@ -40,7 +40,7 @@ from ..errors import SchemaError
 from ..format.complete import mark_finished
 from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
 from ..storage import open_target
-from ._errors import ConvertError, PartitionsFailedError, add_note, is_transient
+from ._errors import ConvertError, PartitionsFailedError, add_note
 from .destination import (
     PLAN_NAME,
     Destination,
@@ -146,7 +146,8 @@ def plan_conversion(
         schema=schema,
         **dict(source_options or {}),
     )
-    items = _with_retries(source.list_items, options or ConvertOptions(), what=f"listing {src}")
+    policy = (options or ConvertOptions()).retry_policy  # the one retry policy
+    items = policy.call(source.list_items, what=f"listing {src}")
     resolved = source.resolve_schema(items)
     if not isinstance(resolved, Schema):
         raise SchemaError(f"{format}: resolve_schema returned {resolved!r}, not a Schema")
@@ -161,20 +162,6 @@ def plan_conversion(
             log.info("the records are tf.train.SequenceExamples (%s): copied whole", why)
     plan = make_plan(format, items, resolved, metadata, options or ConvertOptions(), payload)
     return source, plan
-
-
-def _with_retries(fn: Any, options: ConvertOptions, *, what: str) -> Any:
-    """``fn()``, retried with backoff on transient remote errors."""
-    for attempt in range(options.retries + 1):
-        try:
-            return fn()
-        except Exception as exc:
-            if attempt >= options.retries or not is_transient(exc):
-                raise
-            delay = options.retry_backoff * 2**attempt
-            log.warning("%s: transient error (%s); retry in %.1f s", what, exc, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
 
 
 def _tasks(plan: Plan, source: Any, dest: Destination, todo: list[int]) -> list[PartitionTask]:
@@ -193,8 +180,7 @@ def _tasks(plan: Plan, source: Any, dest: Destination, todo: list[int]) -> list[
             shard_size=opts.shard_bytes,
             max_records=opts.max_records,
             fsync=opts.fsync,
-            retries=opts.retries,
-            retry_backoff=opts.retry_backoff,
+            retry=opts.retry_policy,
             payload=plan.payload,
         )
         for i in todo

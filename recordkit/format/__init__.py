@@ -6,6 +6,7 @@ Also the atomic-publish helpers every local writer uses (``atomic_write_bytes``,
 """
 
 from ._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir
+from ._files import open_regular, read_regular
 from .complete import (
     MARKER_NAME,
     Incomplete,
@@ -65,11 +66,13 @@ __all__ = [
     "mask",
     "masked_crc32c",
     "open_map",
+    "open_regular",
     "open_stream",
     "parse_index",
     "read_header",
     "read_manifest",
     "read_record",
+    "read_regular",
     "read_stream",
     "scan_index",
     "sniff_compression",

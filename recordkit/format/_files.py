@@ -38,13 +38,19 @@ def open_regular(path: str, error: ErrorFactory) -> int:
 
     Raises:
         FileNotFoundError: ``path`` does not exist (callers turn it into their own error).
-        RecordkitError: ``path`` is a directory, FIFO, socket or device (from ``error``).
+        RecordkitError: ``path`` is a directory, FIFO, socket or device, or cannot be
+            opened at all (a symlink loop, a file where a directory should be, no
+            permission, a name too long) (from ``error``).
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
     except IsADirectoryError as exc:  # some systems refuse O_RDONLY on a directory
         raise error("is a directory, not a file", path) from exc
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"cannot be opened: {exc.strerror or exc}", path) from exc
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

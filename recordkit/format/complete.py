@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import IncompleteDatasetError
+from ..errors import IncompleteDatasetError, RecordkitError
+from ._files import open_regular
 from .manifest import MANIFEST_NAME
 
 __all__ = [
@@ -147,15 +148,19 @@ Lister = Callable[[str], "list[str]"]
 def _local_read(root: str) -> Reader:
     def read(rel: str) -> bytes | None:
         path = os.path.join(root, rel)
-        try:
-            if os.path.getsize(path) > _MAX_MARKER_BYTES:
-                return b""
-            with open(path, "rb") as f:
-                return f.read(_MAX_MARKER_BYTES)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
+        try:  # a FIFO there must not block every reader: regular files only
+            fd = open_regular(path, _not_a_marker)
+        except (FileNotFoundError, RecordkitError):
+            return None  # none, or not one of ours (a directory, a FIFO, a symlink loop)
+        with open(fd, "rb", closefd=True) as f:
+            data = f.read(_MAX_MARKER_BYTES + 1)
+        return b"" if len(data) > _MAX_MARKER_BYTES else data
 
     return read
+
+
+def _not_a_marker(reason: str, path: str) -> RecordkitError:
+    return IncompleteDatasetError(f"{path}: {reason}", path=path)
 
 
 def _local_list(root: str) -> Lister:

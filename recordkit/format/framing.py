@@ -231,7 +231,12 @@ def _read_record(
                 buf, at, FOOTER_SIZE, path=path, offset=offset, record=record, check=False
             )
             (stored,) = _U32.unpack(footer)
-        _check_payload(payload, stored, path, offset, record)
+        try:
+            _check_payload(payload, stored, path, offset, record)
+        except CorruptRecordError:
+            # The traceback keeps this frame: a live view would keep the map from closing.
+            payload.release()
+            raise
     return payload
 
 

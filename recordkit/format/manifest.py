@@ -125,7 +125,7 @@ def _check_schema_claims(schema: dict[str, Any], path: str | None) -> None:
         if entry.get("type") == "tensor":
             try:
                 itemsize = np.dtype(entry.get("dtype")).itemsize or 1
-            except TypeError:
+            except Exception:  # TypeError, ValueError, SyntaxError ("01"): the schema says
                 continue
         claim = math.prod(d for d in dims if d is not None) * itemsize
         if claim > DEFAULT_MAX_RECORD_BYTES:
@@ -308,7 +308,25 @@ def _shard_infos(entries: Any, path: str | None) -> tuple[ShardInfo, ...]:
         shards = ()
     if len(shards) != len(entries) or len({s.path for s in shards}) != len(shards):
         _name_the_bad_entry(entries, path)
+    for i, info in enumerate(shards):  # one pass of comparisons: ~10 ms at 100k shards
+        if not (
+            0 <= 16 * info.records <= info.bytes < 1 << 62
+            and (info.records == 0) == (info.bytes == 0)
+            and (info.crc32c is None or 0 <= info.crc32c < 1 << 32)
+        ):
+            raise ManifestError(f"shards[{i}] ({info.path!r}): {_impossible(info)}", path=path)
     return shards
+
+
+def _impossible(s: ShardInfo) -> str:
+    """Why no shard can have these numbers (a reader that trusted them would read too few
+    records — a shard said to hold none is never opened — or overflow its int64 arrays)."""
+    if s.crc32c is not None and not 0 <= s.crc32c < 1 << 32:
+        return f"a CRC32C of {s.crc32c} is not 32 bits"
+    return (
+        f"{s.records} record(s) cannot take {s.bytes} bytes (each record takes 16 bytes "
+        "or more, and a shard of none takes 0)"
+    )
 
 
 def _name_the_bad_entry(entries: list[Any], path: str | None) -> None:

@@ -515,7 +515,7 @@ def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) 
 
 def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, list[ShardInfo]]:
     if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        if os.path.lexists(os.path.join(path, MANIFEST_NAME)):  # a broken link is not "none"
             manifest = read_manifest(path)
             return path, manifest, list(manifest.shards)
         names = find_shards(path)
@@ -617,6 +617,10 @@ def _check_listed(root: str, infos: Sequence[ShardInfo]) -> None:
             st = os.stat(path)
         except FileNotFoundError:
             raise ShardNotFoundError(f"shard not found: {path}") from None
+        except OSError as exc:  # a name too long, a symlink loop, a file as a folder
+            raise ManifestError(
+                f"shard cannot be opened: {exc.strerror or exc}", path=path
+            ) from None
         if not stat.S_ISREG(st.st_mode):
             open_map(path)  # refuses it with the error that says what it is
         size = st.st_size

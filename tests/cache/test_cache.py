@@ -22,7 +22,7 @@ from .conftest import (
     write_dataset,
 )
 
-FAST = RetryOptions(attempts=2, backoff=0.0)
+FAST = RetryOptions(attempts=2, backoff=0.0, cooldown=0.0)
 pytestmark = pytest.mark.timeout(60)
 
 

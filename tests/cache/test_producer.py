@@ -22,6 +22,7 @@ from recordkit import converters
 from recordkit.cache import CacheFullError, ProduceError, ShardCache, _cache
 from recordkit.cache._dir import BOOKKEEPING_SLACK
 from recordkit.cli import main
+from recordkit.retry import RetryPolicy
 
 from ._sources import DiskFullJsonl, FlakyJsonl, GatedJsonl
 from .conftest import BudgetWatch, disk_bytes, overhead, visible_shards
@@ -34,7 +35,8 @@ LINES = 40  # samples per source file; each file is one partition, so one shard
 
 @pytest.fixture(autouse=True)
 def _test_sources(monkeypatch):
-    monkeypatch.setattr(_cache, "_COOLDOWN_S", 0.2)  # a failed partition is retried soon
+    # a failed partition is retried soon
+    monkeypatch.setattr(_cache, "DEFAULT_POLICY", RetryPolicy(cooldown=0.2))
     converters.register(GatedJsonl.name, GatedJsonl)
     converters.register(DiskFullJsonl.name, DiskFullJsonl)
     converters.register(FlakyJsonl.name, FlakyJsonl)

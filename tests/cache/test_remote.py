@@ -207,12 +207,13 @@ def test_responses_always_cut_short_are_an_error_not_data(tmp_path):
             tmp_path / "c",
             max_bytes="1GiB",
             fill_workers=1,
-            retry=RetryOptions(attempts=3, backoff=0.01),
+            retry=RetryOptions(attempts=3, backoff=0.01, cooldown=0.01, shard_attempts=2),
         )
         assert cache.fill() == 0
-    assert len(cache.errors) == 2
+    assert len(cache.errors) == 4  # 2 shards, 2 downloads each
+    assert sorted(cache.failed) == ["part-00000.tfrecord", "part-00001.tfrecord"]
     err = cache.errors[0]
     assert isinstance(err, DownloadError) and "ranged read returned" in str(err)
-    assert "/ds/part-0000" in str(err) and "after 3 attempt(s)" in str(err)
+    assert "/ds/part-0000" in str(err) and "in each of 3 attempt(s)" in str(err)
     assert visible_shards(tmp_path / "c") == []
     assert [n for n in os.listdir(tmp_path / "c") if n != ".recordkit-cache"] == []
