@@ -130,7 +130,7 @@ def test_weighted_epoch_proportions_and_repeats(shuffle):
 
 def test_unshuffled_interleave_is_smooth():
     opts = PlanOptions(mix=_mix((1, 1, 2), 400))
-    plan, shard, rec = _epoch(opts, 0)
+    _, shard, rec = _epoch(opts, 0)
     src = _source(shard)
     for lo in range(0, 400, 8):  # every 8 positions: 2, 2 and 4 (to a record)
         counts = np.bincount(src[lo : lo + 8], minlength=3)
@@ -201,11 +201,11 @@ def test_record_ranges_in_the_plan():
     """A range reads exactly its records, the same ones every epoch, shuffled."""
     mix = Mix(BOUNDS, ((20, 140), (0, 50), (55, 60)))
     for epoch in range(2):
-        plan, shard, rec = _epoch(PlanOptions(shuffle=True, seed=3, mix=mix), epoch)
+        _, shard, rec = _epoch(PlanOptions(shuffle=True, seed=3, mix=mix), epoch)
         got = sorted((STARTS[shard] + rec).tolist())
         want = [*range(20, 140), *range(150, 200), *range(255, 260)]
         assert got == want
-    plan, shard, rec = _epoch(PlanOptions(mix=mix), 0)  # unshuffled: in order
+    _, shard, rec = _epoch(PlanOptions(mix=mix), 0)  # unshuffled: in order
     assert (STARTS[shard] + rec).tolist() == want
 
 
@@ -221,7 +221,7 @@ def test_make_mix_validates():
     assert make_mix(fake, records=[None, "[:]", slice(None)]) is None
     with pytest.raises(ValueError, match="one range per dataset"):
         make_mix(fake, records="[:10%]")
-    with pytest.raises(ValueError, match="3 ranges for 3|2 ranges for 3"):
+    with pytest.raises(ValueError, match="2 ranges for 3 datasets"):
         make_mix(fake, records=["[:1]", None])
     with pytest.raises(ValueError, match="2 weights for 3 datasets"):
         make_mix(fake, weights=[1, 2])

@@ -169,7 +169,7 @@ def test_record_ranges(paths):
     ]
     with pytest.raises(ValueError, match="one range per dataset"):
         RecordDataset(paths, records="[:10%]")
-    with pytest.raises(ValueError, match="split='train'.* not a tensorflow-datasets folder"):
+    with pytest.raises(ValueError, match=r"split='train'.* not a tensorflow-datasets folder"):
         RecordDataset(paths[0], records="train[:10%]")
 
 
