@@ -64,7 +64,7 @@ from .images import ImageOptions
 from .reader.epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
 from .reader.mix import make_mix, open_sources, refuse_cache, sources
 from .reader.plan import PlanOptions
-from .reader.select import Records, take_split
+from .reader.select import take_split
 from .reader.tfds import tfds_folder
 from .storage import is_temp_name, strip_file_scheme
 
@@ -323,7 +323,7 @@ def dataset(
     split: str | None = None,
     decode_images: bool | str | Sequence[str] | ImageOptions | None = None,
     sequence_example: bool = False,
-    records: Records | Sequence[Records] = None,
+    records: slice | str | Sequence[slice | str | None] | None = None,
     weights: Sequence[float] | None = None,
     epoch_records: int | None = None,
 ) -> Any:

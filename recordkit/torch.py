@@ -72,7 +72,7 @@ from .reader.position import (  # noqa: E402
     saved_state,
 )
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
-from .reader.select import Records, take_split  # noqa: E402
+from .reader.select import take_split  # noqa: E402
 from .reader.sequence import SequenceBatchDecoder, read_whole  # noqa: E402
 from .reader.shards import ShardSet  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
@@ -286,7 +286,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         split: str | None = None,
         decode_images: bool = False,
         sequence_example: bool = False,
-        records: Records | Sequence[Records] = None,
+        records: slice | str | Sequence[slice | str | None] | None = None,
         weights: Sequence[float] | None = None,
         epoch_records: int | None = None,
     ) -> None:

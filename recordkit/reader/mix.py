@@ -54,7 +54,7 @@ from ..codec.schema import Schema
 from ..errors import SchemaError
 from ..format.manifest import ShardInfo
 from .order import Permutation, mix64
-from .select import Records, parse_records
+from .select import parse_records
 from .shards import ShardSet, open_shards
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def open_sources(
     partial: bool = False,
     split: str | None = None,
 ) -> ShardSet:
-    """One dataset's shard set (:func:`~recordkit.reader.shards.open_shards`), or
+    """One dataset's shard set (``recordkit.reader.shards.open_shards``), or
     several datasets' as one :class:`CombinedShards`, their schemas checked.
 
     Each source is opened as it would be alone (a manifest's schema, or one
@@ -271,7 +271,7 @@ def _quotas(total: int, weights: Sequence[float]) -> list[int]:
 def make_mix(
     shards: ShardSet,
     *,
-    records: Records | Sequence[Records] = None,
+    records: slice | str | Sequence[slice | str | None] | None = None,
     weights: Sequence[float] | None = None,
     epoch_records: int | None = None,
 ) -> Mix | None:

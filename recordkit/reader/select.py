@@ -79,7 +79,7 @@ def _bound(text: str, spec: str) -> Bound | None:
     return Bound(value, pct)
 
 
-def split_records(records: Records) -> tuple[str | None, RecordRange | None]:
+def split_records(records: slice | str | None) -> tuple[str | None, RecordRange | None]:
     """``records=`` as ``(split name or None, range or None)``.
 
     Raises:
@@ -112,7 +112,7 @@ def split_records(records: Records) -> tuple[str | None, RecordRange | None]:
     return name, RecordRange(_bound(m["lo"], records), _bound(m["hi"], records), records)
 
 
-def parse_records(records: Records, n: int) -> tuple[int, int]:
+def parse_records(records: slice | str | None, n: int) -> tuple[int, int]:
     """``[lo, hi)`` that ``records`` selects of ``n`` records (all of them for ``None``).
 
     Raises:
