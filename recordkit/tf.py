@@ -63,8 +63,9 @@ from .format.index import INDEX_SUFFIX, parse_index
 from .format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from .images import ImageOptions
 from .reader.epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
+from .reader.mix import make_mix, open_sources, refuse_cache, sources
 from .reader.plan import PlanOptions
-from .reader.shards import open_shards
+from .reader.select import take_split
 from .reader.tfds import tfds_folder
 from .storage import is_temp_name, strip_file_scheme
 
@@ -322,7 +323,7 @@ def _cached_files(
 
 
 def dataset(
-    path_or_url: str | os.PathLike[str],
+    path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     batch_size: int | None = None,
     shuffle: bool = False,
@@ -346,6 +347,9 @@ def dataset(
     split: str | None = None,
     decode_images: bool | str | Sequence[str] | ImageOptions | None = None,
     sequence_example: bool = False,
+    records: slice | str | Sequence[slice | str | None] | None = None,
+    weights: Sequence[float] | None = None,
+    epoch_records: int | None = None,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -360,7 +364,23 @@ def dataset(
 
     Args:
         path_or_url: a dataset directory (with ``recordkit.json``), a folder of
-            TFRecord files, one file, or a ``gs://`` URL of any of these.
+            TFRecord files, one file, or a ``gs://`` URL of any of these; or a
+            list of local ones, read as one (``docs/howto/mixing.md``): every
+            record of each once per epoch, shuffled together; their schemas
+            must agree on the features read (else a
+            :class:`~recordkit.errors.SchemaError` naming the feature).
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset. Read through the epoch plan.
+        weights: with a list of datasets, sample them in these proportions: an
+            epoch of ``epoch_records`` records of which each dataset gives its
+            share, a smaller one repeated (each pass a fresh permutation,
+            without replacement within a pass), a larger one subsampled
+            (different records each epoch); see ``docs/howto/mixing.md``.
+        epoch_records: records per epoch with ``weights`` (default: the datasets'
+            records together); alone, natural proportions.
         batch_size: batch this many records (``parse_example`` on whole batches);
             ``None`` yields single records.
         shuffle: a new order every epoch, mixed like a uniform permutation on
@@ -465,17 +485,24 @@ def dataset(
         raise ValueError(f"epoch must be >= 0, got {epoch}")
     if epochs is not None and epochs < 1:
         raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
+    paths, label = sources(path_or_url)
+    split, records = take_split(split, records)
+    mixing = len(paths) > 1 or any(x is not None for x in (records, weights, epoch_records))
+    if mixing and (cache is not None or cache_dir is not None):
+        refuse_cache(label, paths, records, weights, epoch_records)
+    if mixing and (sequence_example or _says_sequences(strip_file_scheme(paths[0]))):
+        raise ValueError(f"{label}: SequenceExamples are not read as a list, records= or weights=")
     pipelines, pipeline = 1, 0
     if input_context is not None:
         pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
         shard_files([], pipelines, pipeline)  # validates them
     if (cache is not None or cache_dir is not None) and (split is not None or decode_images):
         raise ValueError(
-            f"{os.fspath(path_or_url)}: split= and decode_images= are for a local "
+            f"{label}: split= and decode_images= are for a local "
             "tensorflow-datasets folder, not a dataset read through a shard cache"
         )
     source = open_cache(
-        os.fspath(path_or_url),
+        label,
         cache=cache,
         cache_dir=cache_dir,
         cache_limit=cache_limit,
@@ -486,7 +513,7 @@ def dataset(
         assert source.manifest is not None
         if sequence_example or source.manifest.sequence_example:
             raise ValueError(
-                f"{os.fspath(path_or_url)}: sequence_example=True, or a manifest that says its "
+                f"{label}: sequence_example=True, or a manifest that says its "
                 "records are SequenceExamples: they are read whole, not through a shard cache"
             )
         schema = Schema.from_json(source.manifest.schema) if schema is None else schema
@@ -515,7 +542,7 @@ def dataset(
         ds = _planned(tasks, schema, names, batch_size, epoch, epochs, limits)
         return ds.prefetch(tf.data.AUTOTUNE)
     growing = source
-    path = strip_file_scheme(os.fspath(path_or_url))
+    path = strip_file_scheme(label)
     # decode_images=True: a tensorflow-datasets folder's Image features (its view knows
     # them); names or ImageOptions: Bytes() features of any other data.
     tfds_images = decode_images is True
@@ -534,7 +561,7 @@ def dataset(
         from ._tfsequence import pipeline as sequences
 
         _check_complete(path, partial)
-        files, _, manifest = _locate(os.fspath(path_or_url), Schema({}))
+        files, _, manifest = _locate(label, Schema({}))
         by_record = False
         if input_context is not None:
             files, by_record = shard_files(files, pipelines, pipeline)
@@ -555,13 +582,14 @@ def dataset(
         return ds.prefetch(tf.data.AUTOTUNE)
     tfds = (
         growing is None
+        and not mixing
         and "://" not in path
         and (split is not None or tfds_images or _is_tfds(path))
     )
-    if tfds or (growing is None and "://" not in path and (shuffle or pipelines > 1)):
-        if not os.path.exists(path):
+    if tfds or mixing or (growing is None and "://" not in path and (shuffle or pipelines > 1)):
+        if not mixing and not os.path.exists(path):
             raise ShardNotFoundError(f"no such dataset: {path}")
-        shards = open_shards(path, schema, partial=partial, split=split)
+        shards = open_sources(paths, schema, columns=columns, partial=partial, split=split)
         view = shards.view
         if tfds_images and view is None:
             raise ValueError(_TFDS_IMAGES_ONLY)
@@ -577,8 +605,9 @@ def dataset(
             finish = _tfds_finisher(view, columns)
         else:
             names = _columns(shards.schema, columns)
+        mix = make_mix(shards, records=records, weights=weights, epoch_records=epoch_records)
         options = PlanOptions(
-            shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder
+            shuffle=shuffle, seed=seed, batch_size=batch_size, drop_last=drop_remainder, mix=mix
         )
         tasks = PlanTasks(shards, options, pipeline, pipelines, feature_spec(shards.schema, names))
         images = images_step(named_images, shards.schema, names, task_locator(tasks))
@@ -592,8 +621,8 @@ def dataset(
             growing, schema, seed, shuffle, input_context
         )
     else:
-        _check_complete(strip_file_scheme(os.fspath(path_or_url)), partial)
-        files, schema, manifest = _locate(os.fspath(path_or_url), schema)
+        _check_complete(strip_file_scheme(label), partial)
+        files, schema, manifest = _locate(label, schema)
     names = _columns(schema, columns)
     spec = feature_spec(schema, names)
     if tfds_images:  # a cache or a URL: never a tensorflow-datasets folder

@@ -58,6 +58,7 @@ from .reader.decode import BatchDecoder  # noqa: E402
 from .reader.epochs import CacheEpochs, WholeEpochs, open_cache  # noqa: E402
 from .reader.local import OPEN_LOCK as _OPEN_LOCK  # noqa: E402
 from .reader.local import ProcessLocalShards  # noqa: E402
+from .reader.mix import make_mix, open_sources, refuse_cache, sources  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
 from .reader.position import (  # noqa: E402
@@ -71,8 +72,9 @@ from .reader.position import (  # noqa: E402
     saved_state,
 )
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from .reader.select import take_split  # noqa: E402
 from .reader.sequence import SequenceBatchDecoder, read_whole  # noqa: E402
-from .reader.shards import ShardSet, open_shards  # noqa: E402
+from .reader.shards import ShardSet  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
 
 if TYPE_CHECKING:
@@ -135,7 +137,23 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
 
     Args:
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
-            file, on local disk (remote URLs: fill a local copy or cache first).
+            file, on local disk (remote URLs: fill a local copy or cache first);
+            or a list of them, read as one (``docs/howto/mixing.md``): every
+            record of each once per epoch, shuffled together; their schemas
+            must agree on the features read (else a
+            :class:`~recordkit.errors.SchemaError` naming the feature).
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset.
+        weights: with a list of datasets, sample them in these proportions: an
+            epoch of ``epoch_records`` records of which each dataset gives its
+            share, a smaller one repeated (each pass a fresh permutation,
+            without replacement within a pass), a larger one subsampled
+            (different records each epoch); see ``docs/howto/mixing.md``.
+        epoch_records: records per epoch with ``weights`` (default: the datasets'
+            records together); alone, natural proportions.
         batch_size: records per batch; ``None`` yields single samples.
         shuffle: a new seeded order every epoch that mixes sorted data like a
             uniform permutation while reading in blocks (see ``docs/howto/shuffle.md``).
@@ -268,13 +286,19 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         split: str | None = None,
         decode_images: bool = False,
         sequence_example: bool = False,
+        records: slice | str | Sequence[slice | str | None] | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_records: int | None = None,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip", "warn"):
             raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
-        self.path = os.fspath(path_or_url)
+        self.paths, self.path = sources(path_or_url)
+        split, records = take_split(split, records)
+        if cache is not None or cache_dir is not None:
+            refuse_cache(self.path, self.paths, records, weights, epoch_records)
         self.partial = partial
         self.split = split
         self.decode_images = decode_images
@@ -333,6 +357,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             )
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
+        mix = make_mix(shards, records=records, weights=weights, epoch_records=epoch_records)
+        self.options = dataclasses.replace(self.options, mix=mix)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -395,9 +421,10 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         if self._whole is not None:
             return self._whole.shard_set(getattr(self, "schema", None))
         if not self._cached:
-            return open_shards(
-                self.path,
+            return open_sources(
+                self.paths,
                 getattr(self, "schema", None),
+                columns=self.columns,
                 partial=getattr(self, "partial", False),
                 split=self.split,
             )
@@ -672,7 +699,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
                 progress_timeout=self.loader_timeout,
                 # through a cache the loader maps the cache's files: it gets the shard
                 # set (with its gate, which waits for each shard in the loader)
-                shards=shards if self.cache_epochs is not None else None,
+                shards=shards if self.cache_epochs is not None or len(self.paths) > 1 else None,
             )
         else:
             reader = RecordReader(
