@@ -325,6 +325,13 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+def verbosity(args: argparse.Namespace) -> tuple[int, int]:
+    """``(verbose, quiet)``: the ``-v`` and ``-q`` given at every level of the command."""
+    flags = vars(args)
+    verbose = sum(v for k, v in flags.items() if k.startswith("verbose_"))
+    return verbose, sum(v for k, v in flags.items() if k.startswith("quiet_"))
+
+
 @contextlib.contextmanager
 def _bars_and_logs() -> Iterator[None]:
     """On a terminal with tqdm, log records are written above a progress bar, not through it."""
@@ -349,9 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    flags = vars(args)
-    args.verbose = sum(v for k, v in flags.items() if k.startswith("verbose_"))
-    args.quiet = sum(v for k, v in flags.items() if k.startswith("quiet_"))
+    args.verbose, args.quiet = verbosity(args)
     if args.verbose and args.quiet:
         parser.error("-v and -q contradict each other: give one")
     level = logging.WARNING - 10 * min(args.verbose, 2)
