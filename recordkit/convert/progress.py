@@ -99,7 +99,26 @@ class MeterProgress:
         return self.meter.text()
 
 
-class LogProgress(MeterProgress):
+class _Delegates:
+    """``start``, ``update`` and ``close`` handed to a :class:`MeterProgress` (composition,
+    so the public classes' documented bases stay ``object``)."""
+
+    shown: MeterProgress
+
+    def start(self, items: int, size: int, done_items: int, done_size: int) -> None:
+        """Start showing, with the totals."""
+        self.shown.start(items, size, done_items, done_size)
+
+    def update(self, items: int, size: int, records: int) -> None:
+        """Count (cheap: the display is drawn on its own thread)."""
+        self.shown.update(items, size, records)
+
+    def close(self) -> None:
+        """Show the final state."""
+        self.shown.close()
+
+
+class LogProgress:
     """Logs the progress at INFO every ``interval`` seconds (and at the end), on the
     ``recordkit.progress`` logger: items, bytes, records, rate and ETA.
 
@@ -108,11 +127,15 @@ class LogProgress(MeterProgress):
         desc: the label.
     """
 
+    start = _Delegates.start  # composition, not a base: see _Delegates
+    update = _Delegates.update
+    close = _Delegates.close
+
     def __init__(self, interval: float = 10.0, desc: str = "convert") -> None:
-        super().__init__(desc, mode="log", interval=interval)
+        self.shown = MeterProgress(desc, mode="log", interval=interval)
 
 
-class TqdmProgress(MeterProgress):
+class TqdmProgress:
     """A tqdm bar over source bytes (over items when their sizes are unknown), with
     items and records beside it.
 
@@ -124,11 +147,15 @@ class TqdmProgress(MeterProgress):
         MissingDependencyError: tqdm is not installed (``choose_progress`` falls back instead).
     """
 
+    start = _Delegates.start  # composition, not a base: see _Delegates
+    update = _Delegates.update
+    close = _Delegates.close
+
     def __init__(self, desc: str = "convert", *, file: TextIO | None = None) -> None:
         from .._deps import require
 
         require("tqdm", extra="progress")
-        super().__init__(desc, mode="bar", file=file)
+        self.shown = MeterProgress(desc, mode="bar", file=file)
 
 
 def choose_progress(
