@@ -185,7 +185,7 @@ class Meter:
         self._plain_width = 0
         self._plain_last = 0.0
         self._broken = False
-        self.lines = 0  # log or plain lines written (tests and the summary read it)
+        self.lines = 0  # log or plain lines written so far
         #: A short text shown after the counts (``"cache 1.2 GiB"``); set it from any thread.
         self.note = ""
 

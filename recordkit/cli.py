@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .cache._cli import add_parser as add_cache
 
     add_cache(sub)
-    for depth, (_, each) in enumerate(_walk(parser)):
+    for depth, each in _walk(parser):
         _add_verbosity(each, depth)
     return parser
 
