@@ -8,8 +8,9 @@
  *                      copy that computes the CRC of what it copies in the same pass
  *   _native_guard.c    buffers: the SIGBUS guard around every read of a caller's buffer
  *                      (and its MapFault error), int64 buffer views, the key table
- *   _native_example.c  one record: its framing checks, the tf.train.Example span parse,
- *                      the checks of its spans, its values' copies
+ *   _native_example.c  one record: the tf.train.Example span parse and the fused
+ *                      CRC + copy of a value (its framing and span checks, called for
+ *                      every record, are inline below)
  *   _native_batch.c    the batch functions (parse_batch, gather, gather_verified,
  *                      varints, read, crc32c): Python in, one guarded loop, Python out
  *   _native_runner.c   the Runner type: whole reader tasks on threads with no GIL
@@ -282,22 +283,68 @@ typedef struct {
     KeyState *st;
 } Ctx;
 
+/* The per-record checks below are inline here, not in _native_example.c: the batch
+ * and runner loops call them for every record, and a call across units (which the
+ * compiler cannot inline) measurably slowed the runner's small records. */
+
+enum { VARINTS_MALFORMED = 1, VARINTS_MORE = 2, VARINTS_FEWER = 3 };
+
 /* The framing checks of recordkit.format.read_record, in its order: ST_OK (and the
  * payload [*payload, *payload + *plen)), or the first ST_* that fails. */
-RK_HIDDEN int rk_check_frame(const uint8_t *base, int64_t blen, int64_t off, int64_t size,
-                             int verify, int64_t max_len, const uint8_t **payload,
-                             uint64_t *plen);
+static inline int check_frame(const uint8_t *base, int64_t blen, int64_t off, int64_t size,
+                              int verify, int64_t max_len, const uint8_t **payload,
+                              uint64_t *plen) {
+    if (off < 0 || off > blen) return ST_OUT_OF_BOUNDS;
+    int64_t left = blen - off;
+    if (left < HEADER_SIZE) return ST_TRUNCATED;
+    const uint8_t *h = base + off;
+    uint64_t length = ld64le(h);
+    if (masked(rk_crc32c(0, h, 8)) != ld32le(h + 8)) return ST_LENGTH_CRC;
+    if (length > (uint64_t)max_len) return ST_TOO_LARGE;
+    if (left < OVERHEAD || length > (uint64_t)(left - OVERHEAD)) return ST_TRUNCATED;
+    if (size != (int64_t)length + OVERHEAD) return ST_LENGTH_MISMATCH;
+    const uint8_t *data = h + HEADER_SIZE;
+    if (verify && masked(rk_crc32c(0, data, (size_t)length)) != ld32le(data + length))
+        return ST_PAYLOAD_CRC;
+    *payload = data;
+    *plen = length;
+    return ST_OK;
+}
+
+/* Do one record's first spans match `expect` ((kind, count, nbytes) triples, -1: any)? */
+static inline int spans_expected(const char *expect, Py_ssize_t nexpect, const int64_t *sp) {
+    for (Py_ssize_t k = 0; k < nexpect; k++) {
+        int64_t want[3]; /* memcpy: expect may be any buffer, unaligned */
+        memcpy(want, expect + 24 * k, 24);
+        const int64_t *got = sp + 4 * k;
+        if ((want[0] >= 0 && got[0] != want[0]) || (want[1] >= 0 && got[1] != want[1]) ||
+            (want[2] >= 0 && got[3] != want[2]))
+            return 0;
+    }
+    return 1;
+}
+
+/* Decode exactly `count` packed varints from [p, end) into dst: 0, or VARINTS_* why not. */
+static inline int read_varints(const uint8_t *p, const uint8_t *end, int64_t count,
+                               uint64_t *dst) {
+    int64_t k = 0;
+    while (p < end) {
+        uint64_t v;
+        if (*p < 0x80) {
+            v = *p++;
+        } else if (!(p = rd_varint(p, end, &v))) {
+            return VARINTS_MALFORMED;
+        }
+        if (k == count) return VARINTS_MORE;
+        dst[k++] = v;
+    }
+    return k == count ? 0 : VARINTS_FEWER;
+}
+
 /* Parse one payload [p, end) of the buffer at base and fill its F spans
  * (kind, count, start in base, nbytes): 0, or -1 (not an Example read whole). */
 RK_HIDDEN int rk_parse_record(const uint8_t *base, const uint8_t *p, const uint8_t *end,
                               Ctx *cx, int64_t *spans);
-/* Do one record's first spans match `expect` ((kind, count, nbytes) triples, -1: any)? */
-RK_HIDDEN int rk_spans_expected(const char *expect, Py_ssize_t nexpect, const int64_t *sp);
-
-/* Decode exactly `count` packed varints from [p, end) into dst: 0, or VARINTS_* why not. */
-enum { VARINTS_MALFORMED = 1, VARINTS_MORE = 2, VARINTS_FEWER = 3 };
-RK_HIDDEN int rk_read_varints(const uint8_t *p, const uint8_t *end, int64_t count,
-                              uint64_t *dst);
 /* Copy the l-byte value at v (inside the payload [p, end), end = its CRC) to d, zero
  * d up to row, and check the payload CRC in the same pass: 1 if it matches. */
 RK_HIDDEN int rk_copy_verified(rk_crc_copy_fn copy, const uint8_t *p, const uint8_t *end,

@@ -142,13 +142,13 @@ static void parse_reads(void *arg, RkGuard *g) {
         uint64_t plen = 0;
         int64_t *sp = j->spans + i * j->nkeys * 4;
         g->at = i;
-        int s = rk_check_frame(j->base, j->blen, i64_at(j->offs, i), i64_at(j->sizes, i), j->verify,
+        int s = check_frame(j->base, j->blen, i64_at(j->offs, i), i64_at(j->sizes, i), j->verify,
                             j->max_len, &payload, &plen);
         if (s == ST_OK && rk_parse_record(j->base, payload, payload + plen, j->cx, sp) < 0)
             s = ST_MALFORMED;
         if (s != ST_OK) {
             memset(sp, 0, (size_t)j->nkeys * 32);
-        } else if (j->expect && !rk_spans_expected(j->expect, j->nexpect, sp)) {
+        } else if (j->expect && !spans_expected(j->expect, j->nexpect, sp)) {
             s = ST_UNEXPECTED;
         }
         j->status[i] = s;
@@ -472,7 +472,7 @@ static void varints_reads(void *arg, RkGuard *g) {
         if (nb < 0 || s < 0 || s > j->blen || nb > j->blen - s) {
             j->why = "the span is outside the buffer";
         } else {
-            switch (rk_read_varints(j->base + s, j->base + s + nb, c, dst)) {
+            switch (read_varints(j->base + s, j->base + s + nb, c, dst)) {
             case VARINTS_MALFORMED:
                 j->why = "a varint is truncated or longer than 10 bytes";
                 break;

@@ -1,10 +1,10 @@
 /*
- * recordkit._native: one record. Its framing checks (those of
- * recordkit.format.read_record, in its order), the tf.train.Example span parse
- * (where each wanted feature's values lie in the buffer, as the reference decoder
- * reads them: recordkit/codec/messages.py, on recordkit/codec/wire.py), the check of its spans against what the
- * fast path expects, and the copies of its values (int64 varints decoded; a value
- * copied while the payload's CRC is computed).
+ * recordkit._native: one record's tf.train.Example span parse (where each wanted
+ * feature's values lie in the buffer, as the reference decoder reads them:
+ * recordkit/codec/messages.py, on recordkit/codec/wire.py), and the copy of a value
+ * made while the payload's CRC is computed. The per-record checks around them (the
+ * framing of recordkit.format.read_record, the spans against what the fast path
+ * expects, int64 varints decoded) are inline in _native.h.
  */
 #include "_native.h"
 
@@ -248,55 +248,6 @@ int rk_parse_record(const uint8_t *base, const uint8_t *p, const uint8_t *end, C
         }
     }
     return 0;
-}
-
-/* The framing checks of recordkit.format.read_record, in its order. */
-int rk_check_frame(const uint8_t *base, int64_t blen, int64_t off, int64_t size, int verify,
-                   int64_t max_len, const uint8_t **payload, uint64_t *plen) {
-    if (off < 0 || off > blen) return ST_OUT_OF_BOUNDS;
-    int64_t left = blen - off;
-    if (left < HEADER_SIZE) return ST_TRUNCATED;
-    const uint8_t *h = base + off;
-    uint64_t length = ld64le(h);
-    if (masked(rk_crc32c(0, h, 8)) != ld32le(h + 8)) return ST_LENGTH_CRC;
-    if (length > (uint64_t)max_len) return ST_TOO_LARGE;
-    if (left < OVERHEAD || length > (uint64_t)(left - OVERHEAD)) return ST_TRUNCATED;
-    if (size != (int64_t)length + OVERHEAD) return ST_LENGTH_MISMATCH;
-    const uint8_t *data = h + HEADER_SIZE;
-    if (verify && masked(rk_crc32c(0, data, (size_t)length)) != ld32le(data + length))
-        return ST_PAYLOAD_CRC;
-    *payload = data;
-    *plen = length;
-    return ST_OK;
-}
-
-/* Do one record's first spans match `expect` ((kind, count, nbytes) triples, -1: any)? */
-int rk_spans_expected(const char *expect, Py_ssize_t nexpect, const int64_t *sp) {
-    for (Py_ssize_t k = 0; k < nexpect; k++) {
-        int64_t want[3]; /* memcpy: expect may be any buffer, unaligned */
-        memcpy(want, expect + 24 * k, 24);
-        const int64_t *got = sp + 4 * k;
-        if ((want[0] >= 0 && got[0] != want[0]) || (want[1] >= 0 && got[1] != want[1]) ||
-            (want[2] >= 0 && got[3] != want[2]))
-            return 0;
-    }
-    return 1;
-}
-
-/* Decode exactly `count` packed varints from [p, end) into dst: 0, or VARINTS_* why not. */
-int rk_read_varints(const uint8_t *p, const uint8_t *end, int64_t count, uint64_t *dst) {
-    int64_t k = 0;
-    while (p < end) {
-        uint64_t v;
-        if (*p < 0x80) {
-            v = *p++;
-        } else if (!(p = rd_varint(p, end, &v))) {
-            return VARINTS_MALFORMED;
-        }
-        if (k == count) return VARINTS_MORE;
-        dst[k++] = v;
-    }
-    return k == count ? 0 : VARINTS_FEWER;
 }
 
 /* Copy the l-byte value at v (inside the payload [p, end), end = its CRC) to d, zero

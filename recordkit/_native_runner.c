@@ -201,11 +201,11 @@ static int parse_one(const Runner *r, const Task *t, Ctx *cx, int64_t *sp, Py_ss
     const int64_t *rec = t->rec + 3 * i;
     const Py_buffer *b = &t->bufs[rec[0]];
     const uint8_t *base = b->buf;
-    if (rk_check_frame(base, (int64_t)b->len, rec[1], rec[2], r->verify && !fuse, r->max_len, payload,
+    if (check_frame(base, (int64_t)b->len, rec[1], rec[2], r->verify && !fuse, r->max_len, payload,
                     plen) != ST_OK)
         return 0;
     if (rk_parse_record(base, *payload, *payload + *plen, cx, sp) < 0) return 0;
-    return rk_spans_expected((const char *)r->expect, r->keys.n, sp);
+    return spans_expected((const char *)r->expect, r->keys.n, sp);
 }
 
 /* Copy record i's values (spans sp, payload [p, p + plen)) into the columns of kind
@@ -232,7 +232,7 @@ static int copy_one(const Runner *r, const Task *t, const int64_t *sp, ColOut *c
         int64_t l = s[3];
         uint8_t *d = co[c].dst + i * co[c].stride;
         if (col->mode == COL_INT64) {
-            if ((which & COPY_INT64) && rk_read_varints(v, v + l, col->count, (uint64_t *)d)) return 0;
+            if ((which & COPY_INT64) && read_varints(v, v + l, col->count, (uint64_t *)d)) return 0;
             continue;
         }
         if (!(which & COPY_VALUES)) continue;
