@@ -139,7 +139,8 @@ def _join(root: str, rel: str) -> str:
 
 def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manifest | None]:
     """Shard paths (in manifest or name order), the schema, and the manifest if any."""
-    from .reader.shards import _SHARD_PATTERNS, find_shards  # folders of foreign TFRecords
+    from .format import SHARD_PATTERNS
+    from .reader.shards import find_shards  # folders of foreign TFRecords
 
     path = strip_file_scheme(path)
     if not _is_native(path):
@@ -163,7 +164,7 @@ def _locate(path: str, schema: Schema | None) -> tuple[list[str], Schema, Manife
         return files, Schema.from_json(manifest.schema) if schema is None else schema, manifest
     if gfile.isdir(path):
         if "://" in path:
-            found = {p for pat in _SHARD_PATTERNS for p in gfile.glob(_join(path, pat))}
+            found = {p for pat in SHARD_PATTERNS for p in gfile.glob(_join(path, pat))}
             names = sorted(
                 os.path.basename(p)
                 for p in found

@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
     from ._errors import CacheFullError, DownloadError, ProduceError
     from ._remote import RetryOptions
     from ._snapshot import Snapshot
-    from ._stream import Stream, StreamStats
+    from ._stream import Stream, StreamGate, StreamStats, footprint, plan_capacity
     from ._types import CacheEvents, CacheStatus
 
 # Loaded on first use, so that a writer process, which imports only
@@ -81,7 +81,10 @@ _WHERE = {
     "ShardCache": "._cache",
     "Snapshot": "._snapshot",
     "Stream": "._stream",
+    "StreamGate": "._stream",
     "StreamStats": "._stream",
+    "footprint": "._stream",
+    "plan_capacity": "._stream",
 }
 
 __all__ = [
@@ -94,7 +97,10 @@ __all__ = [
     "ShardCache",
     "Snapshot",
     "Stream",
+    "StreamGate",
     "StreamStats",
+    "footprint",
+    "plan_capacity",
 ]
 
 

@@ -120,9 +120,9 @@ class Producer:
         self.inactivity_timeout = inactivity_timeout
         self._saved = saved if format is None else None
         if format is not None:
-            from .. import converters
+            from ..convert import sources
 
-            converters.get(format)  # an unknown name fails now, listing the known ones
+            sources.get(format)  # an unknown name fails now, listing the known ones
             if options is None:
                 options = ConvertOptions(shard_size=shard_size, compress=compress)
             elif shard_size != "256MiB" or compress is not None:

@@ -137,9 +137,9 @@ def plan_conversion(
     which is logged. See ``recordkit.convert.partition`` for what a
     SequenceExample source implements.
     """
-    from .. import converters
+    from . import sources
 
-    cls = converters.get(format)
+    cls = sources.get(format)
     source = cls(
         os.fspath(src),
         storage_options=storage_options,

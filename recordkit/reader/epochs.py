@@ -308,7 +308,7 @@ class WholeEpochs:
         timeout: float | None,
         agree_min: Callable[[int], int] | None = None,
     ) -> None:
-        from ..cache._stream import footprint, plan_capacity
+        from ..cache import footprint, plan_capacity
 
         self.cache = cache
         self.timeout = timeout
@@ -403,7 +403,7 @@ class WholePass:
         start: int,
         shards: ShardSet,
     ) -> None:
-        from ..cache._stream import StreamGate
+        from ..cache import StreamGate
 
         self.whole = whole
         self.epoch = plan.epoch

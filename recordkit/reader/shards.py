@@ -45,7 +45,13 @@ from ..errors import (
 from ..format.complete import check_complete
 from ..format.framing import read_record
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
-from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from ..format.manifest import (
+    MANIFEST_NAME,
+    SHARD_PATTERNS,
+    Manifest,
+    ShardInfo,
+    read_manifest,
+)
 from ..format.shard_index import open_index
 from ..storage import is_remote, is_temp_name, strip_file_scheme
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
@@ -56,7 +62,6 @@ log = logging.getLogger(__name__)
 
 # How many leading records to look at when inferring a foreign dataset's schema.
 _INFER_RECORDS = 64
-_SHARD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
 # The map budget is a share of the descriptor limit: the rest is for the process
 # itself, a second reader over the same data, sockets, DataLoader pipes.
 _FD_SHARE = 4
@@ -111,7 +116,7 @@ def find_shards(root: str) -> list[str]:
     names; skips indexes and the temp files of interrupted writers.
     """
     found: set[str] = set()
-    for pattern in _SHARD_PATTERNS:
+    for pattern in SHARD_PATTERNS:
         found.update(glob.glob(os.path.join(glob.escape(root), pattern)))
     return sorted(
         os.path.relpath(p, root)
