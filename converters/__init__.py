@@ -15,8 +15,6 @@ import the class by its module path, so it must be importable there).
 
 from __future__ import annotations
 
-from typing import cast
-
 from recordkit.convert import sources as _sources
 from recordkit.convert.sources import ENTRY_POINT_GROUP, available
 
@@ -55,4 +53,4 @@ def get(name: str) -> type[Source]:
     cls = _sources.get(name)
     if not issubclass(cls, Source):
         raise TypeError(f"converter {name!r} is not a Source subclass")
-    return cast("type[Source]", cls)
+    return cls

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: list[set[str]] = [
     {"errors", "_version", "_units"},
     # standard-library/numpy helpers and the C extensions, shared by the floors above
-    {"_args", "_deps", "_index", "_native", "_order", "_origins", "_procs", "retry"},
+    {"_args", "_deps", "_index", "_keywords", "_native", "_order", "_origins", "_procs", "retry"},
     {"format"},
     {"codec", "storage"},
     {"writer"},
@@ -33,13 +33,19 @@ FLOORS: list[set[str]] = [
     {
         "_devcopy",
         "prefetch",
+        "_torch_dist",
+        "_torch_cache",
+        "_torch_state",
         "_torch_collate",
         "_torch_images",
         "_torch_loader",
         "_torch_map",
         "torch",
         "_tfdecode",
+        "_tffiles",
         "_tfimages",
+        "_tfpipes",
+        "_tfbuild",
         "_tfsequence",
         "_tftasks",
         "_tftfds",
