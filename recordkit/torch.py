@@ -85,9 +85,16 @@ log = logging.getLogger(__name__)
 class RecordDataset(Positioned):
     """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
 
+    Every setting below but the path is a keyword, or, whole, a field of
+    ``options=`` (:class:`ReadOptions`) or, for the ``cache*`` ones, of
+    ``cache_options=`` (:class:`CacheOptions`); a keyword given beside the object
+    that holds it is an :class:`~recordkit.errors.OptionError`.
+
     Args:
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
             file, on local disk (remote URLs: fill a local copy or cache first).
+        options: the reading settings whole (then none of their keywords).
+        cache_options: the cache settings whole (then no ``cache*`` keyword).
         batch_size: records per batch; ``None`` yields single samples.
         shuffle: a new seeded order every epoch that mixes sorted data like a
             uniform permutation while reading in blocks (see ``docs/howto/shuffle.md``).
