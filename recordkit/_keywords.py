@@ -1,10 +1,10 @@
 """Which keywords a call was given: the support for "each setting accepted one way".
 
 A function that takes a group of settings both whole (a frozen options object) and
-as flat keywords is decorated with :func:`accepts_options`; inside it,
-:func:`given` says which keywords its caller passed, whatever their values, so a
+as flat keywords is decorated with ``accepts_options()``; inside it,
+``given()`` says which keywords its caller passed, whatever their values, so a
 flat keyword passed beside the object holding the same setting is refused by name
-(:func:`refuse`) even when its value equals the default.
+(``refuse()``) even when its value equals the default.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _given: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar(
 
 
 def accepts_options(function: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Let ``function`` ask :func:`given` which keywords its caller passed."""
+    """Let ``function`` ask ``given()`` which keywords its caller passed."""
 
     @functools.wraps(function)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -41,7 +41,7 @@ def accepts_options(function: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 def given() -> frozenset[str]:
-    """The keywords the caller of the innermost :func:`accepts_options` function passed."""
+    """The keywords the caller of the innermost ``accepts_options()`` function passed."""
     names = _given.get()
     if names is None:
         raise RuntimeError("given() is for functions decorated with @accepts_options")

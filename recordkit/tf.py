@@ -57,7 +57,7 @@ from .reader.options import CacheOptions, accepts_options, merge_options
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["CacheOptions", "dataset", "feature_spec", "shard_files"]
+__all__ = ["dataset", "feature_spec", "shard_files"]
 
 
 @accepts_options
@@ -131,8 +131,9 @@ def dataset(
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
         cache_options: the cache settings below as one
-            :class:`~recordkit.reader.options.CacheOptions` (then none of the
-            ``cache*`` keywords: a setting is given one way).
+            ``CacheOptions`` (``from recordkit.reader import CacheOptions``;
+            documented with ``recordkit.torch``); then none of the
+            ``cache*`` keywords: a setting is given one way.
         cache: read the remote dataset through this
             :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
             label. How epochs read it: ``cache_epochs``.

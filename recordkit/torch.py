@@ -193,6 +193,15 @@ class RecordDataset(Positioned):
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
     """
 
+    # Documented here: these are defined in the bases, by subject (the cache, the position).
+    close = Positioned.close
+    epoch = Positioned.epoch
+    set_epoch = Positioned.set_epoch
+    resume_point = Positioned.resume_point
+    worker_pass = Positioned.worker_pass
+    state_dict = Positioned.state_dict
+    load_state_dict = Positioned.load_state_dict
+
     @accepts_options
     def __init__(
         self,

@@ -124,6 +124,11 @@ class ShardCache(Reading):
             was full of shards it may not displace.
     """
 
+    # Documented here: the reader-facing methods are defined in the base, by subject.
+    snapshot = Reading.snapshot
+    stream = Reading.stream
+    status = Reading.status
+
     @accepts_options
     def __init__(
         self,

@@ -10,7 +10,7 @@ read path                                       use it when
                                                 order or by index. The reference the fast
                                                 paths are tested against; debugging,
                                                 small data, tools.
-the thread pool, :class:`RecordReader`          training from PyTorch (what
+the thread pool, ``RecordReader``               training from PyTorch (what
 (``pipeline.py``)                               :class:`recordkit.torch.RecordDataset`
                                                 runs): reader threads verify, decode and
                                                 batch whole tasks of the epoch plan off
@@ -21,7 +21,7 @@ the native runner (``decode.py``,               automatically, inside the thread
                                                 C call with the GIL released. Nothing to
                                                 choose; ``RecordReader(native_tasks=...)``
                                                 turns it off.
-the loader process, :class:`ProcessReader`      the training step's Python holds the GIL
+the loader process, ``ProcessReader``           the training step's Python holds the GIL
 (``process.py``)                                so hard that reader threads starve
                                                 (``RecordDataset(reader_process=True)``):
                                                 the same threads in a spawned process,
@@ -42,16 +42,17 @@ the loader process, :class:`ProcessReader`      the training step's Python holds
 What they share, exported here for the packages above (``recordkit.torch``,
 ``recordkit.tf``, ``recordkit.dataset``, ``recordkit.verify``, the converters):
 
-- shards: :class:`ShardSet` (a dataset's shards, mapped on demand within a budget),
-  :func:`open_shards`, :func:`find_shards`, :class:`MappedShard`,
-  :class:`ProcessLocalShards` (a reader object that DataLoader or Grain workers copy);
+- shards: ``ShardSet`` (a dataset's shards, mapped on demand within a budget),
+  ``open_shards``, ``find_shards``, ``MappedShard``,
+  ``ProcessLocalShards`` (a reader object that DataLoader or Grain workers copy);
 - the epoch plan: :class:`EpochPlan`, :class:`PlanOptions`, :class:`Split` (the order
   as a pure function of seed, epoch, rank, world size and the shard set);
-- decoding and batching: :class:`BatchDecoder`, :class:`RecordReader`,
-  :class:`ReaderStats`, :class:`Chunk`, :class:`BufferPool`, :class:`ProcessReader`;
-- reading through a shard cache: :func:`open_cache`, :class:`WholeEpochs`,
-  :class:`CacheEpochs`, :class:`TaskFeed`;
-- settings as objects: :class:`ReadOptions`, :class:`CacheOptions`;
+- decoding and batching: ``BatchDecoder``, ``RecordReader``,
+  :class:`ReaderStats`, ``Chunk``, ``BufferPool``, ``ProcessReader``;
+- reading through a shard cache: ``open_cache``, ``WholeEpochs``,
+  ``CacheEpochs``, ``TaskFeed``;
+- settings as objects: ``ReadOptions``, ``CacheOptions`` (documented with
+  :mod:`recordkit.torch`);
 - tensorflow-datasets folders: :class:`TFDSInfo`, :class:`TFDSView`, :func:`tfds_folder`.
 
 The names load on first use, so importing one module of this package (a writer

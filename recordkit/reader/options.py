@@ -7,7 +7,7 @@ cache settings as ``cache=``, ``cache_dir=``, ... or whole, as
 ``cache_options=`` too). Each setting is accepted one way per call: a flat
 keyword given beside the object that holds it is an
 :class:`~recordkit.errors.OptionError` naming it, never silently one of the two.
-Derive a variant with :func:`dataclasses.replace`::
+Derive a variant with ``dataclasses.replace``::
 
     base = ReadOptions(batch_size=256, shuffle=True, num_threads=8)
     train = RecordDataset("data/train", options=base)
