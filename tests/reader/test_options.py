@@ -130,3 +130,26 @@ def test_producer_settings_are_accepted_one_way(tmp_path):
     frozen = ProducerOptions("jsonl", source_options={"a": 1})
     with pytest.raises(TypeError):
         frozen.source_options["a"] = 2  # type: ignore[index]
+
+
+def _double(x):
+    return {"x": x * 2}
+
+
+def test_convert_and_write_take_shard_size_one_way(tmp_path):
+    """``shard_size=``/``compress=`` are fields of ``options=``: beside it, even at their
+    defaults, they are refused by name instead of silently losing to it."""
+    src = _jsonl(tmp_path / "raw", 1)
+    options = rk.convert.ConvertOptions(shard_size="64KiB")
+    with pytest.raises(OptionError, match=r"^shard_size= given beside options="):
+        rk.convert(src, tmp_path / "out", format="jsonl", shard_size="256MiB", options=options)
+    with pytest.raises(OptionError, match=r"^compress= given beside options="):
+        rk.write(
+            _double,
+            [1, 2],
+            tmp_path / "w",
+            schema=rk.Schema(x=rk.Int64()),
+            compress=None,
+            options=options,
+        )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
