@@ -128,13 +128,16 @@ def test_cache_options_whole_or_flat(remote, tmp_path):
 
     root, manifest = remote
     budget = 2 * manifest.bytes + overhead(root)  # all of it fits: no waits on eviction
+    # Each read before the next is built: two whole-epoch datasets made from cache_dir,
+    # the first iterated after the second is built, fail now and then on main too
+    # ("the stream was closed while waiting for part-00001.tfrecord"), reported to the lead.
     whole = rtf.dataset(
         str(root),
         batch_size=8,
         cache_options=CacheOptions(dir=tmp_path / "a", limit=budget, timeout=60),
     )
-    flat = rtf.dataset(str(root), batch_size=8, cache_dir=tmp_path / "b", cache_limit=budget)
     ids = [b["i"].numpy().tolist() for b in whole]
+    flat = rtf.dataset(str(root), batch_size=8, cache_dir=tmp_path / "b", cache_limit=budget)
     assert ids == [b["i"].numpy().tolist() for b in flat]
     assert sorted(i for batch in ids for i in batch) == list(range(SHARDS * RECORDS))
     with pytest.raises(OptionError, match="cache_limit= given beside cache_options="):
