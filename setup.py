@@ -13,10 +13,18 @@ if sys.platform == "win32":
 else:
     args = ["-O3", "-Wall", "-Wextra", "-fvisibility=hidden"]
 
+# recordkit._native: one module from several units, one subject each (recordkit/_native.h
+# maps them); depends= rebuilds every unit when the shared header changes.
+NATIVE_UNITS = ["", "_crc", "_guard", "_example", "_batch", "_runner"]
+
 setup(
     ext_modules=[
         Extension(
-            "recordkit._native", ["recordkit/_native.c"], optional=True, extra_compile_args=args
+            "recordkit._native",
+            [f"recordkit/_native{unit}.c" for unit in NATIVE_UNITS],
+            depends=["recordkit/_native.h"],
+            optional=True,
+            extra_compile_args=args,
         ),
         # The shuffle's keyed permutation (recordkit/reader/order.py has the NumPy twin).
         Extension(

@@ -38,7 +38,7 @@ import numpy as np
 
 from recordkit.codec import Bytes, Float32, Int64, Schema
 from recordkit.format import frame, read_record
-from recordkit.reader import _fallback, decode
+from recordkit.reader import _contract, _fallback, decode
 from recordkit.reader.decode import BatchDecoder
 
 BATCH = 64
@@ -174,14 +174,14 @@ def main() -> None:
             framed = float(sizes.sum())
             gbps = {k: framed / v / 1e9 for k, v in row.items()}
             if native is not None:
-                fuse_min = decode._FUSE_MIN_BYTES
-                decode._FUSE_MIN_BYTES = 1 << 62  # CRC pass, then a copy pass
+                fuse_min = _contract.FUSE_MIN_BYTES
+                _contract.FUSE_MIN_BYTES = 1 << 62  # CRC pass, then a copy pass
                 try:
                     unfused = _median_seconds(
                         _batched(dec, buf, offsets, sizes, _Reuse()), args.repeat
                     )
                 finally:
-                    decode._FUSE_MIN_BYTES = fuse_min
+                    _contract.FUSE_MIN_BYTES = fuse_min
                 gbps["native, CRC then copy"] = framed / unfused / 1e9
                 gbps[f"native, {args.threads} threads"] = _threads_gbps(
                     dec, buf, offsets, sizes, args.threads

@@ -41,7 +41,7 @@ def write(out: str, n: int) -> list[dict]:
     m = w.manifest
     print(
         f"wrote   {m.records} records in {len(m.shards)} shards "
-        f"({m.bytes / 1e6:.1f} MB) to {out} in {time.perf_counter() - t0:.2f} s"
+        f"({m.bytes / 2**20:.1f} MiB) to {out} in {time.perf_counter() - t0:.2f} s"
     )
     return samples
 

@@ -6,7 +6,14 @@ import argparse
 import json
 from typing import Any, NoReturn
 
-__all__ = ["Parser", "count", "json_object", "positive"]
+__all__ = [
+    "Parser",
+    "add_progress_options",
+    "count",
+    "json_object",
+    "positive",
+    "progress_mode",
+]
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,3 +57,29 @@ def json_object(flag: str, text: str | None) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ValueError(f"{flag} must be a JSON object, got {text!r}")
     return value
+
+
+def add_progress_options(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` and ``--log-interval``, the same on every command that shows progress."""
+    parser.add_argument(
+        "--progress",
+        choices=["auto", "bar", "log", "plain", "none"],
+        default="auto",
+        help="auto: a tqdm bar when stderr is a terminal (a plain line without tqdm), "
+        "INFO log lines with rate and ETA otherwise; plain: one line, no tqdm "
+        "(default auto; -q means none)",
+    )
+    parser.add_argument(
+        "--log-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between progress log lines (default 10)",
+    )
+
+
+def progress_mode(args: argparse.Namespace) -> str:
+    """The progress display a command's arguments ask for (``-q``: none)."""
+    if getattr(args, "quiet", 0):
+        return "none"
+    return str(getattr(args, "progress", "auto"))

@@ -1,7 +1,9 @@
-"""Type stub for the C extension ``recordkit._native`` (see ``recordkit/_native.c``).
+"""Type stub for the C extension ``recordkit._native``.
 
-Its pure Python twin, with the same signatures and results, is
-``recordkit.reader._fallback``.
+Built from ``recordkit/_native*.c`` (one subject per unit, mapped in
+``recordkit/_native.h``). Its pure Python twin, with the same signatures and
+results, is ``recordkit.reader._fallback``; the contract of the Runner's tasks
+is ``recordkit.reader._contract``.
 """
 
 from typing import Any

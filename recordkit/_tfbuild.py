@@ -49,8 +49,8 @@ from .codec.limits import DecodeLimits
 from .errors import ShardNotFoundError
 from .images import ImageOptions
 from .reader.epochs import CacheEpochs, TaskFeed, WholeEpochs
+from .reader.mix import make_mix, open_sources
 from .reader.plan import PlanOptions
-from .reader.shards import open_shards
 
 tf = require("tensorflow", extra="tf")
 
@@ -92,6 +92,17 @@ class Request:
     split: str | None
     decode_images: bool | str | Sequence[str] | ImageOptions | None
     sequence_example: bool
+    paths: Sequence[str] = ()  # the datasets read (one, or several read as one)
+    records: Any = None  # a record range (or one per dataset), split name taken out
+    weights: Sequence[float] | None = None
+    epoch_records: int | None = None
+
+    @property
+    def mixing(self) -> bool:
+        """Several datasets, a record range or weights: read through the epoch plan."""
+        return len(self.paths) > 1 or any(
+            x is not None for x in (self.records, self.weights, self.epoch_records)
+        )
 
     @property
     def path(self) -> str:
@@ -224,9 +235,15 @@ def plan_ordered(req: Request) -> Any:
 
 def _plan_ordered_local(req: Request) -> Any:
     path = req.path
-    if not os.path.exists(path):
+    if not req.mixing and not os.path.exists(path):
         raise ShardNotFoundError(f"no such dataset: {path}")
-    shards = open_shards(path, req.schema, partial=req.partial, split=req.split)
+    shards = open_sources(
+        list(req.paths) or [req.path_or_url],
+        req.schema,
+        columns=req.columns,
+        partial=req.partial,
+        split=req.split,
+    )
     view = shards.view
     if req.tfds_images and view is None:
         raise ValueError(_TFDS_IMAGES_ONLY)
@@ -244,8 +261,15 @@ def _plan_ordered_local(req: Request) -> Any:
         finish = finisher(view, req.columns)
     else:
         names = column_names(shards.schema, req.columns)
+    mix = make_mix(
+        shards, records=req.records, weights=req.weights, epoch_records=req.epoch_records
+    )
     options = PlanOptions(
-        shuffle=req.shuffle, seed=req.seed, batch_size=req.batch_size, drop_last=req.drop_remainder
+        shuffle=req.shuffle,
+        seed=req.seed,
+        batch_size=req.batch_size,
+        drop_last=req.drop_remainder,
+        mix=mix,
     )
     pipelines, pipeline = req.pipelines
     tasks = PlanTasks(shards, options, pipeline, pipelines, feature_spec(shards.schema, names))
@@ -329,8 +353,8 @@ def choose(req: Request, source: WholeEpochs | CacheEpochs | None) -> Any:
         return sequence_examples(req)
     if source is not None:
         return growing_epochs(req, source)
-    if req.wants_tfds():
+    if req.wants_tfds() and not req.mixing:
         return tfds_split(req)
-    if req.local and (req.shuffle or req.pipelines[0] > 1):
+    if req.mixing or (req.local and (req.shuffle or req.pipelines[0] > 1)):
         return plan_ordered(req)
     return tfrecord_files(req)

@@ -16,9 +16,10 @@ from torch.utils.data import get_worker_info
 from ._torch_dist import common_shards, smallest
 from .reader.epochs import CacheEpochs, WholeEpochs, open_cache
 from .reader.local import OPEN_LOCK, ProcessLocalShards
+from .reader.mix import open_sources
 from .reader.options import CacheOptions
 from .reader.plan import EpochPlan, PlanOptions, Split
-from .reader.shards import ShardSet, open_shards
+from .reader.shards import ShardSet
 
 if TYPE_CHECKING:
     from .cache import ShardCache
@@ -38,6 +39,8 @@ class CachedShards(ProcessLocalShards):
 
     options: PlanOptions
     partial: bool
+    paths: list[str]  # the datasets read (one, or several read as one)
+    columns: list[str] | None
     split: str | None
     _resume: tuple[int, int] | None
     _whole: WholeEpochs | None
@@ -96,9 +99,10 @@ class CachedShards(ProcessLocalShards):
         if self._whole is not None:
             return self._whole.shard_set(getattr(self, "schema", None))
         if not self._cached:
-            return open_shards(
-                self.path,
+            return open_sources(
+                self.paths,
                 getattr(self, "schema", None),
+                columns=self.columns,
                 partial=getattr(self, "partial", False),
                 split=self.split,
             )

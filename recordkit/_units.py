@@ -1,4 +1,5 @@
-"""Human-readable byte sizes: ``"256MiB"`` (binary) and ``"256MB"`` (decimal)."""
+"""Numbers for humans: byte sizes (``"256MiB"`` binary, ``"256MB"`` decimal), rates,
+durations and counted nouns. Every command's summary formats through these."""
 
 from __future__ import annotations
 
@@ -48,3 +49,34 @@ def format_size(n: int) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """A transfer rate with a binary unit, e.g. ``'12.5 MiB/s'``."""
+    return f"{format_size(int(bytes_per_s))}/s"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for humans: ``'42 s'``, ``'3 min 05 s'``, ``'2 h 07 min'``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and ``word`` in the right number: ``'1 shard'``, ``'2 shards'``, ``'0 shards'``.
+
+    Args:
+        n: the count.
+        word: the singular.
+        many: the plural when it is not ``word + "s"`` (``plural(2, "index", "indexes")``).
+    """
+    return f"{n} {noun(n, word, many)}"
+
+
+def noun(n: int, word: str, many: str | None = None) -> str:
+    """``word`` in the number ``n`` asks for, without the number (``plural``'s noun)."""
+    return word if n == 1 else (many or word + "s")

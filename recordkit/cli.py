@@ -8,13 +8,14 @@ needs inside its handler. Logging is configured here and nowhere else.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ._args import Parser, count, positive
+from ._args import Parser, add_progress_options, count, positive, progress_mode
 
 _OPTIONAL_PACKAGES = (
     "numpy",
@@ -37,16 +38,27 @@ _PARTIAL_HELP = (
 )
 
 
+def _meter(args: argparse.Namespace, desc: str) -> Any:
+    """The progress display of a command: bar, log lines, plain line, or none (``-q``)."""
+    from ._progress import Meter
+
+    return Meter(desc, mode=progress_mode(args), interval=args.log_interval)
+
+
 def _cmd_index(args: argparse.Namespace) -> int:
     from . import build_index
+    from ._units import format_size, plural
 
-    total = 0
-    for target in args.paths:
-        written = build_index(target, verify=not args.no_verify)
-        total += len(written)
-        for w in written:
-            print(w)
-    print(f"wrote {total} index file(s)", file=sys.stderr)
+    meter = _meter(args, "index")
+    written = build_index(args.paths, verify=not args.no_verify, progress=meter)
+    for w in written:
+        print(w)
+    done = meter.counts()
+    print(
+        f"wrote {plural(len(written), 'index file')} for {plural(done['records'], 'record')} "
+        f"({format_size(done['bytes'])} of shards)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -126,17 +138,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     most = args.max_decode_bytes
     limits = DecodeLimits(record_bytes=None if most is None else parse_size(most))
-    report = verify(args.dataset, decode=not args.no_decode, partial=args.partial, limits=limits)
+    report = verify(
+        args.dataset,
+        decode=not args.no_decode,
+        partial=args.partial,
+        limits=limits,
+        progress=_meter(args, "verify"),
+    )
     for problem in report.problems:
         print(problem)
-    for note in report.notes:
+    for note in [] if args.quiet else report.notes:
         print(f"note: {note}", file=sys.stderr)
-    status = "OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)"
-    print(
-        f"verified {report.shards} shard(s), {report.records} record(s), "
-        f"{report.bytes} bytes: {status}",
-        file=sys.stderr,
-    )
+    print(f"verified {report.summary()}", file=sys.stderr)
     return 0 if report.ok else 1
 
 
@@ -186,7 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Indexed, TFRecord-compatible datasets for PyTorch and TensorFlow.",
     )
     parser.add_argument("--version", action="version", version=f"recordkit {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser(
@@ -201,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-verify", action="store_true", help="skip payload CRCs (headers are always checked)"
     )
+    add_progress_options(p)
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser(
@@ -232,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         "from the schema, 256 MiB more with a variable-shape zstd tensor); a record over "
         "it is a problem, found before allocating",
     )
+    add_progress_options(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser(
@@ -266,12 +280,71 @@ def build_parser() -> argparse.ArgumentParser:
     from .cache.cli import add_parser as add_cache
 
     add_cache(sub)
+    for depth, each in _walk(parser):
+        _add_verbosity(each, depth)
     return parser
+
+
+def _walk(parser: argparse.ArgumentParser) -> list[tuple[int, argparse.ArgumentParser]]:
+    """The parser and every subcommand's, each with its depth (``cache fill``: 2)."""
+    found = [(0, parser)]
+    for depth, each in found:
+        for action in each._actions:  # argparse has no public way to list subcommands
+            if isinstance(action, argparse._SubParsersAction):
+                found += [(depth + 1, sub) for sub in action.choices.values()]
+    return found
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, depth: int) -> None:
+    """``-v``/``-q`` on every level, so they work before or after the subcommand.
+
+    Each level counts into its own attribute (a subcommand's namespace overwrites
+    its parent's values of the same name); :func:`main` adds them up.
+    """
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        dest=f"verbose_{depth}",
+        default=argparse.SUPPRESS,
+        help="more output: INFO log lines (what each step did; -vv: DEBUG) and the "
+        "traceback of an error",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        dest=f"quiet_{depth}",
+        default=argparse.SUPPRESS,
+        help="no progress display and no notes: errors, warnings and the final summary only",
+    )
 
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return text or type(exc).__name__
+
+
+def verbosity(args: argparse.Namespace) -> tuple[int, int]:
+    """``(verbose, quiet)``: the ``-v`` and ``-q`` given at every level of the command."""
+    flags = vars(args)
+    verbose = sum(v for k, v in flags.items() if k.startswith("verbose_"))
+    return verbose, sum(v for k, v in flags.items() if k.startswith("quiet_"))
+
+
+@contextlib.contextmanager
+def _bars_and_logs() -> Iterator[None]:
+    """On a terminal with tqdm, log records are written above a progress bar, not through it."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    try:
+        from tqdm.contrib.logging import logging_redirect_tqdm
+    except ImportError:
+        yield
+        return
+    with logging_redirect_tqdm():
+        yield
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -283,15 +356,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.verbose, args.quiet = verbosity(args)
+    if args.verbose and args.quiet:
+        parser.error("-v and -q contradict each other: give one")
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if not args.quiet:  # progress lines (not on a terminal) are what the default shows
+        logging.getLogger("recordkit.progress").setLevel(min(level, logging.INFO))
     from .errors import RecordkitError
 
     command = " ".join(
         part for part in (args.command, getattr(args, "cache_command", None)) if part
     )
     try:
-        return int(args.func(args))
+        with _bars_and_logs():
+            return int(args.func(args))
     except BrokenPipeError:  # `recordkit head ... | head` closes the pipe early
         return 0
     except (RecordkitError, ValueError, OSError) as exc:

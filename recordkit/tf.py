@@ -48,12 +48,15 @@ from typing import Any, Literal
 
 from ._deps import require
 from ._tfbuild import Request, choose
-from ._tffiles import feature_spec, shard_files
+from ._tffiles import feature_spec, says_sequences, shard_files
 from .codec import Schema
 from .codec.limits import DecodeLimits
 from .images import ImageOptions
 from .reader.epochs import open_cache
+from .reader.mix import refuse_cache, sources
 from .reader.options import CacheOptions, accepts_options, merge_options
+from .reader.select import take_split
+from .storage import strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
 
@@ -62,7 +65,7 @@ __all__ = ["dataset", "feature_spec", "shard_files"]
 
 @accepts_options
 def dataset(
-    path_or_url: str | os.PathLike[str],
+    path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     batch_size: int | None = None,
     shuffle: bool = False,
@@ -87,6 +90,9 @@ def dataset(
     split: str | None = None,
     decode_images: bool | str | Sequence[str] | ImageOptions | None = None,
     sequence_example: bool = False,
+    records: slice | str | Sequence[slice | str | None] | None = None,
+    weights: Sequence[float] | None = None,
+    epoch_records: int | None = None,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -101,7 +107,23 @@ def dataset(
 
     Args:
         path_or_url: a dataset directory (with ``recordkit.json``), a folder of
-            TFRecord files, one file, or a ``gs://`` URL of any of these.
+            TFRecord files, one file, or a ``gs://`` URL of any of these; or a
+            list of local ones, read as one (``docs/howto/mixing.md``): every
+            record of each once per epoch, shuffled together; their schemas
+            must agree on the features read (else a
+            :class:`~recordkit.errors.SchemaError` naming the feature).
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset. Read through the epoch plan.
+        weights: with a list of datasets, sample them in these proportions: an
+            epoch of ``epoch_records`` records of which each dataset gives its
+            share, a smaller one repeated (each pass a fresh permutation,
+            without replacement within a pass), a larger one subsampled
+            (different records each epoch); see ``docs/howto/mixing.md``.
+        epoch_records: records per epoch with ``weights`` (default: the datasets'
+            records together); alone, natural proportions.
         batch_size: batch this many records (``parse_example`` on whole batches);
             ``None`` yields single records.
         shuffle: a new order every epoch, mixed like a uniform permutation on
@@ -211,15 +233,22 @@ def dataset(
     if epochs is not None and epochs < 1:
         raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
     cached = merge_options(CacheOptions, cache_options, locals(), keyword="cache_options")
+    paths, label = sources(path_or_url)
+    split, records = take_split(split, records)
+    mixing = len(paths) > 1 or any(x is not None for x in (records, weights, epoch_records))
+    if mixing and cached.used:
+        refuse_cache(label, paths, records, weights, epoch_records)
+    if mixing and (sequence_example or says_sequences(strip_file_scheme(paths[0]))):
+        raise ValueError(f"{label}: SequenceExamples are not read as a list, records= or weights=")
     if input_context is not None:  # validates the pipeline numbers
         shard_files([], input_context.num_input_pipelines, input_context.input_pipeline_id)
     if cached.used and (split is not None or decode_images):
         raise ValueError(
-            f"{os.fspath(path_or_url)}: split= and decode_images= are for a local "
+            f"{label}: split= and decode_images= are for a local "
             "tensorflow-datasets folder, not a dataset read through a shard cache"
         )
     request = Request(
-        path_or_url=os.fspath(path_or_url),
+        path_or_url=label,
         batch_size=batch_size,
         shuffle=shuffle,
         seed=seed,
@@ -237,6 +266,10 @@ def dataset(
         split=split,
         decode_images=decode_images,
         sequence_example=sequence_example,
+        paths=paths,
+        records=records,
+        weights=weights,
+        epoch_records=epoch_records,
     )
     source = open_cache(
         request.path_or_url,

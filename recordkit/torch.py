@@ -27,6 +27,7 @@ a plain ``DataLoader`` collates fixed-shape features and ``Bytes()`` (as a list)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -52,6 +53,7 @@ from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
+from .reader.mix import make_mix, refuse_cache, sources  # noqa: E402
 from .reader.options import CacheOptions, ReadOptions, accepts_options, merge_options  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import PlanOptions, Split  # noqa: E402
@@ -62,6 +64,7 @@ from .reader.position import (  # noqa: E402
     pass_key,
 )
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from .reader.select import take_split  # noqa: E402
 from .reader.sequence import SequenceBatchDecoder, read_whole  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
 
@@ -92,9 +95,25 @@ class RecordDataset(Positioned):
 
     Args:
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
-            file, on local disk (remote URLs: fill a local copy or cache first).
+            file, on local disk (remote URLs: fill a local copy or cache first);
+            or a list of them, read as one (``docs/howto/mixing.md``): every
+            record of each once per epoch, shuffled together; their schemas
+            must agree on the features read (else a
+            :class:`~recordkit.errors.SchemaError` naming the feature).
         options: the reading settings whole (then none of their keywords).
         cache_options: the cache settings whole (then no ``cache*`` keyword).
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset.
+        weights: with a list of datasets, sample them in these proportions: an
+            epoch of ``epoch_records`` records of which each dataset gives its
+            share, a smaller one repeated (each pass a fresh permutation,
+            without replacement within a pass), a larger one subsampled
+            (different records each epoch); see ``docs/howto/mixing.md``.
+        epoch_records: records per epoch with ``weights`` (default: the datasets'
+            records together); alone, natural proportions.
         batch_size: records per batch; ``None`` yields single samples.
         shuffle: a new seeded order every epoch that mixes sorted data like a
             uniform permutation while reading in blocks (see ``docs/howto/shuffle.md``).
@@ -205,7 +224,7 @@ class RecordDataset(Positioned):
     @accepts_options
     def __init__(
         self,
-        path_or_url: str | os.PathLike[str],
+        path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         options: ReadOptions | None = None,
         cache_options: CacheOptions | None = None,
@@ -239,16 +258,22 @@ class RecordDataset(Positioned):
         split: str | None = None,
         decode_images: bool = False,
         sequence_example: bool = False,
+        records: slice | str | Sequence[slice | str | None] | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_records: int | None = None,
     ) -> None:
         flat = dict(locals())  # every keyword, given or default: merge_options knows which
         read = merge_options(ReadOptions, options, flat, keyword="options")
         cached = merge_options(CacheOptions, cache_options, flat, keyword="cache_options")
         super().__init__()
-        self.path = os.fspath(path_or_url)
+        self.paths, self.path = sources(path_or_url)
+        split, records = take_split(read.split, read.records)
+        if cached.used:
+            refuse_cache(self.path, self.paths, records, read.weights, read.epoch_records)
         self.read_options = read
         self.cache_options = cached
         self.partial = read.partial
-        self.split = read.split
+        self.split = split
         self.decode_images = read.decode_images
         self.sequence_example = read.sequence_example
         schema = read.schema
@@ -283,7 +308,7 @@ class RecordDataset(Positioned):
         self._pass: Pass | None = None  # the pass this process reads (or left unfinished)
         self._passes = 0  # passes started in this process: a persistent worker's pass id
         self._fixed = False  # in worker_pass(): the epoch's shard set is fixed for the workers
-        if cached.used and (read.split is not None or read.decode_images):
+        if cached.used and (split is not None or read.decode_images):
             raise ValueError(
                 f"{self.path}: split= and decode_images= are for a local tensorflow-datasets "
                 "folder, not a dataset read through a shard cache"
@@ -298,6 +323,10 @@ class RecordDataset(Positioned):
             )
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
+        mix = make_mix(
+            shards, records=records, weights=read.weights, epoch_records=read.epoch_records
+        )
+        self.options = dataclasses.replace(self.options, mix=mix)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -438,7 +467,7 @@ class RecordDataset(Positioned):
                 progress_timeout=self.loader_timeout,
                 # through a cache the loader maps the cache's files: it gets the shard
                 # set (with its gate, which waits for each shard in the loader)
-                shards=shards if self.cache_epochs is not None else None,
+                shards=shards if self.cache_epochs is not None or len(self.paths) > 1 else None,
             )
         else:
             reader = RecordReader(

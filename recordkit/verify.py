@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._progress import NoTracker, Tracker
+from ._units import format_size, plural
 from .codec.limits import DecodeLimits
 from .codec.schema import Schema
 from .codec.sequence import SequenceSchema
@@ -47,6 +50,9 @@ __all__ = ["Problem", "VerifyReport", "build_index", "verify"]
 Decoder = Schema | SequenceSchema
 
 _CRC_CHUNK = 64 << 20  # whole-file CRC in chunks so a huge shard is not one GIL-free call
+_PROGRESS_EVERY = 1024  # records between progress counts inside a shard: cheap, and smooth
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +112,49 @@ class VerifyReport:
         return self.ok
 
     def __str__(self) -> str:
-        head = (
-            f"{self.root}: {self.shards} shards, {self.records} records, {self.bytes} bytes: "
-            + ("OK" if self.ok else f"{len(self.problems)} problem(s)")
-        )
+        head = f"{self.root}: {self.summary()}"
         notes = [f"note: {n}" for n in self.notes]
         return "\n".join([head, *map(str, self.problems), *notes])
+
+    def summary(self) -> str:
+        """What was checked and the verdict, in one line: ``"2 shards, 600 records,
+        1.4 MiB: OK"``."""
+        verdict = "OK" if self.ok else f"FAILED: {plural(len(self.problems), 'problem')}"
+        return (
+            f"{plural(self.shards, 'shard')}, {plural(self.records, 'record')}, "
+            f"{format_size(self.bytes)}: {verdict}"
+        )
+
+
+class _Step:
+    """Counts one shard's progress; adds up to exactly the size its total assumed."""
+
+    def __init__(self, progress: Tracker, size: int) -> None:
+        self.progress, self.size = progress, size
+        self.bytes = self.records = 0
+
+    def to(self, offset: int, records: int) -> None:
+        """The walk reached ``offset`` after ``records`` records."""
+        more = min(offset, self.size) - self.bytes
+        if more > 0 or records > self.records:
+            self.progress.add(bytes=max(0, more), records=records - self.records)
+            self.bytes += max(0, more)
+            self.records = records
+
+    def finish(self, records: int) -> None:
+        """The shard is done (or given up) after ``records``: the rest, and the shard."""
+        self.progress.add(bytes=self.size - self.bytes, records=records - self.records, shards=1)
+        self.bytes, self.records = self.size, records
+
+
+def _size(root: str, info: ShardInfo) -> int:
+    """A shard's size for the progress total: the manifest's, else the file's (0 if none)."""
+    if info.crc32c is not None:
+        return info.bytes
+    try:
+        return os.stat(os.path.join(root, info.path)).st_size
+    except OSError:
+        return 0
 
 
 def _shard_list(root: str) -> tuple[list[ShardInfo], Decoder | None, list[Problem]]:
@@ -144,6 +187,7 @@ def verify(
     decode: bool = True,
     partial: bool = False,
     limits: DecodeLimits | None = None,
+    progress: Tracker | None = None,
 ) -> VerifyReport:
     """Check a dataset (or one shard) completely and report every problem found.
 
@@ -164,6 +208,12 @@ def verify(
     A record whose zstd values would decompress to more than ``limits`` (default:
     :class:`~recordkit.codec.DecodeLimits`'s, derived from the schema) is a
     problem, found from the frame header before anything is allocated.
+
+    ``progress`` receives the totals (bytes, shards, records when the manifest
+    lists them) and counts as the check goes, every 1024 records and per shard:
+    any object with ``start(*, bytes, records, shards, items, done)``,
+    ``add(*, bytes, records, shards, items)`` and ``close()`` (the CLI's bar or
+    log lines). Each shard checked is logged at INFO on ``recordkit.verify``.
     """
     if limits is not None and not isinstance(limits, DecodeLimits):
         raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
@@ -184,15 +234,45 @@ def verify(
     else:
         raise ShardNotFoundError(f"no such dataset: {path}")
     report = VerifyReport(root=path, problems=problems)
-    for info in infos:
-        report.problems.extend(
-            _verify_shard(root, info, decoder if decode else None, report, limits)
-        )
+    progress = progress or NoTracker()
+    sizes = [_size(root, info) for info in infos]
+    listed = bool(infos) and all(info.crc32c is not None for info in infos)
+    progress.start(
+        bytes=sum(sizes),
+        shards=len(infos),
+        records=sum(info.records for info in infos) if listed else None,
+        done={"records": 0},
+    )
+    try:
+        for info, size in zip(infos, sizes, strict=True):
+            step = _Step(progress, size)
+            before = (len(report.problems), report.records)
+            try:
+                report.problems.extend(
+                    _verify_shard(root, info, decoder if decode else None, report, limits, step)
+                )
+            finally:
+                step.finish(report.records - before[1])
+            found = len(report.problems) - before[0]
+            log.info(
+                "checked %s: %s, %s: %s",
+                info.path,
+                plural(report.records - before[1], "record"),
+                format_size(size),
+                "OK" if not found else plural(found, "problem"),
+            )
+    finally:
+        progress.close()
     return report
 
 
 def _verify_shard(
-    root: str, info: ShardInfo, schema: Decoder | None, report: VerifyReport, limits: DecodeLimits
+    root: str,
+    info: ShardInfo,
+    schema: Decoder | None,
+    report: VerifyReport,
+    limits: DecodeLimits,
+    step: _Step,
 ) -> Iterator[Problem]:
     path = os.path.join(root, info.path)
     try:
@@ -206,7 +286,7 @@ def _verify_shard(
     try:
         report.shards += 1
         report.bytes += len(buf)
-        yield from _verify_map(path, info, buf, schema, report, limits)
+        yield from _verify_map(path, info, buf, schema, report, limits, step)
     except ShardChangedError as exc:  # another program changed it: nothing after is sound
         yield Problem(path, exc.offset, exc.record, exc.reason)
     finally:
@@ -222,6 +302,7 @@ def _verify_map(
     schema: Decoder | None,
     report: VerifyReport,
     limits: DecodeLimits,
+    step: _Step,
 ) -> Iterator[Problem]:
     listed = info.crc32c is not None  # listed by a manifest, not found by scanning
     kind = sniff_compression(buf[:12])
@@ -247,7 +328,7 @@ def _verify_map(
         index_problems = []
     yield from index_problems
     count = 0
-    for problem_or_count in _walk(path, buf, entries, schema, limits):
+    for problem_or_count in _walk(path, buf, entries, schema, limits, step):
         if isinstance(problem_or_count, Problem):
             yield problem_or_count
         else:
@@ -321,11 +402,14 @@ def _walk(
     entries: np.ndarray | None,
     schema: Decoder | None,
     limits: DecodeLimits,
+    step: _Step,
 ) -> Iterator[Problem | int]:
     """Check every record; yield problems, then the number of records walked."""
     n = len(entries) if entries is not None else None
     offset, record, end = 0, 0, len(buf)
     while (offset < end) if n is None else (record < n):
+        if record % _PROGRESS_EVERY == 0 and record:
+            step.to(offset, record)
         if n is not None:
             offset = int(entries[record, 0])  # type: ignore[index]
         try:
@@ -352,25 +436,56 @@ def _walk(
     yield record
 
 
-def build_index(path: str | os.PathLike[str], *, verify: bool = True) -> list[str]:
+def build_index(
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    verify: bool = True,
+    progress: Tracker | None = None,
+) -> list[str]:
     """Write a DALI/``tfrecord``-compatible ``.idx`` beside a shard, or each shard of a directory.
+
+    Args:
+        path: a shard, a dataset directory (its manifest's shards, else every shard
+            found), or a list of either.
+        verify: check every payload CRC too (length CRCs are always checked).
+        progress: receives the totals (bytes, shards) and counts per shard, as
+            :func:`verify`'s does.
 
     Returns the index files written. Raises :class:`~recordkit.errors.CorruptRecordError`
     (naming file, offset and record) if a shard cannot be indexed.
     """
-    path = os.path.abspath(strip_file_scheme(path))
+    targets = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    files = [f for target in targets for f in _index_targets(target)]
+    sizes = []
+    for f in files:
+        try:
+            sizes.append(os.stat(f).st_size)
+        except OSError:
+            sizes.append(0)
+    progress = progress or NoTracker()
+    progress.start(bytes=sum(sizes), shards=len(files), done={"records": 0})
+    written = []
+    try:
+        for f, size in zip(files, sizes, strict=True):
+            entries = scan_index(f, verify=verify)
+            write_index(index_path(f), entries)
+            written.append(index_path(f))
+            progress.add(bytes=size, records=len(entries), shards=1)
+            log.info("indexed %s: %s, %s", f, plural(len(entries), "record"), format_size(size))
+    finally:
+        progress.close()
+    return written
+
+
+def _index_targets(target: str | os.PathLike[str]) -> list[str]:
+    """The shard files one ``build_index`` argument names."""
+    path = os.path.abspath(strip_file_scheme(target))
     if os.path.isdir(path):
         try:
             shards = [s.path for s in read_manifest(path).shards]
         except ShardNotFoundError:
             shards = find_shards(path)
-        files = [os.path.join(path, s) for s in shards]
-    elif os.path.isfile(path):
-        files = [path]
-    else:
-        raise ShardNotFoundError(f"no such file or directory: {path}")
-    written = []
-    for f in files:
-        write_index(index_path(f), scan_index(f, verify=verify))
-        written.append(index_path(f))
-    return written
+        return [os.path.join(path, s) for s in shards]
+    if os.path.isfile(path):
+        return [path]
+    raise ShardNotFoundError(f"no such file or directory: {path}")

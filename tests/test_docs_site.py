@@ -32,6 +32,8 @@ PUBLIC = {
     "recordkit.cache": "docs/reference/api.md",
     "recordkit.converters": "docs/reference/api.md",
     "recordkit.errors": "docs/reference/errors.md",
+    "recordkit.codec.messages": "docs/reference/lowlevel.md",
+    "recordkit.codec.wire": "docs/reference/lowlevel.md",
 }
 _NEEDS = {"recordkit.torch": "torch", "recordkit.tf": "tensorflow"}
 

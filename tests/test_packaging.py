@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -45,3 +46,25 @@ def test_the_source_tree_links_the_converters_into_recordkit():
     import recordkit.converters
 
     assert Path(recordkit.converters.__file__).resolve().parent == (ROOT / "converters").resolve()
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_every_c_source_and_header(tmp_path):
+    """recordkit._native is built from several units sharing recordkit/_native.h: an sdist
+    missing one cannot build the extension (and would install the slow fallback)."""
+    pytest.importorskip("setuptools")
+    out = subprocess.run(  # offline, as the wheel test: this environment's setuptools
+        [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    (sdist,) = tmp_path.glob("recordkit-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    ours = {
+        p.relative_to(ROOT).as_posix()
+        for pattern in ("*.c", "*.h")
+        for p in (ROOT / "recordkit").glob(pattern)
+    }
+    assert {"recordkit/_native.c", "recordkit/_native.h", "recordkit/_native_runner.c"} <= ours
+    assert ours <= names, sorted(ours - names)

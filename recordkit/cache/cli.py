@@ -11,7 +11,7 @@ import logging
 import sys
 from typing import Any
 
-from .._args import count, positive
+from .._args import add_progress_options, count, positive, progress_mode
 
 __all__ = ["add_parser"]
 
@@ -35,35 +35,30 @@ into shards, one per partition, as `recordkit convert --from FORMAT` would.
 """
 
 
-class _Progress:
-    """CacheEvents for the terminal: a tqdm bar over bytes, or log lines."""
+class _Events:
+    """CacheEvents shown by the one progress meter: bytes fetched, shards, the cache's size.
 
-    def __init__(self, bar: bool, total: int | None) -> None:
-        self._bar: Any = None
-        if bar:
-            from .._deps import require
+    Called from fill worker threads: each method only counts (the meter draws on its
+    own thread); the per-shard lines are INFO, shown with -v.
+    """
 
-            tqdm = require("tqdm", extra="progress")
-            self._bar = tqdm.tqdm(total=total, unit="B", unit_scale=True, desc="cache fill")
-        self.shards = 0
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
 
     def downloaded(self, nbytes: int) -> None:
-        if self._bar is not None:
-            self._bar.update(nbytes)
+        self.meter.add(bytes=nbytes)
 
     def published(self, shard: Any, used: int) -> None:
-        self.shards += 1
-        if self._bar is not None:
-            self._bar.set_postfix(shards=self.shards, used=used)
-        else:
-            log.warning("cached %s (%d bytes; cache now %d bytes)", shard.path, shard.bytes, used)
+        from .._units import format_size
+
+        self.meter.add(shards=1)
+        self.meter.note = f"cache {format_size(used)}"
+        log.info(
+            "cached %s (%s; cache now %s)", shard.path, format_size(shard.bytes), format_size(used)
+        )
 
     def evicted(self, path: str) -> None:
         log.info("evicted %s", path)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 def _storage_options(text: str | None) -> dict[str, Any] | None:
@@ -146,35 +141,42 @@ def _cmd_fill(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a bad option value, an unknown converter
         print(f"recordkit cache fill: error: {exc}", file=sys.stderr)
         return 2
-    bar = args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty())
-    total = sum(s.bytes for s in cache.catalog())
+    from .._progress import Meter
+    from .._units import format_size, plural
+
     # Producer mode counts source bytes read, of which the budget holds an unknown share.
-    progress = _Progress(bar, None if producer else min(total, cache.max_bytes))
-    cache.events = progress
+    total = None if producer else min(sum(s.bytes for s in cache.catalog()), cache.max_bytes)
+    meter = Meter("cache fill", mode=progress_mode(args), interval=args.log_interval)
+    cache.events = _Events(meter)
+    meter.start(bytes=total, done={"shards": 0})
     try:
         present = cache.fill()
     finally:
-        progress.close()
+        meter.close()
     status = cache.status()
-    what = "partition(s) converted and cached" if producer else "shard(s) cached"
+    what = "converted and cached" if producer else "cached"
+    word = "partition" if producer else "shard"
+    listed = status.remote_shards
+    count = plural(present, word) if listed is None else f"{present} of {plural(listed, word)}"
+    budget = format_size(cache.max_bytes if status.max_bytes is None else status.max_bytes)
     print(
-        f"{present} of {status.remote_shards} {what} in {status.root}: "
-        f"{status.used} of {status.max_bytes} bytes used",
+        f"{count} {what} in {status.root}: {format_size(status.used)} of {budget} used",
         file=sys.stderr,
     )
     if cache.failed and not cache.budget_full:
         for rel, err in sorted(cache.failed.items()):
             print(f"recordkit cache fill: error: {rel}: {err}", file=sys.stderr)
         print(
-            f"recordkit cache fill: error: {len(cache.failed)} shard(s) could not be fetched "
-            "after their retries; run the command again to retry them",
+            f"recordkit cache fill: error: {plural(len(cache.failed), 'shard')} could not be "
+            "fetched after their retries; run the command again to retry them",
             file=sys.stderr,
         )
         return 1
     if cache.errors:
+        n = len(cache.errors)
         print(
-            f"recordkit cache fill: {len(cache.errors)} failed download(s) were retried "
-            f"({'the budget is full' if cache.budget_full else 'every shard is cached'})",
+            f"recordkit cache fill: {plural(n, 'failed download')} {'was' if n == 1 else 'were'} "
+            f"retried ({'the budget is full' if cache.budget_full else 'every shard is cached'})",
             file=sys.stderr,
         )
     return 0
@@ -222,8 +224,11 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     for rel in removed:
         print(rel)
     status = cache.status()
+    from .._units import format_size, plural
+
     print(
-        f"removed {len(removed)} file(s); {status.complete} shard(s), {status.used} bytes left",
+        f"removed {plural(len(removed), 'file')}; {plural(status.complete, 'shard')}, "
+        f"{format_size(status.used)} left",
         file=sys.stderr,
     )
     return 0
@@ -317,12 +322,7 @@ def add_parser(sub: Any) -> None:
     prod.add_argument(
         "--retries", type=count, default=None, help="retries on transient source errors (default 3)"
     )
-    f.add_argument(
-        "--progress",
-        choices=("auto", "bar", "log"),
-        default="auto",
-        help="a tqdm bar when stderr is a terminal, log lines otherwise (default auto)",
-    )
+    add_progress_options(f)
     f.set_defaults(func=_cmd_fill)
 
     s = csub.add_parser(

@@ -35,183 +35,29 @@ against the payload's end.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptRecordError, SchemaError, SequenceExampleError, UnknownFieldError
+from ..errors import SchemaError, SequenceExampleError
+from .messages import (
+    EXAMPLE,
+    bytes_values,
+    float_values,
+    int64_values,
+    parse_features,
+    unknown_field,
+)
+from .wire import LEN1, LEN2, encode_varints, malformed, read_len, read_varint, varint
 
-__all__ = ["KINDS", "decode_example", "encode_example"]
+__all__ = ["KINDS", "as_int64", "decode_example", "encode_example", "varint"]
 
 KINDS = ("bytes", "float", "int64")
 
-# Tag bytes (field_number << 3 | wire_type) of the fields this codec knows.
-_LEN1 = 0x0A  # field 1, length-delimited
-_LEN2 = 0x12  # field 2, length-delimited
-_LEN3 = 0x1A  # field 3, length-delimited
-_VARINT1 = 0x08  # field 1, varint (unpacked int64)
-_FIXED32_1 = 0x0D  # field 1, 32-bit (unpacked float)
 
-_KIND_OF_TAG = {_LEN1: "bytes", _LEN2: "float", _LEN3: "int64"}
 _F4 = np.dtype("<f4")
 _U1 = np.dtype(np.uint8)
 _BYTES_TYPES = (bytes, bytearray, memoryview)
-
-
-def _bad(what: str, pos: int) -> CorruptRecordError:
-    return CorruptRecordError(f"malformed tf.train.Example: {what} at payload byte {pos}")
-
-
-# --------------------------------------------------------------------------- unknown fields
-
-_WIRE_NAMES = ("varint", "64-bit", "length-delimited", "group start", "group end", "32-bit")
-
-
-class _Scope(NamedTuple):
-    """How errors name the messages a parse is in (an Example's, or a SequenceExample's)."""
-
-    message: str  # the message type read
-    features: str  # its Features message
-    feature: str  # what a map entry's key (or a list's name) names
-    value: str  # what the entry's Feature message is called
-
-
-_EXAMPLE = _Scope("tf.train.Example", "Example.features", "feature", "Feature")
-
-
-def _unknown(
-    buf: memoryview, start: int, end: int, pos: int, tag: int, where: str, message: str
-) -> CorruptRecordError:
-    """The error for a field the message ``[start, end)`` does not define.
-
-    ``pos`` is where the field's tag ended; a tag that is not a valid one (field
-    number 0, wire type 6 or 7) is malformed rather than unknown.
-    """
-    at = _tag_start(buf, start, end, pos)
-    number, wire = tag >> 3, tag & 7
-    if number == 0:
-        return _bad("field number 0", at)
-    if tag > 0xFFFF_FFFF:
-        return _bad(f"tag {tag} out of range", at)
-    if wire > 5:
-        return _bad(f"unsupported wire type {wire}", at)
-    return UnknownFieldError(
-        f"field {number} ({_WIRE_NAMES[wire]}) inside {where} at payload byte {at}, which "
-        f"{message} does not define: TensorFlow would drop it silently, so the record is "
-        "refused",
-        field_number=number,
-        wire_type=_WIRE_NAMES[wire],
-        where=where,
-        message=message,
-        at=at,
-    )
-
-
-def _tag_start(buf: memoryview, start: int, end: int, pos: int) -> int:
-    """Where the tag that ends at ``pos`` starts: found by walking the message from
-    ``start`` (the fields before it parsed), so a tag written in more bytes than it
-    needs is located exactly too."""
-    at = start
-    try:
-        while at < pos:
-            tag, after = _read_varint(buf, at, end)
-            if after == pos:
-                return at
-            at = _skip(buf, after, end, tag)
-    except (CorruptRecordError, IndexError):
-        pass
-    return pos - 1  # not reached for a tag the parsers read
-
-
-def _entry_key(buf: memoryview, start: int, stop: int) -> str:
-    """The key of the map entry ``[start, stop)`` as an error names it (the last key
-    field before anything unreadable; protobuf's default, the empty key, if none)."""
-    key: Any = b""
-    pos = start
-    try:
-        while pos < stop:
-            tag, pos = _read_varint(buf, pos, stop)
-            if tag == _LEN1:
-                size, pos = _read_len(buf, pos, stop)
-                key = buf[pos : pos + size]
-                pos += size
-            else:
-                pos = _skip(buf, pos, stop, tag)
-    except (CorruptRecordError, IndexError):
-        pass
-    return repr(str(key, "utf-8", "replace"))
-
-
-# --------------------------------------------------------------------------- varints
-
-_SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
-
-
-def varint(n: int) -> bytes:
-    """Encode a non-negative int (< 2**64) as a protobuf varint."""
-    if n < 0x80:
-        return _SMALL_VARINTS[n]
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _encode_varints(values: np.ndarray) -> Any:
-    """Encode a flat int64 array as concatenated varints, vectorised over the array.
-
-    Negative values are their two's complement as uint64, so always 10 bytes,
-    which is what protobuf writes for int64 (not zigzag; that is sint64).
-    """
-    if not values.size:
-        return b""
-    u: Any = values.view(np.uint64)
-    top = int(u.max())
-    if top < 0x80:
-        return values.astype(_U1)
-    nbytes = np.ones(u.shape, np.intp)
-    for k in range(1, (top.bit_length() + 6) // 7):
-        nbytes += u >= (1 << (7 * k))
-    ends = np.cumsum(nbytes)
-    out = np.empty(int(ends[-1]), _U1)
-    # Write byte k of every varint that has one, then drop the ones that ended.
-    idx, rest = ends - nbytes, nbytes - 1
-    while u.size:
-        more = rest > 0
-        out[idx] = (u & 0x7F).astype(_U1) | (more.astype(_U1) << 7)
-        idx, u, rest = idx[more] + 1, u[more] >> 7, rest[more] - 1
-    return out
-
-
-def _decode_varints(raw: np.ndarray, at: int) -> np.ndarray:
-    """Decode concatenated varints (a packed int64 field) without a Python loop.
-
-    Args:
-        raw: the field's bytes as a uint8 array.
-        at: payload offset of ``raw[0]``, for error messages.
-    """
-    if raw.max() < 0x80:  # every value in [0, 127]: one byte each
-        return raw.astype(np.int64)
-    last = raw < 0x80
-    if not last[-1]:
-        raise _bad("truncated varint in packed int64 values", at + raw.size - 1)
-    ends = np.flatnonzero(last)
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    lens = ends - starts + 1
-    if lens.max() > 10:
-        first = int(np.flatnonzero(lens > 10)[0])
-        raise _bad("varint longer than 10 bytes in packed int64 values", at + int(starts[first]))
-    # OR in byte k of every varint that has one; a uint64 shift by 63 drops the
-    # bits of a 10th byte past bit 64, as protobuf does.
-    values = (raw[starts] & 0x7F).astype(np.uint64)
-    for k in range(1, int(lens.max())):
-        has = np.flatnonzero(lens > k)
-        values[has] |= (raw[starts[has] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
-    return values.view(np.int64)
 
 
 # --------------------------------------------------------------------------- encode
@@ -331,7 +177,7 @@ def _int64_body(name: str, values: Any) -> tuple[list[Any], int]:
     if type(values) is int and -(1 << 63) <= values < (1 << 63):
         data = varint(values & 0xFFFF_FFFF_FFFF_FFFF)
     else:
-        data = _encode_varints(as_int64(values, name))
+        data = encode_varints(as_int64(values, name))
     n = len(data)
     if n == 0:
         return [], 0
@@ -417,12 +263,12 @@ def decode_example(
             tag = buf[pos]
             pos += 1
             if tag > 0x7F:
-                tag, pos = _read_varint(buf, pos - 1, end)
-            if tag == _LEN1:
-                size, pos = _read_len(buf, pos, end)
-                _parse_features(buf, pos, pos + size, spans)
+                tag, pos = read_varint(buf, pos - 1, end)
+            if tag == LEN1:
+                size, pos = read_len(buf, pos, end)
+                parse_features(buf, pos, pos + size, spans)
                 pos += size
-            elif tag == _LEN2:
+            elif tag == LEN2:
                 # SequenceExample.feature_lists: reading field 1 (its context) alone as
                 # an Example would drop every step, silently. Never a partial sample.
                 raise SequenceExampleError(
@@ -431,283 +277,18 @@ def decode_example(
                     "list; read it whole with rk.Dataset(path, sequence_example=True)"
                 )
             else:
-                raise _unknown(buf, 0, end, pos, tag, "the Example", _EXAMPLE.message)
+                raise unknown_field(buf, 0, end, pos, tag, "the Example", EXAMPLE.message)
         for name, (kind, runs) in spans.items():
             if keys is not None and name not in keys:
                 continue
             if kind is None:
                 out[name] = (None, None)
             elif kind == "bytes":
-                out[name] = ("bytes", _bytes_values(buf, runs, name))
+                out[name] = ("bytes", bytes_values(buf, runs, name))
             elif kind == "float":
-                out[name] = ("float", _float_values(buf, runs, name))
+                out[name] = ("float", float_values(buf, runs, name))
             else:
-                out[name] = ("int64", _int64_values(buf, runs, name))
+                out[name] = ("int64", int64_values(buf, runs, name))
     except IndexError:
-        raise _bad("truncated field", end) from None
+        raise malformed("truncated field", end) from None
     return out
-
-
-def _read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """Read a varint of at most 10 bytes at ``pos``; bits past 64 are dropped, as protobuf does."""
-    if end - pos > 2:  # lengths up to 2 MiB: no loop
-        b0 = buf[pos]
-        if b0 < 0x80:
-            return b0, pos + 1
-        b1 = buf[pos + 1]
-        if b1 < 0x80:
-            return (b0 & 0x7F) | b1 << 7, pos + 2
-        b2 = buf[pos + 2]
-        if b2 < 0x80:
-            return (b0 & 0x7F) | (b1 & 0x7F) << 7 | b2 << 14, pos + 3
-    result = shift = 0
-    start = pos
-    while pos < end:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result & 0xFFFF_FFFF_FFFF_FFFF, pos
-        shift += 7
-        if shift == 70:
-            raise _bad("varint longer than 10 bytes", start)
-    raise _bad("truncated varint", start)
-
-
-def _read_len(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """Read a length prefix and check that the bytes it claims are all there."""
-    size, pos = _read_varint(buf, pos, end)
-    if size > end - pos:
-        raise _bad(f"length {size} runs past the end of its message", pos)
-    return size, pos
-
-
-def _skip(buf: memoryview, pos: int, end: int, tag: int) -> int:
-    """Skip the value of a field whose tag has just been read."""
-    wire = tag & 7
-    if tag >> 3 == 0:
-        raise _bad("field number 0", pos - 1)
-    if tag > 0xFFFF_FFFF:
-        raise _bad(f"tag {tag} out of range", pos - 1)
-    if wire == 0:
-        return _read_varint(buf, pos, end)[1]
-    if wire == 2:
-        size, pos = _read_len(buf, pos, end)
-        return pos + size
-    width = 8 if wire == 1 else 4 if wire == 5 else 0
-    if not width:
-        raise _bad(f"unsupported wire type {wire}", pos - 1)
-    if width > end - pos:
-        raise _bad(f"{width}-byte field runs past the end of its message", pos)
-    return pos + width
-
-
-def _parse_features(
-    buf: memoryview,
-    pos: int,
-    end: int,
-    spans: dict[str, list[Any]],
-    scope: _Scope = _EXAMPLE,
-) -> None:
-    """Record each map entry of a ``Features`` message as ``spans[key] = [kind, runs]``.
-
-    The common layout (one key, one value holding one list) takes the inline
-    fast paths; anything else, including protobuf's merge rules, the general ones.
-    ``scope`` names the messages in errors.
-    """
-    read_varint, kinds = _read_varint, _KIND_OF_TAG
-    start = pos
-    while pos < end:
-        tag = buf[pos]
-        pos += 1
-        if tag != _LEN1:
-            if tag > 0x7F:
-                tag, pos = read_varint(buf, pos - 1, end)
-            if tag != _LEN1:
-                raise _unknown(buf, start, end, pos, tag, scope.features, scope.message)
-        size = buf[pos]
-        pos += 1
-        if size > 0x7F:
-            size, pos = read_varint(buf, pos - 1, end)
-        if size > end - pos:
-            raise _bad(f"length {size} runs past the end of its message", pos)
-        stop = pos + size
-        # A map entry: key = 1, value = 2; either may be absent, repeated or reordered.
-        key: Any = b""
-        key_at = entry_at = pos
-        state: list[Any] = [None, None]
-        while pos < stop:
-            tag = buf[pos]
-            pos += 1
-            if tag > 0x7F:
-                tag, pos = read_varint(buf, pos - 1, stop)
-            if tag == _LEN1:
-                size = buf[pos]
-                pos += 1
-                if size > 0x7F:
-                    size, pos = read_varint(buf, pos - 1, stop)
-                if size > stop - pos:
-                    raise _bad(f"length {size} runs past the end of its message", pos)
-                key_at = pos
-                pos += size
-                key = buf[key_at:pos]
-            elif tag == _LEN2:
-                size = buf[pos]
-                pos += 1
-                if size > 0x7F:
-                    size, pos = read_varint(buf, pos - 1, stop)
-                if size > stop - pos:
-                    raise _bad(f"length {size} runs past the end of its message", pos)
-                fstart, fend = pos, pos + size
-                while pos < fend:  # the Feature: a oneof of three lists
-                    tag = buf[pos]
-                    pos += 1
-                    if tag > 0x7F:
-                        tag, pos = read_varint(buf, pos - 1, fend)
-                    kind = kinds.get(tag)
-                    if kind is None:
-                        where = f"{scope.value} {_entry_key(buf, entry_at, stop)}"
-                        raise _unknown(buf, fstart, fend, pos, tag, where, scope.message)
-                    size = buf[pos]
-                    pos += 1
-                    if size > 0x7F:
-                        size, pos = read_varint(buf, pos - 1, fend)
-                    if size > fend - pos:
-                        raise _bad(f"length {size} runs past the end of its message", pos)
-                    if state[0] == kind:  # the same oneof member again: protobuf merges
-                        state[1].append((pos, pos + size))
-                    else:  # a different member replaces the one set before
-                        state[0] = kind
-                        state[1] = [(pos, pos + size)]
-                    pos += size
-            else:
-                where = f"the map entry of {scope.feature} {_entry_key(buf, entry_at, stop)}"
-                raise _unknown(buf, entry_at, stop, pos, tag, where, scope.message)
-        try:
-            spans[str(key, "utf-8")] = state
-        except UnicodeDecodeError:
-            raise _bad("feature key is not valid UTF-8", key_at) from None
-
-
-def _bytes_values(
-    buf: memoryview, runs: list[tuple[int, int]], name: str = "", scope: _Scope = _EXAMPLE
-) -> list[memoryview]:
-    """The values of a (merged) ``BytesList``; ``name`` and ``scope`` name it in errors."""
-    values: list[memoryview] = []
-    append, read_varint = values.append, _read_varint
-    for start, end in runs:
-        pos = start
-        while pos < end:
-            tag = buf[pos]
-            pos += 1
-            if tag > 0x7F:
-                tag, pos = read_varint(buf, pos - 1, end)
-            if tag == _LEN1:
-                size = buf[pos]
-                pos += 1
-                if size > 0x7F:
-                    size, pos = read_varint(buf, pos - 1, end)
-                if size > end - pos:
-                    raise _bad(f"length {size} runs past the end of its message", pos)
-                append(buf[pos : pos + size])
-                pos += size
-            else:
-                where = f"the BytesList of {scope.feature} {name!r}"
-                raise _unknown(buf, start, end, pos, tag, where, scope.message)
-    return values
-
-
-def _scalar_runs(
-    buf: memoryview,
-    runs: list[tuple[int, int]],
-    packed: int,
-    unpacked: int,
-    name: str = "",
-    scope: _Scope = _EXAMPLE,
-) -> list[tuple[int, int]]:
-    """The byte runs holding a repeated scalar's values, packed or not.
-
-    ``unpacked`` is the tag of one unpacked value (``0x0D``: a ``FloatList``'s,
-    ``0x08``: an ``Int64List``'s); ``name`` and ``scope`` name the list in errors.
-    """
-    out = []
-    for start, end in runs:
-        pos = start
-        while pos < end:
-            tag = buf[pos]
-            pos += 1
-            if tag > 0x7F:
-                tag, pos = _read_varint(buf, pos - 1, end)
-            if tag == packed:
-                size, pos = _read_len(buf, pos, end)
-                if size:
-                    out.append((pos, pos + size))
-                pos += size
-            elif tag == unpacked:
-                value = pos
-                pos = _skip(buf, pos, end, tag)
-                out.append((value, pos))
-            else:
-                kind = "FloatList" if unpacked == _FIXED32_1 else "Int64List"
-                where = f"the {kind} of {scope.feature} {name!r}"
-                raise _unknown(buf, start, end, pos, tag, where, scope.message)
-    return out
-
-
-def _float_values(
-    buf: memoryview, runs: list[tuple[int, int]], name: str = "", scope: _Scope = _EXAMPLE
-) -> np.ndarray:
-    runs = _scalar_runs(buf, runs, _LEN1, _FIXED32_1, name, scope)
-    for start, stop in runs:
-        if (stop - start) & 3:
-            raise _bad(f"packed floats of {stop - start} bytes (not a multiple of 4)", start)
-    if len(runs) == 1:
-        start, stop = runs[0]
-        return np.frombuffer(buf, _F4, (stop - start) >> 2, start)
-    if not runs:
-        return np.empty(0, _F4)
-    return np.frombuffer(b"".join([buf[a:b] for a, b in runs]), _F4)
-
-
-def _int64_values(
-    buf: memoryview, runs: list[tuple[int, int]], name: str = "", scope: _Scope = _EXAMPLE
-) -> np.ndarray:
-    runs = _scalar_runs(buf, runs, _LEN1, _VARINT1, name, scope)
-    if not runs:
-        return np.empty(0, np.int64)
-    if len(runs) == 1:
-        start, stop = runs[0]
-        data: Any = buf[start:stop]
-    else:
-        start, stop = runs[0][0], 0
-        for _, stop in runs:
-            # Each run must end on a whole varint before runs are joined for decoding.
-            if buf[stop - 1] > 0x7F:
-                raise _bad("truncated varint in packed int64 values", stop - 1)
-        data = b"".join([buf[a:b] for a, b in runs])
-    if len(data) <= _SMALL_RUN:
-        return _decode_few_varints(data, start)
-    return _decode_varints(np.frombuffer(data, _U1), start)
-
-
-# Below this many bytes a Python loop beats numpy's fixed cost per call (~10 µs
-# for the general varint path); labels and short lists are the common case.
-_SMALL_RUN = 48
-
-
-def _decode_few_varints(data: Any, at: int) -> np.ndarray:
-    values = []
-    value = shift = 0
-    for byte in data:
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            value &= 0xFFFF_FFFF_FFFF_FFFF
-            values.append(value - (1 << 64) if value >> 63 else value)
-            value = shift = 0
-        else:
-            shift += 7
-            if shift == 70:
-                raise _bad("varint longer than 10 bytes in packed int64 values", at)
-    if shift:
-        raise _bad("truncated varint in packed int64 values", at + len(data) - 1)
-    return np.array(values, np.int64)

@@ -28,22 +28,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptRecordError, SchemaError, UnknownFieldError
-from .example import (
-    _KIND_OF_TAG,
-    _LEN1,
-    _LEN2,
-    _bad,
-    _bytes_values,
-    _entry_key,
-    _float_values,
-    _int64_values,
-    _parse_features,
-    _read_len,
-    _read_varint,
-    _Scope,
-    _skip,
-    _unknown,
+from .messages import (
+    Scope,
+    bytes_values,
+    entry_key,
+    float_values,
+    int64_values,
+    parse_features,
+    unknown_field,
 )
+from .wire import KIND_OF_TAG, LEN1, LEN2, malformed, read_len, read_varint, skip
 
 __all__ = [
     "SequenceSchema",
@@ -80,24 +74,24 @@ def decode_sequence_example(
     pos = 0
     try:
         while pos < end:
-            tag, pos = _read_varint(buf, pos, end)
-            if tag == _LEN1:
-                size, pos = _read_len(buf, pos, end)
-                _parse_features(buf, pos, pos + size, spans, _CONTEXT)
+            tag, pos = read_varint(buf, pos, end)
+            if tag == LEN1:
+                size, pos = read_len(buf, pos, end)
+                parse_features(buf, pos, pos + size, spans, _CONTEXT)
                 pos += size
-            elif tag == _LEN2:
-                size, pos = _read_len(buf, pos, end)
+            elif tag == LEN2:
+                size, pos = read_len(buf, pos, end)
                 _parse_feature_lists(buf, pos, pos + size, lists)
                 pos += size
             else:
-                raise _unknown(buf, 0, end, pos, tag, "the SequenceExample", _MESSAGE)
+                raise unknown_field(buf, 0, end, pos, tag, "the SequenceExample", _MESSAGE)
         context = {name: _values(buf, state, name, _CONTEXT) for name, state in spans.items()}
         steps = {
             name: [_values(buf, s, name, _step(i)) for i, s in enumerate(states)]
             for name, states in lists.items()
         }
     except IndexError:
-        raise _sequence_error(_bad("truncated field", end)) from None
+        raise _sequence_error(malformed("truncated field", end)) from None
     except UnknownFieldError:  # named for a SequenceExample already
         raise
     except CorruptRecordError as exc:  # the Example parsers' errors, named for what this is
@@ -111,12 +105,12 @@ def _sequence_error(exc: CorruptRecordError) -> CorruptRecordError:
 
 _EXAMPLE, _SEQUENCE = "malformed tf.train.Example", "malformed tf.train.SequenceExample"
 _MESSAGE = "tf.train.SequenceExample"
-_CONTEXT = _Scope(_MESSAGE, "SequenceExample.context", "context feature", "context Feature")
+_CONTEXT = Scope(_MESSAGE, "SequenceExample.context", "context feature", "context Feature")
 
 
-def _step(i: int) -> _Scope:
+def _step(i: int) -> Scope:
     """How errors name step ``i`` of a feature list (its lists' values)."""
-    return _Scope(_MESSAGE, "", f"step {i} of feature list", "")
+    return Scope(_MESSAGE, "", f"step {i} of feature list", "")
 
 
 def _parse_feature_lists(
@@ -124,32 +118,34 @@ def _parse_feature_lists(
 ) -> None:
     start = pos
     while pos < end:
-        tag, pos = _read_varint(buf, pos, end)
-        if tag != _LEN1:
-            raise _unknown(buf, start, end, pos, tag, "SequenceExample.feature_lists", _MESSAGE)
-        size, pos = _read_len(buf, pos, end)
+        tag, pos = read_varint(buf, pos, end)
+        if tag != LEN1:
+            raise unknown_field(
+                buf, start, end, pos, tag, "SequenceExample.feature_lists", _MESSAGE
+            )
+        size, pos = read_len(buf, pos, end)
         stop = pos + size
         key: Any = b""
         key_at = entry = pos
         steps: list[list[Any]] = []
         while pos < stop:  # a map entry: key = 1, value = 2, in any order, repeated
-            tag, pos = _read_varint(buf, pos, stop)
-            if tag == _LEN1:
-                size, pos = _read_len(buf, pos, stop)
+            tag, pos = read_varint(buf, pos, stop)
+            if tag == LEN1:
+                size, pos = read_len(buf, pos, stop)
                 key_at, key = pos, buf[pos : pos + size]
                 pos += size
-            elif tag == _LEN2:
-                size, pos = _read_len(buf, pos, stop)
+            elif tag == LEN2:
+                size, pos = read_len(buf, pos, stop)
                 # merge: the steps concatenate
                 steps.extend(_parse_feature_list(buf, pos, pos + size, (entry, stop), len(steps)))
                 pos += size
             else:
-                where = f"the map entry of feature list {_entry_key(buf, entry, stop)}"
-                raise _unknown(buf, entry, stop, pos, tag, where, _MESSAGE)
+                where = f"the map entry of feature list {entry_key(buf, entry, stop)}"
+                raise unknown_field(buf, entry, stop, pos, tag, where, _MESSAGE)
         try:
             lists[str(key, "utf-8")] = steps  # a repeated key replaces the earlier entry
         except UnicodeDecodeError:
-            raise _bad("feature list key is not valid UTF-8", key_at) from None
+            raise malformed("feature list key is not valid UTF-8", key_at) from None
 
 
 def _parse_feature_list(
@@ -160,14 +156,14 @@ def _parse_feature_list(
     start = pos
     steps: list[list[Any]] = []
     while pos < end:
-        tag, pos = _read_varint(buf, pos, end)
-        if tag == _LEN1:
-            size, pos = _read_len(buf, pos, end)
+        tag, pos = read_varint(buf, pos, end)
+        if tag == LEN1:
+            size, pos = read_len(buf, pos, end)
             steps.append(_parse_feature(buf, pos, pos + size, entry, first + len(steps)))
             pos += size
         else:
-            where = f"FeatureList {_entry_key(buf, *entry)}"
-            raise _unknown(buf, start, end, pos, tag, where, _MESSAGE)
+            where = f"FeatureList {entry_key(buf, *entry)}"
+            raise unknown_field(buf, start, end, pos, tag, where, _MESSAGE)
     return steps
 
 
@@ -177,12 +173,12 @@ def _parse_feature(
     start = pos
     state: list[Any] = [None, None]
     while pos < end:
-        tag, pos = _read_varint(buf, pos, end)
-        kind = _KIND_OF_TAG.get(tag)
+        tag, pos = read_varint(buf, pos, end)
+        kind = KIND_OF_TAG.get(tag)
         if kind is None:
-            where = f"the Feature of step {step} of feature list {_entry_key(buf, *entry)}"
-            raise _unknown(buf, start, end, pos, tag, where, _MESSAGE)
-        size, pos = _read_len(buf, pos, end)
+            where = f"the Feature of step {step} of feature list {entry_key(buf, *entry)}"
+            raise unknown_field(buf, start, end, pos, tag, where, _MESSAGE)
+        size, pos = read_len(buf, pos, end)
         if state[0] == kind:  # the same oneof member again: protobuf merges
             state[1].append((pos, pos + size))
         else:  # a different member replaces the one set before
@@ -191,15 +187,15 @@ def _parse_feature(
     return state
 
 
-def _values(buf: memoryview, state: list[Any], name: str, scope: _Scope) -> Values:
+def _values(buf: memoryview, state: list[Any], name: str, scope: Scope) -> Values:
     kind, runs = state
     if kind is None:
         return (None, None)
     if kind == "bytes":
-        return ("bytes", _bytes_values(buf, runs, name, scope))
+        return ("bytes", bytes_values(buf, runs, name, scope))
     if kind == "float":
-        return ("float", _float_values(buf, runs, name, scope))
-    return ("int64", _int64_values(buf, runs, name, scope))
+        return ("float", float_values(buf, runs, name, scope))
+    return ("int64", int64_values(buf, runs, name, scope))
 
 
 def as_stored(kind: str | None, values: Any) -> Any:
@@ -245,12 +241,12 @@ def has_feature_lists(payload: bytes | bytearray | memoryview) -> bool:
     end, pos = len(buf), 0
     try:
         while pos < end:
-            tag, pos = _read_varint(buf, pos, end)
-            if tag == _LEN2:
+            tag, pos = read_varint(buf, pos, end)
+            if tag == LEN2:
                 return True
-            pos = _skip(buf, pos, end, tag)
+            pos = skip(buf, pos, end, tag)
     except IndexError:
-        raise _bad("truncated field", end) from None
+        raise malformed("truncated field", end) from None
     return False
 
 

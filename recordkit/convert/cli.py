@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Any
 
-from .._args import count, positive
+from .._args import add_progress_options, count, positive, progress_mode
 
 __all__ = ["add_parser", "parse_schema"]
 
@@ -115,21 +115,13 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from .._args import json_object
-    from . import ConvertOptions, LogProgress, PartitionsFailedError, TqdmProgress, convert
+    from . import ConvertOptions, PartitionsFailedError, convert
+    from .progress import choose_progress
 
     log = logging.getLogger("recordkit.convert")
-    if log.getEffectiveLevel() > logging.INFO:
-        log.setLevel(logging.INFO)  # progress lines and the plan are what this command is for
-    progress: Any
-    if args.progress == "bar" or (args.progress == "auto" and sys.stderr.isatty()):
-        try:
-            progress = TqdmProgress()
-        except ImportError:
-            progress = LogProgress(args.log_interval)
-    elif args.progress == "none":
-        progress = None
-    else:
-        progress = LogProgress(args.log_interval)
+    if not args.quiet and log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)  # the plan and resumes are what this command is for
+    progress = choose_progress(progress_mode(args), args.log_interval, "convert")
     storage_options = json_object("--storage-options", args.storage_options)
     dst_options = json_object("--dst-storage-options", args.dst_storage_options)
     fmt = args.from_
@@ -138,7 +130,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
         inferred = infer_format(args.src, storage_options)
         fmt = inferred.format
-        print(f"recordkit convert: {inferred}", file=sys.stderr)
+        if not args.quiet:
+            print(f"recordkit convert: {inferred}", file=sys.stderr)
     options = ConvertOptions(
         shard_size=args.shard_size,
         max_records=args.max_records,
@@ -264,13 +257,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dst-storage-options", default=None, help="fsspec options for DST as JSON")
     p.add_argument("--retries", type=count, default=3, help="retries on transient remote errors")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync shards (scratch data)")
-    p.add_argument(
-        "--progress",
-        choices=["auto", "bar", "log", "none"],
-        default="auto",
-        help="a tqdm bar when stderr is a terminal, log lines otherwise (default auto)",
-    )
-    p.add_argument(
-        "--log-interval", type=float, default=10.0, help="seconds between progress log lines"
-    )
+    add_progress_options(p)
     p.set_defaults(func=_cmd_convert)

@@ -96,28 +96,28 @@ class ConvertResult:
         return self.manifest.records
 
     def summary(self) -> str:
-        """One line for humans."""
-        from .._units import format_size
+        """One line for humans (sizes in binary units, as every command's summary)."""
+        from .._units import format_rate, format_size, plural
 
         resumed = f", {self.resumed} resumed" if self.resumed else ""
-        rows = "source row" if self.skipped == 1 else "source rows"
-        skipped = f" ({self.skipped} {rows} skipped)" if self.skipped else ""
+        unit = self.unit[:-1] if self.unit.endswith("s") else self.unit
+        skipped = f" ({plural(self.skipped, 'source row')} skipped)" if self.skipped else ""
+        shards = (
+            f"{plural(len(self.manifest.shards), 'shard')} ({format_size(self.manifest.bytes)})"
+        )
+        took = f"{plural(self.partitions, 'partition')}{resumed}, {self.seconds:.1f} s"
         if not self.size:  # sizes unknown (a function's inputs): records per second
             per_s = self.records / self.seconds if self.seconds > 0 else 0.0
             return (
-                f"wrote {self.records} records{skipped} from {self.items} {self.unit} into "
-                f"{len(self.manifest.shards)} shards ({format_size(self.manifest.bytes)}) at "
-                f"{self.dst}: {self.partitions} partitions{resumed}, {self.seconds:.1f} s, "
-                f"{per_s:.0f} records/s"
+                f"wrote {plural(self.records, 'record')}{skipped} from {plural(self.items, unit)} "
+                f"into {shards} at {self.dst}: {took}, {per_s:.0f} records/s"
             )
         rate = self.size / self.seconds if self.seconds > 0 else 0.0
         kind = " (tf.train.SequenceExample)" if self.manifest.sequence_example else ""
         return (
-            f"converted {self.items} items ({format_size(self.size)}) into {self.records} "
-            f"records{kind}{skipped} in {len(self.manifest.shards)} shards "
-            f"({format_size(self.manifest.bytes)}) at {self.dst}: {self.partitions} partitions"
-            f"{resumed}, {self.seconds:.1f} s, "
-            f"{format_size(int(rate))}/s"
+            f"converted {plural(self.items, unit)} ({format_size(self.size)}) into "
+            f"{plural(self.records, 'record')}{kind}{skipped} in {shards} at {self.dst}: "
+            f"{took}, {format_rate(rate)}"
         )
 
 

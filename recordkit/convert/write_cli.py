@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any
 
+from .._args import add_progress_options, progress_mode
+
 __all__ = ["add_parser", "read_inputs"]
 
 _EXAMPLES = """\
@@ -65,8 +67,8 @@ def _cmd_write(args: argparse.Namespace) -> int:
     from .progress import choose_progress
 
     log = logging.getLogger("recordkit.convert")
-    if log.getEffectiveLevel() > logging.INFO:
-        log.setLevel(logging.INFO)  # progress lines are what this command is for
+    if not args.quiet and log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)  # the plan and resumes are what this command is for
     if os.getcwd() not in sys.path:  # `module:function` from here, as `python -m` finds it
         sys.path.insert(0, os.getcwd())
     try:
@@ -97,7 +99,7 @@ def _cmd_write(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             storage_options=storage_options,
             options=options,
-            progress=choose_progress(args.progress, args.log_interval, "write"),
+            progress=choose_progress(progress_mode(args), args.log_interval, "write", "input"),
         )
     except KeyboardInterrupt:
         print(_interrupted(args.out, storage_options), file=sys.stderr)
@@ -169,13 +171,5 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--storage-options", default=None, help="fsspec options for OUT as JSON")
     p.add_argument("--retries", type=int, default=3, help="retries on transient errors")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync shards (scratch data)")
-    p.add_argument(
-        "--progress",
-        choices=["auto", "bar", "log", "none"],
-        default="auto",
-        help="a tqdm bar when stderr is a terminal, log lines otherwise (default auto)",
-    )
-    p.add_argument(
-        "--log-interval", type=float, default=10.0, help="seconds between progress log lines"
-    )
+    add_progress_options(p)
     p.set_defaults(func=_cmd_write)

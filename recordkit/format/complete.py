@@ -125,9 +125,11 @@ class Incomplete:
     @property
     def progress(self) -> str:
         """``"24 of 64 partitions published"`` or ``"4 shards published"``."""
+        from .._units import plural
+
         if self.total is not None:
-            return f"{self.published} of {self.total} partitions published"
-        return f"{self.published} shard(s) published, no manifest"
+            return f"{self.published} of {plural(self.total, 'partition')} published"
+        return f"{plural(self.published, 'shard')} published, no manifest"
 
     def message(self) -> str:
         """The refusal, naming the folder, how far the write got and how to go on."""

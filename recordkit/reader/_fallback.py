@@ -5,9 +5,11 @@ Used when the C extension was not built (no compiler at install time) or when
 its native twin (the tests run both and compare), only slower: ~15 µs of
 Python per record instead of well under one.
 
-The wire parsing reuses the reference codec's own helpers
-(:mod:`recordkit.codec.example`), so what this module accepts or rejects is by
-construction what :func:`~recordkit.codec.decode_example` does.
+The wire parsing reuses the reference codec's own parsers
+(:mod:`recordkit.codec.messages`, :mod:`recordkit.codec.wire`), so what this module
+accepts or rejects is by construction what :func:`~recordkit.codec.decode_example`
+does. The status codes and span kinds are the contract's
+(:mod:`recordkit.reader._contract`).
 """
 
 from __future__ import annotations
@@ -19,17 +21,37 @@ from typing import Any
 import numpy as np
 from crc32c import crc32c as _crc32c
 
-from ..codec.example import (
-    _SMALL_RUN,
-    _decode_few_varints,
-    _decode_varints,
-    _parse_features,
-    _read_len,
-    _read_varint,
-    _scalar_runs,
+from ..codec.messages import parse_features, scalar_runs
+from ..codec.wire import (
+    FIXED32_1,
+    LEN1,
+    LEN2,
+    SMALL_RUN,
+    VARINT1,
+    decode_few_varints,
+    decode_varints,
+    read_len,
+    read_varint,
 )
 from ..errors import CorruptRecordError
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD
+from ._contract import (  # the constants the native twin defines (recordkit/_native.h)
+    KIND_ABSENT,
+    KIND_BYTES,
+    KIND_COMPLEX,
+    KIND_FLOAT,
+    KIND_INT64,
+    KIND_NONE,
+    STATUS_LENGTH_CRC,
+    STATUS_LENGTH_MISMATCH,
+    STATUS_MALFORMED,
+    STATUS_OK,
+    STATUS_OUT_OF_BOUNDS,
+    STATUS_PAYLOAD_CRC,
+    STATUS_TOO_LARGE,
+    STATUS_TRUNCATED,
+    STATUS_UNEXPECTED,
+)
 
 __all__ = [
     "CRC32C_IMPL",
@@ -58,25 +80,6 @@ __all__ = [
 ]
 
 CRC32C_IMPL = "crc32c package"
-
-# Record status codes, in the order recordkit.format.read_record checks them.
-STATUS_OK = 0
-STATUS_OUT_OF_BOUNDS = 1  # offset < 0 or past the end of the buffer
-STATUS_TRUNCATED = 2  # the header, or the record it announces, runs past the end
-STATUS_LENGTH_CRC = 3
-STATUS_TOO_LARGE = 4  # the length field exceeds max_record_bytes
-STATUS_LENGTH_MISMATCH = 5  # the length field disagrees with the index's framed size
-STATUS_PAYLOAD_CRC = 6
-STATUS_MALFORMED = 7  # not a well-formed tf.train.Example
-STATUS_UNEXPECTED = 8  # well-formed, but a span is not what ``expect`` asks for
-
-# Span kinds: spans[i, k, 0].
-KIND_ABSENT = 0
-KIND_BYTES = 1
-KIND_FLOAT = 2
-KIND_INT64 = 3
-KIND_NONE = 4  # the Feature is present with no list set
-KIND_COMPLEX = 0x10  # or-ed in: a numeric list spread over several chunks
 
 _KIND_CODES = {"bytes": KIND_BYTES, "float": KIND_FLOAT, "int64": KIND_INT64}
 _MASK_DELTA = 0xA282EAD8
@@ -243,12 +246,12 @@ def _parse_record(
     entries: dict[str, list[Any]] = {}
     pos = 0
     while pos < end:  # the top level of decode_example
-        tag, pos = _read_varint(payload, pos, end)
-        if tag == 0x0A:
-            size, pos = _read_len(payload, pos, end)
-            _parse_features(payload, pos, pos + size, entries)
+        tag, pos = read_varint(payload, pos, end)
+        if tag == LEN1:  # Example.features
+            size, pos = read_len(payload, pos, end)
+            parse_features(payload, pos, pos + size, entries)
             pos += size
-        elif tag == 0x12:  # a SequenceExample's feature_lists: the reference says so
+        elif tag == LEN2:  # a SequenceExample's feature_lists: the reference says so
             raise CorruptRecordError("SequenceExample")
         else:  # a field the Example does not define: the reference names it
             raise CorruptRecordError("unknown field")
@@ -268,14 +271,14 @@ def _span(payload: memoryview, kind: str | None, runs: list[tuple[int, int]]) ->
     if kind == "bytes":
         return _bytes_span(payload, runs)
     if kind == "float":
-        chunks = _scalar_runs(payload, runs, 0x0A, 0x0D)
+        chunks = scalar_runs(payload, runs, LEN1, FIXED32_1)
         count = 0
         for a, b in chunks:
             if (b - a) & 3:
                 raise CorruptRecordError("packed floats not a multiple of 4 bytes")
             count += (b - a) >> 2
     else:
-        chunks = _scalar_runs(payload, runs, 0x0A, 0x08)
+        chunks = scalar_runs(payload, runs, LEN1, VARINT1)
         count = sum(_count_varints(payload, a, b) for a, b in chunks)
     code = _KIND_CODES[kind] | (KIND_COMPLEX if len(chunks) > 1 else 0)
     if not chunks:
@@ -288,9 +291,9 @@ def _bytes_span(payload: memoryview, runs: list[tuple[int, int]]) -> tuple[int, 
     count = first = nbytes = 0
     for pos, end in runs:
         while pos < end:
-            tag, pos = _read_varint(payload, pos, end)
-            if tag == 0x0A:
-                size, pos = _read_len(payload, pos, end)
+            tag, pos = read_varint(payload, pos, end)
+            if tag == LEN1:
+                size, pos = read_len(payload, pos, end)
                 if not count:
                     first, nbytes = pos, size
                 count += 1
@@ -441,9 +444,9 @@ def _varint_values(raw: np.ndarray, record: int) -> np.ndarray:
     try:
         if raw[-1] > 0x7F:
             raise CorruptRecordError("truncated varint")
-        if raw.size <= _SMALL_RUN:  # the reference's own split between its two decoders
-            return _decode_few_varints(raw.tobytes(), 0)
-        return _decode_varints(raw, 0)
+        if raw.size <= SMALL_RUN:  # the reference's own split between its two decoders
+            return decode_few_varints(raw.tobytes(), 0)
+        return decode_varints(raw, 0)
     except CorruptRecordError:
         raise ValueError(
             f"record {record}: a varint is truncated or longer than 10 bytes"

@@ -36,23 +36,23 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
 
-from ..codec import Bytes, FeatureType, Float32, Int64, Schema, Tensor
+from ..codec import Bytes, Float32, Int64, Schema, Tensor
 from ..codec.limits import DecodeBudget, DecodeLimits
 from ..errors import CorruptRecordError, SchemaError, ShardChangedError
 from ..format import guard
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD, read_record
-from . import _fallback
+from . import _contract, _fallback
+from ._contract import Alloc, FeaturePlan
+from ._contract import allocate as _alloc
 
 __all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch"]
-
-Alloc = Callable[[tuple[int, ...], np.dtype[Any]], np.ndarray]
 
 
 def _load() -> tuple[ModuleType, str]:
@@ -62,6 +62,7 @@ def _load() -> tuple[ModuleType, str]:
         from .. import _native
     except ImportError:  # built without a C compiler: the pure Python twins
         return _fallback, "fallback"
+    _contract.check(_native)  # built from other sources: refused, never half-trusted
     return _native, "native"
 
 
@@ -71,12 +72,6 @@ _impl, IMPLEMENTATION = _load()
 _I64 = np.dtype(np.int64)
 _U8 = np.dtype(np.uint8)
 _F4 = np.dtype("<f4")
-_ANY = -1
-# From this mean framed size up, the largest bytes/float column of a batch is
-# copied by gather_verified, which checks the payload CRC in the same pass over
-# memory: measured here 1.2x faster than a CRC pass and then a copy at 16 KiB
-# records, 1.45x at 256 KiB; about even at 8 KiB, slower below (an extra call).
-_FUSE_MIN_BYTES = 16 << 10
 
 
 @dataclass
@@ -97,24 +92,6 @@ class DecodedBatch:
     bad: list[tuple[int, CorruptRecordError]] = field(default_factory=list)
     n: int = 0
     nbytes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """How one feature is decoded.
-
-    ``mode``: ``"int64"``/``"float"`` (fixed-shape numbers), ``"raw"``/``"zstd"``
-    (fixed-shape tensors), ``"bytes"`` (one value), ``"list"`` (per record).
-    """
-
-    name: str
-    ftype: FeatureType
-    mode: str
-    key: int  # index into the keys passed to parse_batch (fast modes)
-    shape: tuple[int, ...] = ()
-    dtype: np.dtype[Any] = _U8
-    row_bytes: int = 0  # bytes per record ("raw"/"zstd": the exact size of the value)
-    count: int = 0  # elements per record
 
 
 class BatchDecoder:
@@ -175,7 +152,7 @@ class BatchDecoder:
         # What the fast path needs of each fast feature's span: (kind, count, nbytes).
         fast = [p for p in self._plans if p.mode != "list"]
         self._nfast = len(fast)
-        self._expect = np.array([self._expected(p) for p in fast], np.int64).reshape(-1, 3)
+        self._expect = np.array([_contract.expected(p) for p in fast], np.int64).reshape(-1, 3)
         self._list_names = [p.name for p in self._plans if p.mode == "list"]
         self._python_features = any(p.mode in ("list", "zstd") for p in self._plans)
         self._fusable = [
@@ -191,8 +168,8 @@ class BatchDecoder:
                     f"padded bytes feature {name!r}; use bytes_as='list'"
                 )
 
-    def _plan(self) -> tuple[list[_Plan], list[str]]:
-        plans: list[_Plan] = []
+    def _plan(self) -> tuple[list[FeaturePlan], list[str]]:
+        plans: list[FeaturePlan] = []
         fast_keys: list[str] = []
         slow_keys: list[str] = []
         for name in self.columns:
@@ -202,18 +179,18 @@ class BatchDecoder:
             count = math.prod(d for d in shape if d is not None)
             key = len(fast_keys)
             if isinstance(ftype, Int64) and fixed:
-                plan = _Plan(name, ftype, "int64", key, _ints(shape), _I64, 8 * count, count)
+                plan = FeaturePlan(name, ftype, "int64", key, _ints(shape), _I64, 8 * count, count)
             elif isinstance(ftype, Float32) and fixed:
-                plan = _Plan(name, ftype, "float", key, _ints(shape), _F4, 4 * count, count)
+                plan = FeaturePlan(name, ftype, "float", key, _ints(shape), _F4, 4 * count, count)
             elif isinstance(ftype, Tensor) and fixed:
                 dtype = np.dtype(ftype.dtype)
                 mode = "zstd" if ftype.compression else "raw"
                 nbytes = count * dtype.itemsize
-                plan = _Plan(name, ftype, mode, key, _ints(shape), dtype, nbytes, count)
+                plan = FeaturePlan(name, ftype, mode, key, _ints(shape), dtype, nbytes, count)
             elif isinstance(ftype, Bytes) and not shape:
-                plan = _Plan(name, ftype, "bytes", key)
+                plan = FeaturePlan(name, ftype, "bytes", key)
             else:
-                plan = _Plan(name, ftype, "list", -1)
+                plan = FeaturePlan(name, ftype, "list", -1)
                 slow_keys.append(name)
                 if ftype.shape_feature:
                     slow_keys.append(f"{name}/shape")
@@ -221,16 +198,6 @@ class BatchDecoder:
                 fast_keys.append(name)
             plans.append(plan)
         return plans, fast_keys + slow_keys
-
-    @staticmethod
-    def _expected(plan: _Plan) -> tuple[int, int, int]:
-        if plan.mode == "int64":
-            return (_fallback.KIND_INT64, plan.count, _ANY)
-        if plan.mode == "float":
-            return (_fallback.KIND_FLOAT, plan.count, plan.row_bytes)
-        if plan.mode == "raw":
-            return (_fallback.KIND_BYTES, 1, plan.row_bytes)
-        return (_fallback.KIND_BYTES, 1, _ANY)  # "zstd", "bytes"
 
     # ------------------------------------------------------------- whole tasks
 
@@ -250,21 +217,13 @@ class BatchDecoder:
             return None
         if self.bytes_as == "list" and any(p.mode == "bytes" for p in self._plans):
             return None
-        specs = []
-        for plan in self._plans:
-            if plan.mode == "bytes":
-                specs.append((_impl.COL_BYTES, plan.key, 0, 0, True))
-            elif plan.mode == "int64":
-                specs.append((_impl.COL_INT64, plan.key, 0, plan.count, False))
-            else:  # "float", "raw"
-                specs.append((_impl.COL_FIXED, plan.key, plan.row_bytes, 0, True))
         return runner_type(
             self._keys,
             self._expect,
-            tuple(specs),
+            tuple(_contract.column_spec(plan) for plan in self._plans),
             self.verify,
             self.max_record_bytes,
-            _FUSE_MIN_BYTES,
+            _contract.FUSE_MIN_BYTES,
         )
 
     def runner_outputs(
@@ -276,31 +235,13 @@ class BatchDecoder:
         width to allocate: a task whose widest value is wider is left to
         :meth:`decode`.
         """
-        outs: list[np.ndarray] = []
-        widths = iter(bytes_widths)
-        for plan in self._plans:
-            if plan.mode == "bytes":
-                outs.append(_alloc(alloc, (n * next(widths),), _U8))
-                outs.append(_alloc(alloc, (n,), _I64))
-            else:
-                outs.append(_alloc(alloc, (n, *plan.shape), plan.dtype))
-        return tuple(outs)
+        return _contract.task_outputs(self._plans, n, bytes_widths, alloc)
 
     def runner_columns(
         self, outs: Sequence[np.ndarray], widths: Sequence[int], n: int
     ) -> dict[str, Any]:
         """The columns of a finished runner task (as :meth:`decode` gives them)."""
-        columns: dict[str, Any] = {}
-        slot = 0
-        for plan, width in zip(self._plans, widths, strict=True):
-            if plan.mode == "bytes":
-                columns[plan.name] = outs[slot][: n * width].reshape(n, width)
-                columns[plan.name + "/lengths"] = outs[slot + 1]
-                slot += 2
-            else:
-                columns[plan.name] = outs[slot]
-                slot += 1
-        return columns
+        return _contract.task_columns(self._plans, outs, widths, n)
 
     @property
     def bytes_features(self) -> list[str]:
@@ -346,7 +287,11 @@ class BatchDecoder:
                 f"{offsets.shape} and {sizes.shape}"
             )
         nbytes = int(sizes.sum())
-        fuse = self.verify and bool(self._fusable) and nbytes >= len(offsets) * _FUSE_MIN_BYTES
+        fuse = (
+            self.verify
+            and bool(self._fusable)
+            and nbytes >= len(offsets) * _contract.FUSE_MIN_BYTES
+        )
         try:
             if len(offsets):
                 guard.check_size(buf)
@@ -511,7 +456,7 @@ class _Run:
         for i in np.flatnonzero(~fast).tolist():
             self._reference(i)
 
-    def _decompress(self, plan: _Plan, i: int) -> bytes | bytearray:
+    def _decompress(self, plan: FeaturePlan, i: int) -> bytes | bytearray:
         _, _, start, nbytes = self.spans[i, plan.key].tolist()
         return self.budget.decompress(plan.name, self._read(i, start, nbytes), plan.row_bytes)
 
@@ -560,7 +505,7 @@ class _Run:
 
     def _column(
         self,
-        plan: _Plan,
+        plan: FeaturePlan,
         columns: dict[str, Any],
         alloc: Alloc,
         n: int,
@@ -621,7 +566,7 @@ class _Run:
         self.crc_failed = any(status)
 
     def _varints(
-        self, plan: _Plan, out: np.ndarray, sel: np.ndarray, rows: np.ndarray | None
+        self, plan: FeaturePlan, out: np.ndarray, sel: np.ndarray, rows: np.ndarray | None
     ) -> None:
         k = plan.key
         if rows is None or not len(rows):
@@ -641,7 +586,7 @@ class _Run:
             return []
         return [(r, self.slow[int(good[r])][name]) for r in rows.tolist()]
 
-    def _value(self, i: int, plan: _Plan) -> Any:
+    def _value(self, i: int, plan: FeaturePlan) -> Any:
         """One record's value of a per-record ("list", or "bytes" as list) feature."""
         if not self.fast[i]:
             return self.slow[i][plan.name]
@@ -649,15 +594,3 @@ class _Run:
             return self.extra[plan.name][i]
         _, _, start, nbytes = self.spans[i, plan.key].tolist()
         return self._read(i, start, nbytes)
-
-
-def _alloc(alloc: Alloc, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    out = alloc(shape, dtype)
-    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
-        raise ValueError(
-            f"alloc{shape, dtype} returned an array of shape {out.shape} and dtype "
-            f"{out.dtype} (C-contiguous: {out.flags.c_contiguous})"
-        )
-    if not out.flags.writeable:
-        raise ValueError(f"alloc{shape, dtype} returned a read-only array")
-    return out

@@ -72,6 +72,9 @@ class ReadOptions:
     split: str | None = None
     decode_images: bool = False
     sequence_example: bool = False
+    records: slice | str | Sequence[slice | str | None] | None = None
+    weights: Sequence[float] | None = None
+    epoch_records: int | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip", "warn"):

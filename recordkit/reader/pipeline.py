@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -25,6 +25,17 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from ..format.framing import OVERHEAD
+from ._contract import WidthGuess
+from ._tasks import (
+    Columns,
+    Task,
+    concat,
+    groups_by_shard,
+    pieces,
+    take,
+    units_within,
+    units_within_bytes,
+)
 from .buffers import BufferPool
 from .decode import BatchDecoder
 from .plan import EpochPlan, Split
@@ -35,7 +46,6 @@ __all__ = ["Chunk", "OnError", "ReaderStats", "RecordReader"]
 log = logging.getLogger(__name__)
 
 OnError = Literal["raise", "skip", "warn"]
-Columns = dict[str, Any]
 
 
 # Scheduling priority of the runner's threads (see _reader_nice); measured in
@@ -114,22 +124,6 @@ class Chunk:
 
 
 @dataclass
-class _Task:
-    """Whole units of the plan, located: for each row its unit, shard and record."""
-
-    units: range
-    unit_of_row: np.ndarray
-    shard_ids: np.ndarray
-    records: np.ndarray
-    groups: list[tuple[int, np.ndarray]]  # (shard id, its rows in task order), by shard id
-
-    @property
-    def nshards(self) -> int:
-        """Distinct shards: what the task holds mapped while it runs."""
-        return len(self.groups)
-
-
-@dataclass
 class _Prepared:
     """A runner submission (a task, or a piece of one): its shards, records, outputs."""
 
@@ -203,19 +197,13 @@ class RecordReader:
         if native_tasks is None:  # the environment may turn it off (diagnosis, benchmarks)
             native_tasks = os.environ.get("RECORDKIT_NATIVE_TASKS", "").strip() != "0"
         self.native_tasks = native_tasks and decoder.runner() is not None
-        # Row widths to allocate for each padded bytes feature in runner tasks: the
-        # widest value seen so far, with headroom; a wider one sends its task to
-        # the reference path, which is exact, and widens the guess. While every
-        # task has had the same widest value (values of one size, as often), the
-        # guess is that width exactly: the runner then writes rows where they stay
-        # (it closes up rows allocated wider, an extra pass over the column).
-        self._widths: list[int] = [0] * len(decoder.bytes_features)
-        self._same_width: list[bool] = [True] * len(decoder.bytes_features)
+        # Row widths to allocate for each padded bytes feature in runner tasks.
+        self._widths = WidthGuess(decoder.bytes_features)
         self.native_fallbacks = 0  # runner tasks decoded the reference way instead
 
     # -- one task, on a reader thread ------------------------------------------------
 
-    def _decode_task(self, task: _Task) -> _Done:
+    def _decode_task(self, task: Task) -> _Done:
         t0 = time.perf_counter()
         shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
         groups = task.groups  # a shuffled task reads each shard's records in one call
@@ -244,17 +232,17 @@ class RecordReader:
             if batch.n:
                 parts.append((batch.columns, batch.n))
                 rows_of_parts.append(rows[ok])
-        columns, n = _concat(parts, self.pool.alloc) if parts else ({}, 0)
+        columns, n = concat(parts, self.pool.alloc) if parts else ({}, 0)
         if len(parts) > 1:  # back from shard order to the task's order
             where = np.concatenate(rows_of_parts)
             if (np.diff(where) < 0).any():
-                columns = _take(columns, np.argsort(where, kind="stable"))
+                columns = take(columns, np.argsort(where, kind="stable"))
         chunk = Chunk(unit_of_row[kept], columns, n, shard_ids[kept], records[kept])
         return _Done(chunk, nbytes, skipped, time.perf_counter() - t0)
 
     # -- the consumer side -------------------------------------------------------------
 
-    def _tasks(self, plan: EpochPlan, split: Split, units: range) -> Iterator[_Task]:
+    def _tasks(self, plan: EpochPlan, split: Split, units: range) -> Iterator[Task]:
         """The units in tasks of about ``task_records`` / ``task_bytes``, located.
 
         A task also touches at most half the map budget's shards where whole units
@@ -273,20 +261,20 @@ class RecordReader:
                 plan, split, range(first, min(first + per_task * step, units.stop), step)
             )
             if task.nshards > cap and len(task.units) > 1:
-                task = self._locate(plan, split, task.units[: _units_within(task, cap)])
+                task = self._locate(plan, split, task.units[: units_within(task, cap)])
             if limit and len(task.units) > 1:  # a cache holds what a task touches at once
-                k = _units_within_bytes(task, limit, self.shards.nbytes)
+                k = units_within_bytes(task, limit, self.shards.nbytes)
                 if k < len(task.units):
                     task = self._locate(plan, split, task.units[:k])
             yield task
             first = task.units.stop
 
     @staticmethod
-    def _locate(plan: EpochPlan, split: Split, units: range) -> _Task:
+    def _locate(plan: EpochPlan, split: Split, units: range) -> Task:
         positions, lengths = plan.unit_positions(split, units)
         shard_ids, records = plan.resolve(positions)
         unit_of_row = np.repeat(np.asarray(units, dtype=np.int64), lengths)
-        return _Task(units, unit_of_row, shard_ids, records, _groups(shard_ids))
+        return Task(units, unit_of_row, shard_ids, records, groups_by_shard(shard_ids))
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order (chunks with no rows included).
@@ -297,7 +285,7 @@ class RecordReader:
             return self._read_native(plan, split, units)
         return self._read_python(plan, split, units)
 
-    def _prepare(self, task: _Task, rows: np.ndarray | None) -> _Prepared:
+    def _prepare(self, task: Task, rows: np.ndarray | None) -> _Prepared:
         """Map a piece's shards (held until it is done) and allocate its outputs.
 
         ``rows``: the task's rows this piece decodes (``None``: all, in order).
@@ -305,9 +293,9 @@ class RecordReader:
         shard_ids, records, groups = task.shard_ids, task.records, task.groups
         if rows is not None:
             shard_ids, records = shard_ids[rows], records[rows]
-            groups = _groups(shard_ids)
+            groups = groups_by_shard(shard_ids)
         n = len(records)
-        rec = np.empty((n, 3), dtype=np.int64)
+        rec = np.empty((n, 3), dtype=np.int64)  # the runner's record table (see _contract)
         held: list[MappedShard] = []  # released once the runner is done with the piece
         try:
             for slot, (sid, at) in enumerate(groups):
@@ -319,15 +307,7 @@ class RecordReader:
             self._release(held)
             raise
         widest = int(rec[:, 2].max()) - OVERHEAD if n else 0  # the longest payload
-        widths = []
-        for seen, same in zip(self._widths, self._same_width, strict=True):
-            if not seen:
-                guess = widest
-            elif same:
-                guess = min(widest, seen)
-            else:
-                guess = min(widest, seen + (seen >> 2) + 64)
-            widths.append(max(guess, 0))
+        widths = self._widths.widths(widest)
         outs = self.decoder.runner_outputs(n, widths, self.pool.alloc)
         bufs = tuple(shard.buf for shard in held)
         return _Prepared(bufs, tuple(held), rec, outs, rows, n, int(rec[:, 2].sum()))
@@ -365,9 +345,9 @@ class RecordReader:
         # A task whose units touch more shards than half the map budget goes to the
         # runner in pieces of at most that many shards, joined when the last is done.
         cap = max(1, self.shards.max_open // 2)
-        jobs = ((task, rows) for task in tasks for rows in _pieces(task, cap))
-        pending: deque[tuple[_Task, _Prepared, int]] = deque()
-        upcoming: list[tuple[_Task, np.ndarray | None] | None] = [next(jobs, None)]
+        jobs = ((task, rows) for task in tasks for rows in pieces(task, cap))
+        pending: deque[tuple[Task, _Prepared, int]] = deque()
+        upcoming: list[tuple[Task, np.ndarray | None] | None] = [next(jobs, None)]
 
         # Slow start: one task in flight before the first chunk, one more after each,
         # up to `prefetch`: the first batch waits for one task's preparation (index
@@ -423,13 +403,7 @@ class RecordReader:
                     continue  # more pieces of this task to come
                 done = self._join(task, done_parts)
                 done_parts = []
-                for k, name in enumerate(self.decoder.bytes_features):
-                    col = done.chunk.columns.get(name)  # absent when every record was skipped
-                    if col is not None:
-                        seen, width = self._widths[k], col.shape[1]
-                        if seen and width != seen:
-                            self._same_width[k] = False
-                        self._widths[k] = max(seen, width)
+                self._widths.observe(done.chunk.columns)
                 self._account(done, waited)
                 waited = 0.0
                 yield done.chunk
@@ -443,7 +417,7 @@ class RecordReader:
             for _, prep, _ in pending:
                 self._release(prep.held)
 
-    def _join(self, task: _Task, parts: list[tuple[_Prepared, bool, Any, float]]) -> _Done:
+    def _join(self, task: Task, parts: list[tuple[_Prepared, bool, Any, float]]) -> _Done:
         """A task's chunk from its runner pieces (or the reference path if one refused)."""
         seconds = sum(s for _, _, _, s in parts)
         nbytes = sum(p.nbytes for p, _, _, _ in parts)
@@ -454,9 +428,9 @@ class RecordReader:
         if len(parts) == 1 and parts[0][0].rows is None:
             columns = cols[0][0]
         else:  # pieces are grouped by shard: back to the task's order
-            columns, _ = _concat(cols, self.pool.alloc)
+            columns, _ = concat(cols, self.pool.alloc)
             where = np.concatenate([p.rows for p, _, _, _ in parts if p.rows is not None])
-            columns = _take(columns, np.argsort(where, kind="stable"))
+            columns = take(columns, np.argsort(where, kind="stable"))
         chunk = Chunk(task.unit_of_row, columns, len(task.records), task.shard_ids, task.records)
         return _Done(chunk, nbytes, [], seconds)
 
@@ -467,7 +441,7 @@ class RecordReader:
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
         pending: deque[Future[_Done]] = deque()
 
-        upcoming: list[_Task | None] = [None]
+        upcoming: list[Task | None] = [None]
         depth = [1]  # slow start, as _read_native
 
         def refill(wait: bool) -> None:
@@ -501,7 +475,7 @@ class RecordReader:
                 future.cancel()
             executor.shutdown(wait=True, cancel_futures=True)
 
-    def _arrived(self, task: _Task, rows: np.ndarray | None, *, waiting: bool) -> bool:
+    def _arrived(self, task: Task, rows: np.ndarray | None, *, waiting: bool) -> bool:
         """Whether a task's shards can be mapped now (a cache may still be fetching
         them); with ``waiting`` (nothing else to hand out), wait until they can."""
         ids = task.shard_ids if rows is None else task.shard_ids[rows]
@@ -530,67 +504,6 @@ class RecordReader:
                 log.debug("skipped corrupt record: %s", err)
 
 
-def _units_within(task: _Task, cap: int) -> int:
-    """How many of a task's leading units touch at most ``cap`` distinct shards (>= 1)."""
-    _, first_rows = np.unique(task.shard_ids, return_index=True)
-    over = int(np.sort(first_rows)[cap])  # the first row of the (cap + 1)-th shard
-    units_before = int(task.unit_of_row[over]) - task.units.start
-    return max(1, units_before // task.units.step)
-
-
-def _units_within_bytes(task: _Task, limit: int, nbytes: np.ndarray) -> int:
-    """How many of a task's leading units touch shards of at most ``limit`` bytes (>= 1)."""
-    ids, first_rows = np.unique(task.shard_ids, return_index=True)
-    order = np.argsort(first_rows)
-    total = np.cumsum(nbytes[ids[order]])
-    over = np.flatnonzero(total > limit)
-    if not len(over):
-        return len(task.units)
-    row = int(first_rows[order[over[0]]])  # the first row of the shard that passes the limit
-    units_before = int(task.unit_of_row[row]) - task.units.start
-    return max(1, units_before // task.units.step)
-
-
-def _pieces(task: _Task, cap: int) -> list[np.ndarray | None]:
-    """A task's rows in pieces that each touch at most ``cap`` shards (``[None]``: one)."""
-    if task.nshards <= cap:
-        return [None]
-    groups = task.groups
-    return [
-        np.concatenate([rows for _, rows in groups[k : k + cap]])
-        for k in range(0, len(groups), cap)
-    ]
-
-
-def _groups(shard_ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """A task's rows grouped by shard: ``(shard id, rows in task order)``, by shard id."""
-    if not len(shard_ids):
-        return []
-    if (np.diff(shard_ids) >= 0).all():  # unshuffled: runs already in order
-        order = np.arange(len(shard_ids))
-        ids = shard_ids
-    else:
-        # A stable sort; ids that fit 16 bits take NumPy's radix sort (linear).
-        keys = shard_ids.astype(np.uint16) if shard_ids.max() < 1 << 16 else shard_ids
-        order = np.argsort(keys, kind="stable")
-        ids = shard_ids[order]
-    edges = (np.flatnonzero(np.diff(ids)) + 1).tolist()
-    return [
-        (int(ids[lo]), order[lo:hi]) for lo, hi in zip([0, *edges], [*edges, len(ids)], strict=True)
-    ]
-
-
-def _take(columns: Columns, index: np.ndarray) -> Columns:
-    """Columns with their rows reordered by ``index``."""
-    out: Columns = {}
-    for key, value in columns.items():
-        if isinstance(value, np.ndarray):
-            out[key] = value[index]
-        else:
-            out[key] = [value[i] for i in index.tolist()]
-    return out
-
-
 def _reader_nice() -> int:
     """How much the runner's threads lower their scheduling priority (``nice``).
 
@@ -614,32 +527,3 @@ def _reader_nice() -> int:
     if not 0 <= nice <= 19:
         raise ValueError(f"RECORDKIT_READER_NICE must be an integer 0..19, got {value!r}")
     return nice
-
-
-def _concat(
-    parts: list[tuple[Columns, int]], alloc: Callable[[tuple[int, ...], Any], np.ndarray]
-) -> tuple[Columns, int]:
-    """Join the per-shard pieces of one batch (most batches have one piece)."""
-    if len(parts) == 1:
-        return parts[0]
-    rows = sum(n for _, n in parts)
-    out: Columns = {}
-    for key, first in parts[0][0].items():
-        pieces = [cols[key] for cols, _ in parts]
-        if isinstance(first, np.ndarray):
-            if first.ndim == 2 and any(p.shape[1] != first.shape[1] for p in pieces):
-                # padded bytes of different widths: pad to the widest, with zeros
-                width = max(p.shape[1] for p in pieces)
-                joined = alloc((rows, width), first.dtype)
-                row = 0
-                for p in pieces:
-                    joined[row : row + len(p), : p.shape[1]] = p
-                    joined[row : row + len(p), p.shape[1] :] = 0
-                    row += len(p)
-            else:
-                joined = alloc((rows, *first.shape[1:]), first.dtype)
-                np.concatenate(pieces, out=joined)
-            out[key] = joined
-        else:
-            out[key] = [v for p in pieces for v in p]
-    return out, rows

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import order as _order
+from .mix import Mix, Mixer
 from .order import Permutation, mix64
 
 __all__ = ["EpochPlan", "PlanOptions", "Split"]
@@ -94,6 +95,9 @@ class PlanOptions:
             at most this many shard bytes (see the module docs); 0 (default): one
             window over the whole dataset, the order of a local read. The shard
             cache sets it from its budget when the dataset does not fit.
+        mix: what the epoch is made of when it is not every record of the shard
+            set once: record ranges and weights over several sources
+            (:class:`~recordkit.reader.mix.Mix`); ``None``: every record once.
     """
 
     shuffle: bool = False
@@ -103,6 +107,7 @@ class PlanOptions:
     batch_size: int | None = None
     drop_last: bool = False
     shard_window_bytes: int = 0
+    mix: Mix | None = None
 
     def __post_init__(self) -> None:
         if self.block_records < 0:
@@ -115,6 +120,8 @@ class PlanOptions:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if self.shard_window_bytes < 0:
             raise ValueError(f"shard_window_bytes must be >= 0, got {self.shard_window_bytes}")
+        if self.mix is not None and self.mix.weighted and self.shard_window_bytes:
+            raise ValueError("weighted mixing does not read in shard windows (a shard cache)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +164,10 @@ class EpochPlan:
         self.options = options
         self.epoch = epoch
         counts = np.asarray(counts, dtype=np.int64)
+        # record ranges: the plan sees only the selected records (from _first[shard] on)
+        self._first: np.ndarray | None = None
+        if options.mix is not None:
+            counts, self._first = options.mix.effective(counts)
         self.starts = np.concatenate(([0], np.cumsum(counts)))  # first record of each shard
         self.total = int(self.starts[-1])
         b = options.block_records or _auto_block(avg_record_bytes)
@@ -173,6 +184,18 @@ class EpochPlan:
                 raise ValueError("shard windows (shard_window_bytes) need the shards' bytes")
             self._groups = _ShardWindows(counts, np.asarray(shard_bytes), options, key, b)
             self._blocks = None  # each group orders its own blocks
+        self._mixer: Mixer | None = None
+        if options.mix is not None and options.mix.weighted:
+            self._mixer = Mixer(
+                options.mix,
+                counts,
+                options,
+                epoch,
+                b,
+                lambda c, o: EpochPlan(c, o, 0, avg_record_bytes=avg_record_bytes),
+            )
+            self.total = self._mixer.total  # positions of the epoch, not records of the set
+            self._full, self._blocks = 0, None
 
     # -- the global order ----------------------------------------------------------------
 
@@ -197,6 +220,8 @@ class EpochPlan:
     def order(self, positions: np.ndarray) -> np.ndarray:
         """The global record numbers (dataset order) at epoch ``positions``."""
         g = np.asarray(positions, dtype=np.int64)
+        if self._mixer is not None:
+            return self._mixer.order(g)
         if self._groups is not None:
             return self._groups.order(g, self.starts)
         if self._blocks is None:
@@ -256,6 +281,8 @@ class EpochPlan:
             raise IndexError(f"positions out of range for an epoch of {self.total} records")
         rec = self.order(positions)
         shard = np.searchsorted(self.starts, rec, side="right") - 1
+        if self._first is not None:  # record ranges: counted from the first selected
+            return shard, rec - self.starts[shard] + self._first[shard]
         return shard, rec - self.starts[shard]
 
     # -- splitting -----------------------------------------------------------------------
@@ -332,7 +359,9 @@ class EpochPlan:
             return first, last
         counts = np.diff(self.starts)
         has = counts > 0
-        if self._groups is not None:
+        if self._mixer is not None:  # weighted: any unit may read any shard it draws from
+            first[has], last[has] = 0, units - 1
+        elif self._groups is not None:
             lo, hi = self._groups.shard_spans()
             read = lo // glob < units  # else only the tail that drop_last drops
             first[read] = lo[read] // glob

@@ -157,6 +157,7 @@ RESUME_KEYS: tuple[str, ...] = (
     "window_blocks",
     "drop_last",
     "global_batch",
+    "mix",
 )
 
 
@@ -198,6 +199,9 @@ def saved_state(
         "world_size": world_size,
         # the order depends on the global batch, not on how many ranks share it
         "global_batch": (options.batch_size or 1) * world_size,
+        # record ranges and weights (None: every record once); a state saved without
+        # them reads as None
+        "mix": None if options.mix is None else options.mix.state(),
         "shards": fingerprint,
         # with a cache the shard set changes per epoch: a resume takes these again
         "shard_paths": shard_paths,
@@ -218,9 +222,9 @@ def check_state(state: dict[str, Any], mine: dict[str, Any], keys: tuple[str, ..
             f"{STATE_VERSION}; an older version's epoch order differs)"
         )
     for key in keys:
-        if state[key] != mine[key]:
+        if state.get(key) != mine.get(key):
             raise ValueError(
-                f"cannot resume: {key} was {state[key]!r} when saved, is {mine[key]!r} now"
+                f"cannot resume: {key} was {state.get(key)!r} when saved, is {mine.get(key)!r} now"
             )
 
 

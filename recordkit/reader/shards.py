@@ -248,7 +248,7 @@ class ShardSet:
                     self.root,
                     self.infos[i],
                     write_index=self.write_index,
-                    listed=self.manifest is not None,
+                    listed=self._listed(i),
                     counted_by=self.counted_by,
                 )
                 self._open[i] = shard
@@ -258,6 +258,10 @@ class ShardSet:
             shard.pins += 1
             self._trim()
             return shard
+
+    def _listed(self, i: int) -> bool:
+        """Whether shard ``i`` is a manifest's (ours), not a foreign file."""
+        return self.manifest is not None
 
     def ready(self, ids: Sequence[int] | np.ndarray) -> bool:
         """Whether shards ``ids`` can be mapped without waiting for a gate."""

@@ -28,7 +28,7 @@ def test_fill_status_gc(remote, tmp_path, capsys):
     budget = 40 * 1024 + overhead(remote)
     assert main(["cache", "fill", str(remote), str(local), "--max-bytes", str(budget)]) == 0
     err = capsys.readouterr().err
-    assert "of 6 shard(s) cached" in err
+    assert "of 6 shards cached" in err
     n = len(visible_shards(local))
     assert 1 <= n < 6 and disk_bytes(local) <= budget
 
@@ -69,5 +69,5 @@ def test_fill_from_the_console_script(remote, tmp_path):
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert "6 of 6 shard(s) cached" in out.stderr
+    assert "6 of 6 shards cached" in out.stderr
     assert len(visible_shards(tmp_path / "c")) == 6

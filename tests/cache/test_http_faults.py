@@ -113,7 +113,7 @@ def test_index_503s_are_retried_and_missing_indexes_mean_a_checked_scan(www, tmp
     with http_server(www) as http:
         local = tmp_path / "c2"
         assert main(["cache", "fill", http.url + "/ds", str(local), "--max-bytes", "10MiB"]) == 0
-        assert "8 of 8 shard(s) cached" in capsys.readouterr().err
+        assert "8 of 8 shards cached" in capsys.readouterr().err
         assert_intact(local, www / "ds")  # every index rebuilt by a CRC-checked scan
         # the same remote, read by a training loop through a cache of its own
         from recordkit.torch import RecordDataset
@@ -298,7 +298,7 @@ def test_cache_fill_exit_status_says_whether_the_budget_was_filled(
         http.fault_next(1, "swap", path_prefix="/ds/part-00005.tfrecord")
         assert main(["cache", "fill", url, str(tmp_path / "a"), "--max-bytes", "10MiB"]) == 0
         err = capsys.readouterr().err
-        assert "8 of 8 shard(s) cached" in err and "2 failed download(s) were retried" in err
+        assert "8 of 8 shards cached" in err and "2 failed downloads were retried" in err
         # a budget for three shards, reached after a retried failure: filled, so 0
         budget = 3 * max(os.path.getsize(www / "ds" / n) + 400 for n in visible_shards(www / "ds"))
         budget += overhead(www / "ds")
@@ -318,9 +318,9 @@ def test_cache_fill_exit_status_says_whether_the_budget_was_filled(
             == 1
         )
         err = capsys.readouterr().err
-        assert "7 of 8 shard(s) cached" in err
+        assert "7 of 8 shards cached" in err
         assert "error: part-00006.tfrecord:" in err and "CRC32C" in err
-        assert "1 shard(s) could not be fetched" in err
+        assert "1 shard could not be fetched" in err
         gets = [r for r in http.requests if r[1] == "/ds/part-00006.tfrecord"]
         assert len(gets) == RetryPolicy().shard_attempts  # tried again after each cooldown
 

@@ -516,7 +516,7 @@ def test_cli_fill_and_status(tmp_path, capsys):
     args = ["cache", "fill", src, str(local), "--max-bytes", str(budget), "--format", "jsonl"]
     assert main([*args, "--shard-size", "16KiB", "--workers", "1"]) == 0
     err = capsys.readouterr().err
-    assert "of 6 partition(s) converted and cached" in err
+    assert "of 6 partitions converted and cached" in err
     n = len(visible_shards(local))
     assert 1 <= n < 6 and disk_bytes(local) <= budget and temp_files(local) == []
 

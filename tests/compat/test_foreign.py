@@ -496,6 +496,8 @@ def test_sequence_example_record_dataset(tf: ModuleType, tmp_path: Path):
         path, sequence_example=True, batch_size=4, transform=records, transform_threads=2
     )
     assert [pair for batch in located for pair in batch] == [(i, i) for i in range(11)]
+    ranged = RecordDataset(path, sequence_example=True, records="[3:8]", shuffle=True)
+    assert sorted(int(s["context"]["id"][0]) for s in ranged) == list(range(3, 8))
     shuffled = list(RecordDataset(path, sequence_example=True, shuffle=True, seed=3))
     ids = sorted(int(s["context"]["id"][0]) for s in shuffled)
     assert ids == list(range(11))

@@ -348,3 +348,24 @@ def test_tf_dataset_of_a_tfds_folder_refuses_named_images(prepared: tuple[Any, P
 def _tfds_as_tf(tfds: ModuleType, builder: Any) -> list[dict[str, Any]]:
     ds = builder.as_dataset(split="train", shuffle_files=False)
     return list(tfds.as_numpy(ds))
+
+
+@pytest.mark.parametrize("spec", ["train[:50%]", "train[-5:]", "train[10%:40%]", "test[1:3]"])
+def test_split_ranges_equal_tfds(tfds: ModuleType, prepared: tuple[Any, Path], spec: str) -> None:
+    """records="train[:50%]" (and split="train[:50%]") read the records tfds's split
+    string reads, percents rounded as tfds rounds them."""
+    pytest.importorskip("torch")
+    from recordkit import tf as rktf
+    from recordkit.torch import RecordDataset
+
+    builder, root = prepared
+
+    def text(v: Any) -> str:
+        return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+    theirs = [text(t["text"]) for t in _tfds_values(tfds, builder, spec, decode=False)]
+    assert theirs  # the range is not empty
+    ours = [text(s["text"]) for s in RecordDataset(root, records=spec, columns=["text"])]
+    assert ours == theirs
+    tf_ours = rktf.dataset(root, split=spec, columns=["text"]).as_numpy_iterator()
+    assert [text(s["text"]) for s in tf_ours] == theirs

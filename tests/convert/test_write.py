@@ -269,7 +269,7 @@ def test_cli_inputs_progress_and_errors(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "wrote 3 records from 3 inputs" in out.stderr
-    assert "3/3 items (100%)" in out.stderr and "ETA" in out.stderr  # log lines: not a tty
+    assert "3/3 inputs (100%)" in out.stderr and "ETA" in out.stderr  # log lines: not a tty
     assert [(bytes(s["s"]), int(s["n"])) for s in rk.Dataset(tmp_path / "w")] == [
         (b"a", 1), (b"bb", 2), (b"ccc", 3)
     ]  # fmt: skip

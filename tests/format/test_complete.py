@@ -70,7 +70,7 @@ def test_other_file_systems_through_read_and_listdir(tmp_path):
     assert found is not None and found.writer == "writer" and found.published == 1
     assert found.message().startswith(
         "gs://b/ds: a Writer did not finish here; it stopped on record 7: OSError: gone "
-        "(1 shard(s) published, no manifest)"
+        "(1 shard published, no manifest)"
     )
 
 

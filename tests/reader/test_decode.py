@@ -33,7 +33,7 @@ from recordkit.codec import Bytes, Float32, Int64, Schema, Tensor, decode_exampl
 from recordkit.errors import CorruptRecordError, SchemaError, UnknownFieldError
 from recordkit.format import crc32c as reference_crc32c
 from recordkit.format import frame, iter_records, read_record
-from recordkit.reader import _fallback, decode
+from recordkit.reader import _contract, _fallback, decode
 from recordkit.reader.decode import BatchDecoder
 
 try:
@@ -67,7 +67,7 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Mod
 def fuse(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Also run with every record taking the fused CRC + copy path (gather_verified)."""
     if request.param == "fused":
-        monkeypatch.setattr(decode, "_FUSE_MIN_BYTES", 0)
+        monkeypatch.setattr(_contract, "FUSE_MIN_BYTES", 0)
     return str(request.param)
 
 

@@ -42,7 +42,7 @@ def test_writer_that_raises_is_refused_by_every_reader(tmp_path, capsys, caplog)
     assert_refused_everywhere(path, says, capsys)
     found = find_incomplete(path)
     assert found is not None and found.published == 4 and found.total is None
-    assert "4 shard(s) published" in found.message() and "_Boom" in found.message()
+    assert "4 shards published" in found.message() and "_Boom" in found.message()
     assert_partial_reads(path, 400, "an unfinished Writer", caplog)
 
 
@@ -74,7 +74,7 @@ def test_sigkilled_writer_is_refused(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], timeout=60, capture_output=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    with pytest.raises(IncompleteDatasetError, match=r"3 shard\(s\) published, no manifest"):
+    with pytest.raises(IncompleteDatasetError, match=r"3 shards published, no manifest"):
         rk.Dataset(path)
     assert len(rk.Dataset(path, partial=True)) == 30
 
