@@ -73,10 +73,16 @@ def planned(
         n = tf.shape(records, out_type=tf.int64)[0]  # each record's place: epoch, task, row
         return records, tf.fill([n], e), tf.fill([n], t), tf.range(n)
 
+    def announced(e: Any, t: Any) -> Any:
+        t = tf.numpy_function(tasks.announce, [e, t], tf.int64, stateful=False)
+        t.set_shape([])
+        return t
+
     def one_epoch(e: Any) -> Any:
-        ds = tf.data.Dataset.range(tasks.tasks).map(
-            lambda t: read(e, t), num_parallel_calls=autotune, deterministic=True
-        )
+        ds = tf.data.Dataset.range(tasks.tasks)
+        if tasks.feed is not None:  # in stream order: where a pass starts (whole epochs)
+            ds = ds.map(lambda t: announced(e, t))
+        ds = ds.map(lambda t: read(e, t), num_parallel_calls=autotune, deterministic=True)
         if fast:
             # tasks are whole units: only an epoch's last batch can be short
             return ds.rebatch(batch_size) if batch_size is not None else ds
