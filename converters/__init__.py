@@ -15,9 +15,8 @@ import the class by its module path, so it must be importable there).
 
 from __future__ import annotations
 
-import difflib
-import importlib
-from importlib import metadata
+from recordkit.convert import sources as _sources
+from recordkit.convert.sources import ENTRY_POINT_GROUP, available
 
 from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
 
@@ -33,39 +32,16 @@ __all__ = [
     "source_errors",
 ]
 
-ENTRY_POINT_GROUP = "recordkit.converters"
-
-# Built-ins resolve without package metadata (a source checkout that was never
-# installed); pyproject.toml declares the same names in the entry-point group.
-_BUILTIN = {
-    "arrayrecord": "recordkit.converters.arrayrecord:ArrayRecordSource",
-    "csv": "recordkit.converters.csv:CsvSource",
-    "hf": "recordkit.converters.hf:HFDatasetSource",
-    "imagefolder": "recordkit.converters.imagefolder:ImageFolderSource",
-    "jsonl": "recordkit.converters.jsonl:JsonlSource",
-    "mds": "recordkit.converters.mds:MDSSource",
-    "numpy": "recordkit.converters.numpy:NumpySource",
-    "parquet": "recordkit.converters.parquet:ParquetSource",
-    "tfrecord": "recordkit.converters.tfrecord:TFRecordSource",
-    "webdataset": "recordkit.converters.webdataset:WebDatasetSource",
-}
-_registered: dict[str, type[Source]] = {}
-
-
-def _entry_points() -> dict[str, str]:
-    return {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def available() -> list[str]:
-    """The names of every converter: built-in, from entry points, and registered."""
-    return sorted({*_BUILTIN, *_entry_points(), *_registered})
+# The registry lives in ``recordkit.convert.sources`` (convert() looks sources up there
+# by name, without importing this package); these are its public faces.
+_registered = _sources.registered
 
 
 def register(name: str, cls: type[Source]) -> None:
     """Make ``cls`` available as ``name`` in this process (overrides other sources)."""
     if not (isinstance(cls, type) and issubclass(cls, Source)):
         raise TypeError(f"register({name!r}, ...): expected a Source subclass, got {cls!r}")
-    _registered[name] = cls
+    _sources.register(name, cls)
 
 
 def get(name: str) -> type[Source]:
@@ -74,16 +50,7 @@ def get(name: str) -> type[Source]:
     Raises:
         ValueError: no converter has that name (the message lists those that do).
     """
-    if name in _registered:
-        return _registered[name]
-    target = _BUILTIN.get(name) or _entry_points().get(name)
-    if target is None:
-        names = available()
-        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(f"no converter named {name!r}{hint}; available: {', '.join(names)}")
-    module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    if not (isinstance(cls, type) and issubclass(cls, Source)):
-        raise TypeError(f"converter {name!r} ({target}) is not a Source subclass")
+    cls = _sources.get(name)
+    if not issubclass(cls, Source):
+        raise TypeError(f"converter {name!r} is not a Source subclass")
     return cls

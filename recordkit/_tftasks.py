@@ -130,6 +130,16 @@ class PlanTasks:
         positions, _ = plan.unit_positions(self.split, units)
         return plan.resolve(positions)
 
+    def announce(self, epoch: Any, task: Any) -> Any:
+        """Task ``task`` of ``epoch`` comes next in the stream: returns ``task``.
+
+        Called in stream order (a sequential stage before the parallel reads), so
+        that a feed knows where an epoch's pass starts; without a feed, nothing.
+        """
+        if self.feed is not None:
+            self.feed.announce(int(epoch), int(task))
+        return np.int64(int(task))
+
     def read(self, epoch: Any, task: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A task's payloads: ``(buffer, starts, lengths)``.
 

@@ -7,12 +7,11 @@ Imported only by :mod:`recordkit.torch` (it imports torch).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-if TYPE_CHECKING:
-    from .torch import RecordDataset
+from ._torch_state import Positioned
 
 __all__ = ["DataLoader"]
 
@@ -30,11 +29,11 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
     """
 
     def __init__(
-        self, dataset: RecordDataset, *, batch_size: int | None = None, **kwargs: Any
+        self, dataset: Positioned, *, batch_size: int | None = None, **kwargs: Any
     ) -> None:
-        from .torch import RecordDataset  # the module that exports this class
-
-        if not isinstance(dataset, RecordDataset):
+        # recordkit.torch.RecordDataset is the one Positioned reader (this module sits
+        # below recordkit.torch, which exports both classes)
+        if not isinstance(dataset, Positioned):
             raise TypeError("recordkit.torch.DataLoader takes a recordkit.torch.RecordDataset")
         if batch_size is not None:
             raise ValueError(

@@ -269,15 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_head)
 
-    from .convert._cli import add_parser as add_convert  # stdlib-only module
+    from .convert.cli import add_parser as add_convert  # stdlib-only module
 
     add_convert(sub)
 
-    from .convert._write_cli import add_parser as add_write  # stdlib-only module
+    from .convert.write_cli import add_parser as add_write  # stdlib-only module
 
     add_write(sub)
 
-    from .cache._cli import add_parser as add_cache
+    from .cache.cli import add_parser as add_cache
 
     add_cache(sub)
     for depth, each in _walk(parser):

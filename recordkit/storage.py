@@ -23,7 +23,7 @@ import tempfile
 from typing import Any, Protocol
 
 from ._deps import require
-from .format._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir, temp_name
+from .format import TMP_MARKER, atomic_write_bytes, fsync_dir, temp_name
 from .retry import DEFAULT_POLICY, RetryPolicy, classify
 
 __all__ = ["DirectoryTarget", "Location", "is_remote", "open_target", "strip_file_scheme"]

@@ -27,63 +27,56 @@ a plain ``DataLoader`` collates fixed-shape features and ``Bytes()`` (as a list)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
 from ._deps import require
 
 torch = require("torch", extra="torch")
 
-from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
+from torch.utils.data import get_worker_info  # noqa: E402
 
 from ._devcopy import can_pin as _can_pin  # noqa: E402
 from ._devcopy import pinned_slab as _pinned_slab  # noqa: E402
 from ._origins import Origins, ordered_map  # noqa: E402
 from ._torch_collate import chunk_batches, chunk_samples, chunk_sequences, collate  # noqa: E402
+from ._torch_dist import cpus  # noqa: E402
 from ._torch_images import DecodeImages  # noqa: E402
 from ._torch_loader import DataLoader  # noqa: E402
 from ._torch_map import RecordMapDataset  # noqa: E402
+from ._torch_state import Positioned  # noqa: E402
 from .codec.limits import DecodeLimits  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
 from .reader.buffers import BufferPool  # noqa: E402
 from .reader.decode import BatchDecoder  # noqa: E402
-from .reader.epochs import CacheEpochs, WholeEpochs, open_cache  # noqa: E402
-from .reader.local import OPEN_LOCK as _OPEN_LOCK  # noqa: E402
-from .reader.local import ProcessLocalShards  # noqa: E402
-from .reader.mix import make_mix, open_sources, refuse_cache, sources  # noqa: E402
+from .reader.mix import make_mix, refuse_cache, sources  # noqa: E402
+from .reader.options import CacheOptions, ReadOptions, accepts_options, merge_options  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
-from .reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
+from .reader.plan import PlanOptions, Split  # noqa: E402
 from .reader.position import (  # noqa: E402
-    RESUME_KEYS,
     EpochCell,
     Pass,
     WorkerPosition,
-    check_state,
-    check_worker,
     pass_key,
-    saved_state,
 )
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
 from .reader.select import take_split  # noqa: E402
 from .reader.sequence import SequenceBatchDecoder, read_whole  # noqa: E402
-from .reader.shards import ShardSet  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
 
 if TYPE_CHECKING:
     from .cache import ShardCache
 
 __all__ = [
+    "CacheOptions",
     "DataLoader",
     "DecodeImages",
     "DevicePrefetcher",
+    "ReadOptions",
     "RecordDataset",
     "RecordMapDataset",
     "collate",
@@ -92,48 +85,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _smallest(value: int) -> int:
-    """The smallest of every ``torch.distributed`` rank's ``value`` (or ``value`` alone)."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
-
-
-def _common_shards(paths: list[str]) -> set[str]:
-    """The shards every ``torch.distributed`` rank has (each rank's cache differs).
-
-    Exchanged as JSON bytes in uint8 tensors (no pickling), so every rank plans
-    the epoch over the same shard set.
-    """
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return set(paths)
-    data = torch.frombuffer(bytearray(json.dumps(sorted(paths)).encode()), dtype=torch.uint8)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
-    width = int(max(int(x) for x in sizes))
-    padded = torch.zeros(width, dtype=torch.uint8)
-    padded[: len(data)] = data
-    gathered = [torch.zeros(width, dtype=torch.uint8) for _ in sizes]
-    dist.all_gather(gathered, padded)
-    common = set(paths)
-    for g, n in zip(gathered, sizes):
-        common &= set(json.loads(bytes(g[: int(n)].tolist()).decode()))
-    return common
-
-
-class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-arg]
+class RecordDataset(Positioned):
     """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
+
+    Every setting below but the path is a keyword, or, whole, a field of
+    ``options=`` (:class:`ReadOptions`) or, for the ``cache*`` ones, of
+    ``cache_options=`` (:class:`CacheOptions`); a keyword given beside the object
+    that holds it is an :class:`~recordkit.errors.OptionError`.
 
     Args:
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
@@ -142,6 +100,8 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             record of each once per epoch, shuffled together; their schemas
             must agree on the features read (else a
             :class:`~recordkit.errors.SchemaError` naming the feature).
+        options: the reading settings whole (then none of their keywords).
+        cache_options: the cache settings whole (then no ``cache*`` keyword).
         records: read only these records, the same every epoch (shuffled among
             themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
             ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
@@ -252,10 +212,22 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
     """
 
+    # Documented here: these are defined in the bases, by subject (the cache, the position).
+    close = Positioned.close
+    epoch = Positioned.epoch
+    set_epoch = Positioned.set_epoch
+    resume_point = Positioned.resume_point
+    worker_pass = Positioned.worker_pass
+    state_dict = Positioned.state_dict
+    load_state_dict = Positioned.load_state_dict
+
+    @accepts_options
     def __init__(
         self,
-        path_or_url: str | os.PathLike[str],
+        path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
+        options: ReadOptions | None = None,
+        cache_options: CacheOptions | None = None,
         batch_size: int | None = None,
         shuffle: bool = False,
         seed: int = 0,
@@ -290,51 +262,45 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         weights: Sequence[float] | None = None,
         epoch_records: int | None = None,
     ) -> None:
+        flat = dict(locals())  # every keyword, given or default: merge_options knows which
+        read = merge_options(ReadOptions, options, flat, keyword="options")
+        cached = merge_options(CacheOptions, cache_options, flat, keyword="cache_options")
         super().__init__()
-        if on_error not in ("raise", "skip", "warn"):
-            raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {on_error!r}")
-        if num_threads is not None and num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1 or None, got {num_threads}")
         self.paths, self.path = sources(path_or_url)
-        split, records = take_split(split, records)
-        if cache is not None or cache_dir is not None:
-            refuse_cache(self.path, self.paths, records, weights, epoch_records)
-        self.partial = partial
+        split, records = take_split(read.split, read.records)
+        if cached.used:
+            refuse_cache(self.path, self.paths, records, read.weights, read.epoch_records)
+        self.read_options = read
+        self.cache_options = cached
+        self.partial = read.partial
         self.split = split
-        self.decode_images = decode_images
-        self.sequence_example = sequence_example
-        if sequence_example:
-            if schema is not None or columns is not None or decode_images:
-                raise ValueError(
-                    "sequence_example=True reads records whole: no schema, columns or decode_images"
-                )
+        self.decode_images = read.decode_images
+        self.sequence_example = read.sequence_example
+        schema = read.schema
+        if read.sequence_example:
             schema = Schema({})  # opens foreign data without inferring an Example schema
         given = schema
         self.options = PlanOptions(
-            shuffle=shuffle,
-            seed=seed,
-            block_records=block_records,
-            window_blocks=window_blocks,
-            batch_size=batch_size,
-            drop_last=drop_last,
+            shuffle=read.shuffle,
+            seed=read.seed,
+            block_records=read.block_records,
+            window_blocks=read.window_blocks,
+            batch_size=read.batch_size,
+            drop_last=read.drop_last,
         )
-        self.num_threads = num_threads
-        self.on_error: OnError = on_error
-        self.columns = list(columns) if columns is not None else None
-        self.transform = transform
-        if transform_threads < 0:
-            raise ValueError(f"transform_threads must be >= 0, got {transform_threads}")
-        self.transform_threads = transform_threads
-        self.bytes_as = bytes_as
-        self.verify = verify
-        self.limits = limits
-        self.prefetch = prefetch
-        self.pin_memory = pin_memory
-        self.reader_process = reader_process
-        if loader_timeout is not None and not loader_timeout > 0:
-            raise ValueError(f"loader_timeout must be > 0 or None, got {loader_timeout!r}")
-        self.loader_timeout = loader_timeout
-        self._rank, self._world = rank, world_size
+        self.num_threads = read.num_threads
+        self.on_error: OnError = read.on_error
+        self.columns = list(read.columns) if read.columns is not None else None
+        self.transform = read.transform
+        self.transform_threads = read.transform_threads
+        self.bytes_as = read.bytes_as
+        self.verify = read.verify
+        self.limits = read.limits
+        self.prefetch = read.prefetch
+        self.pin_memory = read.pin_memory
+        self.reader_process = read.reader_process
+        self.loader_timeout = read.loader_timeout
+        self._rank, self._world = read.rank, read.world_size
         self._cell = EpochCell(0)  # shared with DataLoader workers' copies
         self.stats = ReaderStats()
         self._resume: tuple[int, int] | None = None  # a rank's (epoch, units consumed)
@@ -342,22 +308,24 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         self._pass: Pass | None = None  # the pass this process reads (or left unfinished)
         self._passes = 0  # passes started in this process: a persistent worker's pass id
         self._fixed = False  # in worker_pass(): the epoch's shard set is fixed for the workers
-        if (cache is not None or cache_dir is not None) and (split is not None or decode_images):
+        if cached.used and (split is not None or read.decode_images):
             raise ValueError(
                 f"{self.path}: split= and decode_images= are for a local tensorflow-datasets "
                 "folder, not a dataset read through a shard cache"
             )
-        self._init_cache(cache, cache_dir, cache_limit, cache_timeout, cache_epochs)
+        self._init_cache(cached)
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()  # fail early, in the main process, on a bad path or schema
-        if not sequence_example:  # a dataset of SequenceExamples says so in its manifest
+        if not read.sequence_example:  # a dataset of SequenceExamples says so in its manifest
             self.sequence_example = read_whole(
-                self.path, False, shards, given, columns, decode_images
+                self.path, False, shards, given, self.columns, read.decode_images
             )
         self.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
-        mix = make_mix(shards, records=records, weights=weights, epoch_records=epoch_records)
+        mix = make_mix(
+            shards, records=records, weights=read.weights, epoch_records=read.epoch_records
+        )
         self.options = dataclasses.replace(self.options, mix=mix)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -367,117 +335,6 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         if "_whole" in state:  # ... or streams the shards in (the shard set's gate waits)
             state["_whole"] = None
         return state
-
-    # -- the shard cache ---------------------------------------------------------------
-
-    def _init_cache(
-        self,
-        cache: ShardCache | None,
-        cache_dir: str | os.PathLike[str] | None,
-        cache_limit: int | str | None,
-        timeout: float | None,
-        mode: str,
-    ) -> None:
-        source = open_cache(
-            self.path,
-            cache=cache,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            timeout=timeout,
-            mode=mode,
-            agree=_common_shards,
-            agree_min=_smallest,
-        )
-        self._whole = source if isinstance(source, WholeEpochs) else None
-        self._epochs = source if isinstance(source, CacheEpochs) else None
-        self.cache: ShardCache | None = source.cache if source is not None else None
-        self.cache_epochs: str | None = mode if source is not None else None
-        self._window = self._whole.window_bytes(self.options.shuffle) if self._whole else 0
-        # growing epochs: the shard set changes per epoch (also true in workers, which
-        # have no cache); whole epochs read one fixed set, the remote's whole catalog
-        self._cached = self._epochs is not None
-        self._fresh = False  # the epoch taken last is not yet started
-        self._resume_shards: list[str] | None = None
-
-    def close(self) -> None:
-        """Release the cache pins and maps (and stop a cache made from ``cache_dir``)."""
-        self._let_go()
-        if self._epochs is not None:
-            self._epochs.close()
-        if self._whole is not None:
-            self._whole.close()
-
-    def _let_go(self) -> None:
-        """Unmap this process's shards, then unpin them (in that order: never unmapped
-        after an eviction could have unlinked them)."""
-        with _OPEN_LOCK:  # the next _open() maps anew
-            if self._shards is not None and self._pid == os.getpid():
-                self._shards.close()
-            self._shards = None
-        if self._epochs is not None:
-            self._epochs.let_go()
-
-    def _open_shards(self) -> ShardSet:
-        if self._whole is not None:
-            return self._whole.shard_set(getattr(self, "schema", None))
-        if not self._cached:
-            return open_sources(
-                self.paths,
-                getattr(self, "schema", None),
-                columns=self.columns,
-                partial=getattr(self, "partial", False),
-                split=self.split,
-            )
-        if self._epochs is None:
-            raise RuntimeError(
-                "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
-                "(it fixes each epoch's shard set in the training process)"
-            )
-        epoch = self.epoch
-        want = self._resume_shards if self._resume and self._resume[0] == epoch else None
-        taken = self._epochs.take(epoch, want)
-        self._fresh = True
-        return ShardSet(taken.root, taken.manifest, taken.infos, getattr(self, "schema", None))
-
-    def _start_epoch(self, epoch: int) -> None:
-        """At the start of a pass in the training process: rescan the cache (growing
-        epochs), or end the last pass's stream (whole epochs)."""
-        if self._whole is not None and get_worker_info() is None:
-            self._whole.end()
-        if self._epochs is None or get_worker_info() is not None:
-            return
-        current = self._epochs.current
-        if not (self._fresh and current is not None and current.epoch == epoch):
-            self._let_go()  # the last set goes first: this epoch's may have to displace it
-            self._open()
-        self._fresh = False
-
-    def _releaser(self, plan: EpochPlan, split: Split, start: int) -> Callable[[int], None] | None:
-        """Cache mode: unmap and unpin each shard once this rank has read its last unit.
-
-        Whole epochs start the pass here (the stream that fetches ahead); in a
-        DataLoader worker or the loader process only this process's maps go.
-        """
-        if self._whole is not None and get_worker_info() is None:
-            begun = self._whole.begin(plan, split.rank, split.world_size, start, self._open())
-            return begun.release
-        if self.cache_epochs == "whole":  # a worker: the training process streams and pins
-            shards = self._open()
-            last = plan.last_units(split.rank, split.world_size, len(shards))
-            order = iter(np.argsort(last, kind="stable").tolist())
-            pending = [next(order, None)]
-
-            def unmap(unit: int) -> None:
-                while pending[0] is not None and last[pending[0]] <= unit:
-                    shards.evict(pending[0])
-                    pending[0] = next(order, None)
-
-            return unmap
-        if self._epochs is None or get_worker_info() is not None:
-            return None  # a DataLoader worker: the training process holds the pins
-        shards = self._open()
-        last = plan.last_units(split.rank, split.world_size, len(shards))
-        return self._epochs.releaser(last, start, shards.evict)
 
     # -- process-local state ---------------------------------------------------------
 
@@ -516,96 +373,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
             limits=self.limits,
         )
 
-    def _split(self) -> Split:
-        rank, world = self._rank, self._world
-        if rank is None or world is None:
-            dist = torch.distributed
-            if dist.is_available() and dist.is_initialized():
-                rank = dist.get_rank() if rank is None else rank
-                world = dist.get_world_size() if world is None else world
-        info = get_worker_info()
-        return Split(
-            rank=rank or 0,
-            world_size=world or 1,
-            worker=info.id if info else 0,
-            num_workers=info.num_workers if info else 1,
-        )
-
-    def _plan(self, epoch: int) -> EpochPlan:
-        shards = self._open()
-        options = self.options
-        if self._window:
-            options = dataclasses.replace(options, shard_window_bytes=self._window)
-        return EpochPlan(
-            shards.counts,
-            options,
-            epoch,
-            avg_record_bytes=shards.avg_record_bytes,
-            shard_bytes=shards.nbytes,
-        )
-
     # -- public API --------------------------------------------------------------------
-
-    def resume_point(self) -> int:
-        """Units of the current epoch that the next pass skips (set by :meth:`load_state_dict`)."""
-        if self._resume is not None and self._resume[0] == self.epoch:
-            return self._resume[1]
-        return 0
-
-    @contextlib.contextmanager
-    def worker_pass(self) -> Iterator[int]:
-        """Start a pass whose iterating is done by copies of this dataset in worker processes.
-
-        For loaders that run ``DataLoader`` workers (:class:`DataLoader` uses it):
-        start the workers inside the ``with`` block. It fixes the epoch's shard set
-        (cache mode) before they copy the dataset, yields the units already
-        consumed (the resume point the copies start from), and spends the resume
-        point when the block ends, so a later pass starts at the epoch's beginning.
-        """
-        start = self.resume_point()
-        self._start_epoch(self.epoch)
-        if self._whole is not None:  # whole epochs: this process streams the shards in
-            split = self._split()
-            plan = self._plan(self.epoch)
-            self._whole.begin(plan, split.rank, split.world_size, start, self._open())
-        self._fixed = True  # the copies read the set fixed here (cache mode)
-        try:
-            yield start
-        finally:
-            self._resume = None
-            self._fixed = False
-
-    def _delivered(self, unit: int) -> None:
-        """A loader with workers yielded unit ``unit`` of this rank (whole epochs: the
-        shards that no later unit reads can go)."""
-        if self._whole is not None and self._whole.pass_ is not None:
-            self._whole.pass_.release(unit)
-
-    def _end_pass(self) -> None:
-        """A loader with workers ended its pass (whole epochs: the stream stops)."""
-        if self._whole is not None:
-            self._whole.end()
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next iteration reads.
-
-        It advances by itself after a full pass, in this process or in ``DataLoader``
-        workers (they share it with this object, persistent or not);
-        :meth:`set_epoch` sets it.
-        """
-        return self._cell.get()
-
-    @epoch.setter
-    def epoch(self, epoch: int) -> None:
-        self._cell.set(epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch = epoch
-        self._pass = None
 
     def __len__(self) -> int:
         """Batches (or samples) this rank reads per epoch, over all its DataLoader workers."""
@@ -666,7 +434,7 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
 
     def _iter_pass(self, p: Pass, split: Split) -> Iterator[Any]:
         plan = self._plan(p.epoch)
-        threads = self.num_threads or max(1, _cpus() // split.num_workers)
+        threads = self.num_threads or max(1, cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
         if self.reader_process:
             if self.sequence_example:
@@ -789,111 +557,3 @@ class RecordDataset(ProcessLocalShards, IterableDataset):  # type: ignore[type-a
         features, ``class_names``."""
         view = self._open().view
         return view.info if view is not None else None
-
-    def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
-        """The position to resume from: epoch and units (batches or samples) consumed.
-
-        In a ``DataLoader`` worker (torchdata's ``StatefulDataLoader`` asks each
-        worker after each batch), the state is that worker's own position, under
-        ``"worker"``: ``{"id", "num_workers", "next"}`` (the next unit it reads), with
-        ``"consumed"`` ``None``; it resumes only in the same worker of as many.
-
-        Args:
-            consumed: units of this epoch consumed so far. Leave it out when this
-                object is iterated directly (it counts itself); :class:`DataLoader`
-                passes it when workers do the iterating.
-            epoch: with ``consumed``, the epoch they belong to (default: :attr:`epoch`).
-        """
-        shards = self._open()
-        split = self._split()
-        worker = None
-        if consumed is not None:
-            epoch = self.epoch if epoch is None else epoch
-        elif get_worker_info() is not None:
-            p = self._pass or self._next_worker_pass(split)
-            epoch = p.epoch
-            worker = {"id": split.worker, "num_workers": split.num_workers, "next": p.next}
-        elif self._pass is not None:
-            epoch, consumed = self._pass.epoch, self._pass.next
-        else:
-            epoch, consumed = self.epoch, self.resume_point()
-        return saved_state(
-            epoch=epoch,
-            consumed=consumed,
-            worker=worker,
-            options=self.options,
-            world_size=split.world_size,
-            fingerprint=shards.fingerprint(),
-            shard_paths=[info.path for info in shards.infos] if self._cached else None,
-            shard_window_bytes=self._window,
-        )
-
-    def _next_worker_pass(self, split: Split) -> WorkerPosition:
-        """Where this worker's next pass would start (its state before it begins)."""
-        if self._worker_resume is not None:
-            return self._worker_resume
-        return WorkerPosition(self.epoch, self.resume_point() + split.worker)
-
-    def _adopt_window(self, saved: int) -> None:
-        """Resume with the shard windows the state was saved with (the order depends
-        on them), if this cache's budget holds two of them (or, for none, the dataset)."""
-        if saved == self._window:
-            return
-        whole = self._whole
-        if whole is None:
-            raise ValueError(
-                f"cannot resume: the state was saved reading through a shard cache in shard "
-                f"windows of {saved:,} bytes (a different order); read through the cache again"
-            )
-        if (saved == 0 and whole.fits) or (saved and 2 * saved <= whole.capacity):
-            log.info(
-                "resuming with the saved shard windows of %s bytes (this budget gives %s)",
-                f"{saved:,}",
-                f"{self._window:,}",
-            )
-            self._window = saved
-            return
-        raise ValueError(
-            f"cannot resume: the state was saved reading shard windows of {saved:,} bytes "
-            f"(0: the whole dataset at once), which the cache budget of "
-            f"{whole.cache.max_bytes:,} cannot hold; give cache_limit at least the "
-            "budget it was saved with"
-        )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration starts at the first unit not consumed.
-
-        Elastic: a state saved at one world size resumes at another with the same
-        global batch (``batch_size * world_size``), e.g. 8 ranks of 32 as 4 of 64:
-        the epoch's order is the same, and the ranks start after the global
-        batches consumed. A worker's state (see :meth:`state_dict`) resumes in
-        the same worker of as many workers, as torchdata's ``StatefulDataLoader``
-        restores it.
-
-        Raises:
-            ValueError: the state was saved with another shard set, seed, shuffle
-                options or global batch, where "the next unseen record" is undefined;
-                or it is a worker's state loaded elsewhere than in that worker.
-        """
-        worker = state.get("worker")
-        if worker is not None:
-            info = get_worker_info()
-            check_worker(worker, None if info is None else (info.id, info.num_workers))
-        keys: tuple[str, ...] = RESUME_KEYS
-        if not self._cached:
-            keys += ("shards",)
-        elif state.get("shard_paths") is None:
-            raise ValueError("cannot resume a cached dataset from a state saved without a cache")
-        else:
-            self._resume_shards = list(state["shard_paths"])
-            self._fresh = False  # the next pass takes exactly the saved shards
-        check_state(state, self.state_dict(consumed=0), keys)
-        self._adopt_window(state.get("shard_window_bytes", 0))
-        epoch = int(state["epoch"])
-        self.epoch = epoch  # in a worker, every restored worker writes the same epoch
-        self._pass = None
-        if worker is not None:
-            self._worker_resume = WorkerPosition(epoch, int(worker["next"]))
-            self._resume = None
-        else:
-            self._resume = (epoch, int(state["consumed"]))

@@ -45,9 +45,10 @@ pinned by name), and moves on as the reader releases them;
 
 Producer mode: when the remote holds raw samples rather than shards,
 ``ShardCache(src, local_dir, max_bytes=..., format="jsonl")`` (any converter
-name) converts them into local shards in writer processes while training
-runs, one shard per partition of the conversion plan, under the same budget
-and eviction rules; readers use it unchanged. See ``docs/cache.md``.
+name; or the settings whole, ``producer=ProducerOptions(format="jsonl", ...)``)
+converts them into local shards in writer processes while training runs, one shard
+per partition of the conversion plan, under the same budget and eviction rules;
+readers use it unchanged. See ``docs/cache.md``.
 
 Processes that only read (DataLoader workers, other local ranks) open the
 same directory with ``ShardCache(None, local_dir, max_bytes=...)`` and never
@@ -64,9 +65,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
     from ._cache import ShardCache
     from ._errors import CacheFullError, DownloadError, ProduceError
+    from ._producer_options import ProducerOptions
     from ._remote import RetryOptions
     from ._snapshot import Snapshot
-    from ._stream import Stream, StreamStats
+    from ._stream import Stream, StreamGate, StreamStats, footprint, plan_capacity
     from ._types import CacheEvents, CacheStatus
 
 # Loaded on first use, so that a writer process, which imports only
@@ -77,11 +79,15 @@ _WHERE = {
     "CacheStatus": "._types",
     "DownloadError": "._errors",
     "ProduceError": "._errors",
+    "ProducerOptions": "._producer_options",
     "RetryOptions": "._remote",
     "ShardCache": "._cache",
     "Snapshot": "._snapshot",
     "Stream": "._stream",
+    "StreamGate": "._stream",
     "StreamStats": "._stream",
+    "footprint": "._stream",
+    "plan_capacity": "._stream",
 }
 
 __all__ = [
@@ -90,11 +96,15 @@ __all__ = [
     "CacheStatus",
     "DownloadError",
     "ProduceError",
+    "ProducerOptions",
     "RetryOptions",
     "ShardCache",
     "Snapshot",
     "Stream",
+    "StreamGate",
     "StreamStats",
+    "footprint",
+    "plan_capacity",
 ]
 
 

@@ -18,23 +18,24 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._keywords import accepts_options
 from .._units import parse_size
 from ..errors import ShardNotFoundError
 from ..format.manifest import Manifest, ShardInfo
 from ..retry import DEFAULT_POLICY
 from ..storage import is_remote
-from ._dir import POLICIES, CacheDir, Scan
+from ._dir import POLICIES, CacheDir
 from ._errors import CacheFullError
 from ._fill import Fetcher
-from ._locks import HeldFile
+from ._producer_options import ProducerOptions, producer_options
+from ._reading import POLL_S, Reading
 from ._remote import Remote, RetryOptions
 from ._reservation import Filler, Reservation
-from ._snapshot import Snapshot
-from ._stream import Stream, StreamStats, fetch_one
+from ._stream import Stream, StreamStats
 from ._types import CacheEvents, CacheStatus, FillContext, NoEvents
 
 if TYPE_CHECKING:
@@ -46,12 +47,9 @@ __all__ = ["CacheEvents", "CacheStatus", "ShardCache"]
 log = logging.getLogger(__name__)
 
 Policy = Literal["consumed-lru", "lru"]
-# How often idle or blocked fill workers look again for work that other processes
-# made possible (an eviction, a released pin); in-process changes wake them at once.
-_POLL_S = 0.5
 
 
-class ShardCache:
+class ShardCache(Reading):
     """A local, size-limited copy of a remote dataset's shards, filled in the background.
 
     ``start()`` launches ``fill_workers`` threads that download the shards this
@@ -105,27 +103,18 @@ class ShardCache:
             cut-off response repeats little.
         seed: orders shards that have been seen equally often.
         events: receives progress callbacks (:class:`CacheEvents`).
-        format: ``None`` (shard mode), or the converter that reads ``remote``
-            (``converters.available()``: ``jsonl``, ``imagefolder``, ``numpy``,
-            ...), which selects producer mode.
-        schema: producer mode: the schema to write (``None``: inferred from
-            the source, as ``recordkit convert`` does).
-        source_options: producer mode: the converter's options.
-        shard_size: producer mode: the source bytes one partition (and so one
-            shard) covers. The shard's size is that times the converter's
-            expansion; keep it a small fraction of ``max_bytes`` so the budget
-            holds many shards and eviction frees room in small steps.
-        compress: producer mode: ``"zstd"`` compresses every tensor feature.
-        convert_options: producer mode: all conversion options at once
-            (:class:`recordkit.convert.ConvertOptions`; ``partition_items``,
-            ``retries`` for transient source errors, ``fsync``, ...); then
-            ``shard_size`` and ``compress`` stay at their defaults.
-            ``max_records`` must be ``None``: a partition is one shard.
-        inactivity_timeout: producer mode: a writer process that reports no
-            progress for this many seconds is stopped (terminate, then kill)
-            and its partition retried later; ``None`` waits forever. With
-            ``fill_workers=0`` partitions are converted in the calling thread
-            instead of writer processes (debugging; ``memory://`` sources).
+        producer: producer mode's settings, whole (:class:`ProducerOptions`:
+            the converter, schema, source and conversion options, the writers'
+            inactivity timeout); ``None`` (default): shard mode, unless the
+            flat keywords below ask for producer mode.
+        format, schema, source_options, convert_options, inactivity_timeout:
+            the fields of :class:`ProducerOptions` as flat keywords (``format``
+            selects producer mode; the others need it). Not beside ``producer=``.
+        shard_size, compress: shorthand for
+            ``convert_options=ConvertOptions(shard_size=..., compress=...)``
+            (the source bytes one partition, so one shard, covers: keep it a
+            small fraction of ``max_bytes``; ``"zstd"`` compresses tensor
+            features); not beside ``convert_options=``.
 
     Attributes:
         errors: every failed download or production so far (each was retried).
@@ -135,6 +124,12 @@ class ShardCache:
             was full of shards it may not displace.
     """
 
+    # Documented here: the reader-facing methods are defined in the base, by subject.
+    snapshot = Reading.snapshot
+    stream = Reading.stream
+    status = Reading.status
+
+    @accepts_options
     def __init__(
         self,
         remote: str | os.PathLike[str] | None,
@@ -155,7 +150,18 @@ class ShardCache:
         compress: str | None = None,
         convert_options: ConvertOptions | None = None,
         inactivity_timeout: float | None = 900.0,
+        producer: ProducerOptions | None = None,
     ) -> None:
+        producer = producer_options(
+            producer,
+            format=format,
+            schema=schema,
+            source_options=source_options,
+            shard_size=shard_size,
+            compress=compress,
+            convert_options=convert_options,
+            inactivity_timeout=inactivity_timeout,
+        )
         self.max_bytes = parse_size(max_bytes)
         if self.max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes!r}")
@@ -179,7 +185,7 @@ class ShardCache:
             saved = self.dir.load_catalog()
             if saved is None:
                 raise ShardNotFoundError(f"{self.root} is not a cache (no catalog); give remote")
-            if format is not None:
+            if producer is not None:
                 raise ValueError(
                     f"format needs a remote; a reader-only cache takes its mode from {self.root}"
                 )
@@ -201,28 +207,11 @@ class ShardCache:
             fill_workers=fill_workers,
             chunk_bytes=self.chunk_bytes,
         )
-        if format is not None or (saved is not None and saved.get("mode") == "producer"):
+        if producer is not None or (saved is not None and saved.get("mode") == "producer"):
             from ._produce import Producer  # the conversion machinery, only when needed
 
-            self._filler = Producer(
-                context,
-                self.dir,
-                format=format,
-                schema=schema,
-                source_options=source_options,
-                shard_size=shard_size,
-                compress=compress,
-                options=convert_options,
-                inactivity_timeout=inactivity_timeout,
-                saved=saved,
-            )
+            self._filler = Producer(context, self.dir, producer=producer, saved=saved)
         else:
-            extras = {"schema": schema, "source_options": source_options, "compress": compress}
-            given = [k for k, v in extras.items() if v is not None]
-            given += ["shard_size"] if shard_size != "256MiB" else []
-            given += ["convert_options"] if convert_options is not None else []
-            if given:
-                raise ValueError(f"{', '.join(given)}: producer mode only; give format= too")
             self._filler = Fetcher(context, self.dir, lambda: self.remote)
         self._threads: list[threading.Thread] = []
         self._fill_idents: set[int] = set()  # threads whose work stop() abandons
@@ -460,9 +449,9 @@ class ShardCache:
             if outcome == "worked":
                 delay = 0.01
                 continue
-            self._wake.wait(min(delay, _POLL_S))
+            self._wake.wait(min(delay, POLL_S))
             self._wake.clear()
-            delay = min(_POLL_S, delay * 2)
+            delay = min(POLL_S, delay * 2)
 
     def fill_one(self, only: str | None = None) -> Literal["worked", "blocked", "idle"]:
         """Download one shard now, in this thread.
@@ -530,76 +519,6 @@ class ShardCache:
         finally:
             room.release()
         return "worked"
-
-    # -- whole epochs --------------------------------------------------------------------------
-
-    def stream(
-        self,
-        order: Sequence[ShardInfo],
-        *,
-        epoch: int | None = None,
-        timeout: float | None = None,
-        workers: int | None = None,
-        capacity: int | None = None,
-    ) -> Stream:
-        """Fetch shards in the order a reader needs them, ahead of it (whole epochs).
-
-        The returned :class:`~recordkit.cache._stream.Stream` pins a read-ahead
-        window of the next shards of ``order`` (as many as the budget holds
-        beside what the reader still reads), downloads them in order with
-        ``workers`` threads (default ``fill_workers``, at least 1), evicting
-        unpinned shards (consumed first) to make room, and moves the window on
-        as the reader lets shards go (``stream.release``). While a stream runs,
-        this cache's own fill workers fetch nothing else. ``stream.close()``
-        when the pass ends.
-
-        Args:
-            order: the shards, in the order they are first needed.
-            epoch: the epoch read (for the eviction policy).
-            timeout: seconds a reader waits for one shard.
-            workers: concurrent downloads.
-            capacity: hold at most this many bytes of shards (and their indexes)
-                in the window (default: all the budget leaves beside the cache's
-                own files).
-        """
-        if self._filler.mode != "shards":
-            raise ValueError(
-                f"cache {self.root} is in producer mode: its shards are made while training "
-                "runs, so an epoch cannot be planned over all of them (read it with growing "
-                "epochs)"
-            )
-        stream = Stream(
-            self,
-            order,
-            epoch=epoch,
-            workers=workers or max(1, self.fill_workers),
-            timeout=timeout,
-            stats=self.stream_stats,
-            capacity=capacity,
-        )
-        with self._cv:
-            self._streams.add(stream)
-        return stream
-
-    def _stream_ended(self, stream: Stream) -> None:
-        with self._cv:
-            self._streams.discard(stream)
-        self._notify()
-
-    @property
-    def _retriable(self) -> tuple[type[BaseException], ...]:
-        return self._filler.retriable
-
-    def _fetch_for_stream(self, info: ShardInfo) -> str:
-        """Fetch one shard a stream needs (see ``_stream.fetch_one``)."""
-        return fetch_one(
-            self.dir,
-            self._filler,
-            info,
-            max_bytes=self.max_bytes,
-            policy=self.policy,
-            events=self.events,
-        )
 
     def fill(self) -> int:
         """Fill in this thread (with ``fill_workers`` threads) until nothing is left to do.
@@ -669,119 +588,6 @@ class ShardCache:
             if rel not in present and n < limit and rel in self._cooldown
         ]
         return max(0.0, min(due) - time.monotonic()) if due else None
-
-    # -- reading -----------------------------------------------------------------------------
-
-    def _complete_infos(self, scan: Scan) -> list[ShardInfo]:
-        out = []
-        records: dict[str, int] | None = None
-        for info in self.catalog():
-            if info.path in scan.complete:
-                if info.crc32c is None:  # foreign: what the download found
-                    if records is None:
-                        records = self.dir.store.records()
-                    size = scan.complete[info.path][0]
-                    info = ShardInfo(info.path, records.get(info.path, 0), size, None)
-                out.append(info)
-        return out
-
-    def snapshot(
-        self,
-        epoch: int | None = None,
-        *,
-        min_shards: int = 1,
-        shards: Sequence[str] | None = None,
-        timeout: float | None = None,
-    ) -> Snapshot:
-        """Pin and list the complete shards now present (call it at each epoch start).
-
-        Args:
-            epoch: the epoch about to be read; a larger epoch than any before
-                starts a new epoch for the eviction policy.
-            min_shards: wait until at least this many shards are complete (or
-                all the remote has, if fewer).
-            shards: exactly these shards (relative paths) — for an exact resume
-                from a ``state_dict``; missing ones are fetched in this thread.
-            timeout: seconds to wait; ``None`` waits as long as it takes.
-
-        Raises:
-            TimeoutError: not enough shards before ``timeout``.
-            CacheFullError: the fill workers stopped on a full cache/disk.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        infos = self.catalog()
-        if shards is not None:
-            want = list(shards)
-            unknown = set(want) - {i.path for i in infos}
-            if unknown:
-                raise ShardNotFoundError(
-                    f"not in the remote {self.remote_url}: {sorted(unknown)[:5]}"
-                )
-        else:
-            want = None
-        delay = 0.01
-        hold: HeldFile | None = None  # the wanted shards already here, while the rest come
-        try:
-            while True:
-                with self.dir.lock():
-                    present = self._complete_infos(self.dir.scan())
-                    if want is not None:
-                        have = {i.path for i in present}
-                        missing = [p for p in want if p not in have]
-                        if not missing:
-                            chosen = [i for i in present if i.path in set(want)]
-                            return self._pin(chosen, epoch)
-                        if hold is not None:
-                            self.dir.release(hold)
-                        hold = self.dir.pin([p for p in want if p in have])
-                    elif len(present) >= min(min_shards, len(infos)):
-                        return self._pin(present, epoch)
-                if self._failure is not None:
-                    raise self._failure
-                if want is not None:
-                    for rel in missing:
-                        if self.fill_one(only=rel) == "worked":
-                            delay = 0.01
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"cache {self.root}: {len(present)} shard(s) ready after {timeout} s "
-                        f"({'the ones asked for' if want is not None else min_shards} needed)"
-                    )
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                with self._cv:  # a fill worker of this process wakes us when it publishes
-                    self._cv.wait(delay if left is None else min(delay, left))
-                delay = min(_POLL_S, delay * 2)
-        finally:
-            if hold is not None:
-                self.dir.release(hold)
-
-    def _pin(self, chosen: list[ShardInfo], epoch: int | None) -> Snapshot:
-        claim = self.dir.pin(
-            [i.path for i in chosen], epoch=epoch, max_bytes=self.max_bytes, policy=self.policy
-        )
-        return Snapshot(
-            self.dir, chosen, claim, epoch, self._filler.snapshot_manifest(chosen), self._notify
-        )
-
-    def status(self) -> CacheStatus:
-        """What the cache directory holds now."""
-        catalog = self.dir.load_catalog() or {}
-        with self.dir.lock():
-            scan = self.dir.rescan()
-        return CacheStatus(
-            root=self.root,
-            remote=catalog.get("remote"),
-            max_bytes=self.max_bytes,
-            used=scan.used,
-            complete=len(scan.complete),
-            remote_shards=len(catalog["shards"]) if "shards" in catalog else None,
-            downloading=len(scan.leases),
-            pinned=len(scan.pinned),
-            orphans=len(scan.orphans),
-            mode=str(catalog.get("mode") or "shards"),
-            format=catalog.get("format"),
-            bookkeeping=scan.bookkeeping,
-        )
 
     def __repr__(self) -> str:
         fmt = getattr(self._filler, "format", None)

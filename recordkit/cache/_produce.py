@@ -44,7 +44,6 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 from .._version import __version__
@@ -53,6 +52,7 @@ from ..convert import ConvertOptions, Plan, Tally, is_transient
 from ..format.manifest import Manifest, ShardInfo
 from ._dir import CacheDir
 from ._errors import CacheFullError, ProduceError
+from ._producer_options import ProducerOptions
 from ._reservation import Reservation, ShardState
 from ._staged import Staged, discard
 from ._types import FillContext
@@ -89,10 +89,8 @@ class Producer:
     Args:
         context: the cache's settings a filler needs.
         directory: the cache directory (where the catalog is saved).
-        format: the converter; ``None`` for a reader-only cache, which takes
-            everything from the ``saved`` catalog.
-        schema, source_options, shard_size, compress, options,
-        inactivity_timeout: as :class:`~recordkit.cache.ShardCache` takes them.
+        producer: the producer settings; ``None`` for a reader-only cache, which
+            takes everything from the ``saved`` catalog.
         saved: the directory's saved catalog (reader-only caches).
     """
 
@@ -104,38 +102,28 @@ class Producer:
         context: FillContext,
         directory: CacheDir,
         *,
-        format: str | None,
-        schema: Schema | None,
-        source_options: Mapping[str, Any] | None,
-        shard_size: int | str,
-        compress: str | None,
-        options: ConvertOptions | None,
-        inactivity_timeout: float | None,
+        producer: ProducerOptions | None,
         saved: dict[str, Any] | None,
     ) -> None:
-        if inactivity_timeout is not None and inactivity_timeout <= 0:
-            raise ValueError(f"inactivity_timeout must be > 0 or None, got {inactivity_timeout}")
         self.context = context
         self.dir = directory
-        self.inactivity_timeout = inactivity_timeout
-        self._saved = saved if format is None else None
-        if format is not None:
-            from .. import converters
+        self._saved = saved if producer is None else None
+        if producer is not None:
+            from ..convert import sources
 
-            converters.get(format)  # an unknown name fails now, listing the known ones
-            if options is None:
-                options = ConvertOptions(shard_size=shard_size, compress=compress)
-            elif shard_size != "256MiB" or compress is not None:
-                raise ValueError("pass shard_size and compress inside convert_options=, not both")
-            self.format = format
-            self._schema = schema
-            self._source_options = dict(source_options or {})
+            sources.get(producer.format)  # an unknown name fails now, listing the known ones
+            options = producer.conversion()
+            self.format = producer.format
+            self._schema = producer.schema
+            self._source_options = dict(producer.source_options or {})
+            self.inactivity_timeout = producer.inactivity_timeout
         else:  # a reader-only cache: what the filling process saved
             assert saved is not None
             self.format = str(saved["format"])
             self._schema = Schema.from_json(saved["manifest"]["schema"])
             self._source_options = dict(saved.get("source_options") or {})
             options = ConvertOptions(**saved["options"])
+            self.inactivity_timeout = ProducerOptions.inactivity_timeout  # the default
         if options.max_records is not None:
             raise ValueError(
                 "convert_options.max_records must be None: in producer mode a partition is "

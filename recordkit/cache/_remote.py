@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from ..errors import AccessDeniedError, ManifestError, ShardNotFoundError
 from ..format.index import INDEX_SUFFIX
-from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo
 from ..retry import DEFAULT_POLICY, RetryPolicy, classify, describe
 from ..storage import Location, is_remote, is_temp_name, strip_file_scheme
 from ._errors import DownloadError
@@ -44,7 +44,6 @@ __all__ = ["Remote", "RetryOptions", "is_shard_name"]
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-_SHARD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
 
 RetryOptions = RetryPolicy
 """The cache's name for :class:`recordkit.retry.RetryPolicy` (the one retry policy)."""
@@ -75,7 +74,7 @@ def is_shard_name(name: str) -> bool:
     return (
         not name.endswith(INDEX_SUFFIX)
         and not is_temp_name(name)
-        and any(fnmatch.fnmatchcase(name, p) for p in _SHARD_PATTERNS)
+        and any(fnmatch.fnmatchcase(name, p) for p in SHARD_PATTERNS)
     )
 
 

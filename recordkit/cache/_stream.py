@@ -498,7 +498,7 @@ class Stream:
 class StreamGate:
     """The gate of the process that runs a :class:`Stream` (``ShardSet.gate``).
 
-    Pickles into a :class:`DirGate` for other processes; in a forked child
+    Pickles into a ``DirGate`` for other processes; in a forked child
     (DataLoader workers), where the stream's threads do not run, it acts as one.
     """
 
@@ -516,10 +516,12 @@ class StreamGate:
         return self._forked
 
     def ready(self, rel: str) -> bool:
+        """Whether shard ``rel`` is complete in the cache and pinned for this pass."""
         other = self._other()
         return self.stream.ready(rel) if other is None else other.ready(rel)
 
     def wait(self, rel: str) -> float:
+        """Block until ``rel`` is ready; returns the seconds waited (see :meth:`Stream.wait`)."""
         other = self._other()
         return self.stream.wait(rel) if other is None else other.wait(rel)
 

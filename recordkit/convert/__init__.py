@@ -15,9 +15,9 @@ import sys
 import types
 from typing import Any
 
-from ._cli import _options as parse_options
-from ._cli import parse_schema
 from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
+from .cli import _options as parse_options
+from .cli import parse_schema
 from .function import FunctionSource, write
 from .infer import Inferred, infer_format
 from .partition import PartitionResult, PartitionTask, Tally, run_partition, write_items

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._keywords import accepts_options, given, refuse
 from .._procs import can_load_main, check_not_loading_main
 from ..codec.schema import Schema
 from ..errors import SchemaError
@@ -249,8 +250,8 @@ def _options(
 ) -> ConvertOptions:
     if options is None:
         options = ConvertOptions(shard_size=shard_size, compress=compress)
-    elif shard_size != "256MiB" or compress is not None:
-        raise ValueError("pass shard_size and compress inside options=, not both ways")
+    elif both := [k for k in ("shard_size", "compress") if k in given()]:
+        refuse(both, "options", "ConvertOptions", both)  # each setting one way
     elif options.partition_bytes is not None:
         raise ValueError("options.partition_bytes: inputs have no size; use inputs_per_partition")
     elif options.partition_items != ConvertOptions().partition_items:
@@ -262,6 +263,7 @@ def _options(
     return dataclasses.replace(options, partition_items=per_partition)
 
 
+@accepts_options
 def write(
     fn: Callable[[Any], Any] | str,
     inputs: Iterable[Any],

@@ -57,7 +57,7 @@ def _telling(rel: str) -> bool:
 
 
 def _converters() -> list[tuple[str, Any]]:
-    from .. import converters
+    from . import sources as converters  # the registry of converters, by name
 
     found = []
     for name in converters.available():

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._keywords import accepts_options, given, refuse
 from .._procs import check_not_loading_main
 from .._version import __version__
 from ..codec.schema import Schema
@@ -137,9 +138,9 @@ def plan_conversion(
     which is logged. See ``recordkit.convert.partition`` for what a
     SequenceExample source implements.
     """
-    from .. import converters
+    from . import sources
 
-    cls = converters.get(format)
+    cls = sources.get(format)
     source = cls(
         os.fspath(src),
         storage_options=storage_options,
@@ -187,6 +188,7 @@ def _tasks(plan: Plan, source: Any, dest: Destination, todo: list[int]) -> list[
     ]
 
 
+@accepts_options
 def convert(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -257,8 +259,9 @@ def convert(
     check_not_loading_main("a conversion")
     if options is None:
         options = ConvertOptions(shard_size=shard_size, compress=compress)
-    elif shard_size != "256MiB" or compress is not None:
-        raise ValueError("pass shard_size and compress inside options=, not both ways")
+    else:  # each setting one way: shard_size= and compress= are options' fields
+        both = [k for k in ("shard_size", "compress") if k in given()]
+        refuse(both, "options", "ConvertOptions", both)
     if workers is None:
         workers = os.cpu_count() or 1
     if workers < 0:

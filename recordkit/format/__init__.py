@@ -5,7 +5,7 @@ Also the atomic-publish helpers every local writer uses (``atomic_write_bytes``,
 ``fsync_dir``, temp names carry ``TMP_MARKER``).
 """
 
-from ._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir
+from ._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir, temp_name
 from ._files import open_regular, read_regular
 from .complete import (
     MARKER_NAME,
@@ -37,7 +37,14 @@ from .index import (
     validate_index,
     write_index,
 )
-from .manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from .manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    SHARD_PATTERNS,
+    Manifest,
+    ShardInfo,
+    read_manifest,
+)
 
 __all__ = [
     "DEFAULT_MAX_RECORD_BYTES",
@@ -45,6 +52,7 @@ __all__ = [
     "MANIFEST_NAME",
     "MARKER_NAME",
     "OVERHEAD",
+    "SHARD_PATTERNS",
     "TMP_MARKER",
     "Incomplete",
     "Manifest",
@@ -76,6 +84,7 @@ __all__ = [
     "read_stream",
     "scan_index",
     "sniff_compression",
+    "temp_name",
     "unmask",
     "validate_index",
     "write_index",

@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "recordkit.json"
+# The file names read as shards in a folder without a manifest (ours and foreign TFRecords).
+SHARD_PATTERNS = ("*.tfrecord", "*.tfrecords", "*.tfrecord-*", "*.tfrecords-*")
 FORMAT_VERSION = 1
 #: What a record's payload is: a tf.train.Example, or a tf.train.SequenceExample.
 SEQUENCE_EXAMPLE = "sequence_example"

@@ -1,5 +1,142 @@
-"""The fast read path: shard maps, the epoch plan, batch decoding and the thread pool.
+"""The read floor: every way recordkit reads shards, and the pieces they share.
 
-Framework adapters (:mod:`recordkit.torch`, :mod:`recordkit.tf`) build on these;
-nothing here imports a framework.
+Nothing here imports a framework. The read paths, from the simplest to the fastest:
+
+==============================================  ==========================================
+read path                                       use it when
+==============================================  ==========================================
+:class:`recordkit.Dataset` (``dataset.py``)     you want obviously-correct reading: one
+                                                record at a time on the calling thread, in
+                                                order or by index. The reference the fast
+                                                paths are tested against; debugging,
+                                                small data, tools.
+the thread pool, ``RecordReader``               training from PyTorch (what
+(``pipeline.py``)                               :class:`recordkit.torch.RecordDataset`
+                                                runs): reader threads verify, decode and
+                                                batch whole tasks of the epoch plan off
+                                                the training thread, into reused buffers.
+the native runner (``decode.py``,               automatically, inside the thread pool,
+``pipeline.py``, ``recordkit/_native.c``)       for schemas it covers: a whole task
+                                                (CRC, Example spans, batch copies) in one
+                                                C call with the GIL released. Nothing to
+                                                choose; ``RecordReader(native_tasks=...)``
+                                                turns it off.
+the loader process, ``ProcessReader``           the training step's Python holds the GIL
+(``process.py``)                                so hard that reader threads starve
+                                                (``RecordDataset(reader_process=True)``):
+                                                the same threads in a spawned process,
+                                                chunks handed over in shared memory.
+:class:`recordkit.torch.RecordMapDataset`       your own sampler needs random access by
+(``recordkit/_torch_map.py``)                   global index (``ds[i]``, batched
+                                                ``__getitems__``).
+:mod:`recordkit.tf`                             TensorFlow: ``tf.data`` from the epoch plan
+                                                (:mod:`recordkit._tfbuild` names its
+                                                pipeline shapes), or TensorFlow's own
+                                                ``TFRecordDataset``.
+:func:`recordkit.verify` (``verify.py``)        checking a dataset, not training on it:
+                                                every frame, index, CRC and payload, with
+                                                every problem reported, nothing decoded
+                                                into batches.
+==============================================  ==========================================
+
+What they share, exported here for the packages above (``recordkit.torch``,
+``recordkit.tf``, ``recordkit.dataset``, ``recordkit.verify``, the converters):
+
+- shards: ``ShardSet`` (a dataset's shards, mapped on demand within a budget),
+  ``open_shards``, ``find_shards``, ``MappedShard``,
+  ``ProcessLocalShards`` (a reader object that DataLoader or Grain workers copy);
+- the epoch plan: :class:`EpochPlan`, :class:`PlanOptions`, :class:`Split` (the order
+  as a pure function of seed, epoch, rank, world size and the shard set);
+- decoding and batching: ``BatchDecoder``, ``RecordReader``,
+  :class:`ReaderStats`, ``Chunk``, ``BufferPool``, ``ProcessReader``;
+- reading through a shard cache: ``open_cache``, ``WholeEpochs``,
+  ``CacheEpochs``, ``TaskFeed``;
+- settings as objects: ``ReadOptions``, ``CacheOptions`` (documented with
+  :mod:`recordkit.torch`);
+- tensorflow-datasets folders: :class:`TFDSInfo`, :class:`TFDSView`, :func:`tfds_folder`.
+
+The names load on first use, so importing one module of this package (a writer
+process, ``recordkit.Dataset``) does not load the others.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
+    from .buffers import BufferPool
+    from .decode import BatchDecoder
+    from .epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
+    from .local import ProcessLocalShards
+    from .mapped import MappedShard
+    from .options import CacheOptions, ReadOptions
+    from .pipeline import Chunk, ReaderStats, RecordReader
+    from .plan import EpochPlan, PlanOptions, Split
+    from .process import ProcessReader
+    from .shards import ShardSet, find_shards, open_shards
+    from .tfds import TFDSInfo, TFDSView, tfds_folder
+
+_WHERE = {
+    "BatchDecoder": ".decode",
+    "BufferPool": ".buffers",
+    "CacheEpochs": ".epochs",
+    "CacheOptions": ".options",
+    "Chunk": ".pipeline",
+    "EpochPlan": ".plan",
+    "MappedShard": ".mapped",
+    "PlanOptions": ".plan",
+    "ProcessLocalShards": ".local",
+    "ProcessReader": ".process",
+    "ReadOptions": ".options",
+    "ReaderStats": ".pipeline",
+    "RecordReader": ".pipeline",
+    "ShardSet": ".shards",
+    "Split": ".plan",
+    "TFDSInfo": ".tfds",
+    "TFDSView": ".tfds",
+    "TaskFeed": ".epochs",
+    "WholeEpochs": ".epochs",
+    "find_shards": ".shards",
+    "open_cache": ".epochs",
+    "open_shards": ".shards",
+    "tfds_folder": ".tfds",
+}
+
+__all__ = [
+    "BatchDecoder",
+    "BufferPool",
+    "CacheEpochs",
+    "CacheOptions",
+    "Chunk",
+    "EpochPlan",
+    "MappedShard",
+    "PlanOptions",
+    "ProcessLocalShards",
+    "ProcessReader",
+    "ReadOptions",
+    "ReaderStats",
+    "RecordReader",
+    "ShardSet",
+    "Split",
+    "TFDSInfo",
+    "TFDSView",
+    "TaskFeed",
+    "WholeEpochs",
+    "find_shards",
+    "open_cache",
+    "open_shards",
+    "tfds_folder",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -308,7 +308,7 @@ class WholeEpochs:
         timeout: float | None,
         agree_min: Callable[[int], int] | None = None,
     ) -> None:
-        from ..cache._stream import footprint, plan_capacity
+        from ..cache import footprint, plan_capacity
 
         self.cache = cache
         self.timeout = timeout
@@ -403,7 +403,7 @@ class WholePass:
         start: int,
         shards: ShardSet,
     ) -> None:
-        from ..cache._stream import StreamGate
+        from ..cache import StreamGate
 
         self.whole = whole
         self.epoch = plan.epoch
@@ -479,11 +479,17 @@ class WholePass:
 class TaskFeed:
     """Whole epochs for ``recordkit.tf``'s plan tasks (``PlanTasks(feed=...)``).
 
-    TensorFlow runs an epoch's tasks on several threads, a few ahead of the
-    consumer: the first task of an epoch starts that epoch's pass (from that
-    task: a ``tf.train.Checkpoint`` restore resumes mid-epoch), and once every
-    task before task *t* is done the shards no later task reads go. One
-    iterator at a time per dataset.
+    TensorFlow reads an epoch's tasks on several threads, a few ahead of the
+    consumer and in no fixed order, so a read cannot tell where a pass starts.
+    The tasks are therefore *announced* first, one at a time and in order (a
+    sequential stage of the pipeline, :meth:`announce`): the first task
+    announced for an epoch starts that epoch's pass, from that task (a
+    ``tf.train.Checkpoint`` restore resumes mid-epoch). Reads then run in any
+    order (:meth:`begin`, :meth:`done`); once every task before task *t* is done
+    the shards no later task reads go. The next epoch's first task waits for
+    the tasks of this pass still being read before the pass is ended. One
+    iterator at a time per dataset: a task announced out of sequence (a new or
+    restored iterator) starts a new pass at once.
 
     Args:
         whole: the cache's whole epochs.
@@ -511,25 +517,47 @@ class TaskFeed:
         self.task_units = task_units
         self.tasks = tasks
         self.rank, self.world_size = rank, world_size
-        self._lock = threading.Lock()
-        self._epoch: int | None = None
+        self._cond = threading.Condition()
+        self._epoch: int | None = None  # the pass's epoch (None: no pass)
         self._low = 0  # every task before it is done
         self._done: set[int] = set()
+        self._last: tuple[int, int] | None = None  # the task announced last
+        self._pending = 0  # tasks announced in this pass and not done
+
+    def announce(self, epoch: int, task: int) -> None:
+        """Task ``task`` of ``epoch`` is next in the stream (called in stream order)."""
+        with self._cond:
+            last = self._last
+            self._last = (epoch, task)
+            if last is not None and self._epoch == epoch and task == last[1] + 1:
+                self._pending += 1  # the pass goes on
+                return
+            if last is not None and (epoch, task) == (last[0] + 1, 0):
+                # the same iterator's next epoch: let this pass's reads in flight finish
+                self._cond.wait_for(lambda: self._pending <= 0, timeout=self.whole.timeout)
+            self._start(epoch, task)
+            self._pending = 1
+
+    def _start(self, epoch: int, task: int) -> None:
+        self.whole.end()
+        self._epoch, self._low, self._done = epoch, task, set()
+        start = task * self.task_units
+        self.whole.begin(self.plan(epoch), self.rank, self.world_size, start, self.shards)
 
     def begin(self, epoch: int, task: int) -> None:
-        with self._lock:
-            if epoch == self._epoch:
-                return
-            self.whole.end()
-            self._epoch, self._low, self._done = epoch, task, set()
-            start = task * self.task_units
-            self.whole.begin(self.plan(epoch), self.rank, self.world_size, start, self.shards)
+        """A read of an announced task starts (a task never announced starts a pass)."""
+        with self._cond:
+            if epoch != self._epoch:
+                self._start(epoch, task)
+                self._last, self._pending = (epoch, task), 1
 
     def done(self, epoch: int, task: int) -> None:
-        with self._lock:
+        with self._cond:
             current = self.whole.pass_
             if epoch != self._epoch or current is None:
                 return
+            self._pending -= 1
+            self._cond.notify_all()
             self._done.add(task)
             low = self._low
             while low in self._done:

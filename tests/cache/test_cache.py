@@ -278,7 +278,7 @@ def test_no_import_circle_and_no_private_imports_of_other_packages():
                 continue
             module = node.module or ""
             names = [a.name for a in node.names]
-            if node.level == 1 and path.name not in ("__init__.py", "_cli.py"):
+            if node.level == 1 and path.name not in ("__init__.py", "cli.py"):
                 assert module != "_cache" and "_cache" not in names, (path.name, module)
             if node.level == 2:  # recordkit.<package>.<module>
                 parts = module.split(".")

@@ -20,9 +20,9 @@ from recordkit.convert import (
     DiskFullError,
     PartitionsFailedError,
     make_plan,
+    parse_schema,
     plan_conversion,
 )
-from recordkit.convert._cli import parse_schema
 from recordkit.converters import SourceError, SourceNotFoundError
 from recordkit.errors import CorruptRecordError, DatasetExistsError, SchemaError
 

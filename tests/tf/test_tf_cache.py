@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recordkit.cache import ShardCache
-from recordkit.cache._stream import plan_capacity
+from recordkit.cache import ShardCache, plan_capacity
 from tests.cache.conftest import BudgetWatch, check_sample, overhead, write_dataset
 from tests.servers import http_server
 
@@ -119,3 +118,41 @@ def test_whole_epochs_resume_from_a_checkpoint(remote, tmp_path):
     assert _ids(resumed) == _ids(rest)
     ids = _ids(head) + _ids(resumed)
     assert len(ids) == len(set(ids)) == SHARDS * RECORDS // 8 * 8
+
+
+def test_cache_options_whole_or_flat(remote, tmp_path):
+    """``cache_options=CacheOptions(...)`` reads what the flat keywords read; a cache
+    setting given both ways is refused by name (issue 17)."""
+    from recordkit.errors import OptionError
+    from recordkit.reader import CacheOptions
+
+    root, manifest = remote
+    budget = 2 * manifest.bytes + overhead(root)  # all of it fits: no waits on eviction
+    whole = rtf.dataset(
+        str(root),
+        batch_size=8,
+        cache_options=CacheOptions(dir=tmp_path / "a", limit=budget, timeout=60),
+    )
+    ids = [b["i"].numpy().tolist() for b in whole]
+    flat = rtf.dataset(str(root), batch_size=8, cache_dir=tmp_path / "b", cache_limit=budget)
+    assert ids == [b["i"].numpy().tolist() for b in flat]
+    assert sorted(i for batch in ids for i in batch) == list(range(SHARDS * RECORDS))
+    with pytest.raises(OptionError, match="cache_limit= given beside cache_options="):
+        rtf.dataset(str(root), cache_options=CacheOptions(dir=tmp_path / "c"), cache_limit=budget)
+
+
+def test_whole_epochs_whatever_task_tensorflow_reads_first(remote, tmp_path):
+    """TensorFlow reads an epoch's first tasks on several threads in any order: the pass
+    starts at the first task of the stream, not at the first one read (it started at
+    whichever came first, released the shards of the tasks before it, and failed with
+    "the stream was closed while waiting for part-00000.tfrecord" most runs)."""
+    root, manifest = remote
+    budget = 2 * manifest.bytes + overhead(root)  # it fits: several tasks an epoch
+    for k in range(4):
+        ds = rtf.dataset(
+            str(root), batch_size=8, cache_dir=tmp_path / f"c{k}", cache_limit=budget, epochs=2
+        )
+        ids = _ids(ds)
+        total = SHARDS * RECORDS
+        assert ids[:total] == list(range(total)) == ids[total:]
+        assert _ids(ds) == ids  # iterated again: a new pass from the start

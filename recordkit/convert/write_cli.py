@@ -62,7 +62,7 @@ def read_inputs(spec: str) -> list[Any]:
 
 def _cmd_write(args: argparse.Namespace) -> int:
     from . import ConvertOptions, PartitionsFailedError, write
-    from ._cli import parse_schema
+    from .cli import parse_schema
     from .function import import_function
     from .progress import choose_progress
 

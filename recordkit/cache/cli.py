@@ -67,8 +67,8 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
     return json_object("--storage-options", text)
 
 
-def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
-    """ShardCache's producer-mode arguments from the command line (none without --format)."""
+def _producer_options(args: argparse.Namespace) -> Any:
+    """ShardCache's ``ProducerOptions`` from the command line (``None`` without --format)."""
     given = [
         flag
         for flag, value in (
@@ -84,7 +84,7 @@ def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.format is None:
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --format (producer mode)")
-        return {}
+        return None
     from ..convert import ConvertOptions, parse_options, parse_schema
 
     options = ConvertOptions(
@@ -93,12 +93,14 @@ def _producer_options(args: argparse.Namespace) -> dict[str, Any]:
         compress=args.compress,
         retries=3 if args.retries is None else args.retries,
     )
-    return {
-        "format": args.format,
-        "schema": parse_schema(args.schema) if args.schema else None,
-        "source_options": parse_options(args.option),
-        "convert_options": options,
-    }
+    from ._producer_options import ProducerOptions
+
+    return ProducerOptions(
+        format=args.format,
+        schema=parse_schema(args.schema) if args.schema else None,
+        source_options=parse_options(args.option),
+        convert_options=options,
+    )
 
 
 def _retry_policy(args: argparse.Namespace) -> Any:
@@ -134,7 +136,7 @@ def _cmd_fill(args: argparse.Namespace) -> int:
             policy=args.policy,
             storage_options=_storage_options(args.storage_options),
             retry=_retry_policy(args),
-            **producer,
+            producer=producer,
         )
     except ValueError as exc:  # a bad option value, an unknown converter
         print(f"recordkit cache fill: error: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``recordkit convert``: the subcommand's parser and handler.
+"""``recordkit convert``: the subcommand's parser and handler (``add_parser``, used by
+``recordkit.cli``), and the ``--schema`` / ``-o`` parsers the cache's CLI shares.
 
 Only the standard library at module level (``recordkit --help`` stays instant);
 the handler imports the conversion machinery when it runs.
@@ -45,7 +46,7 @@ def parse_schema(text: str) -> Any:
     for a list of any length); any other numpy dtype (``uint8[32,32,3]``,
     ``float64``) is a ``Tensor``; ``tensor:int64[4]`` forces a ``Tensor``.
     """
-    from .. import Bytes, Float32, Int64, Schema, Tensor
+    from ..codec import Bytes, Float32, Int64, Schema, Tensor
     from ..errors import SchemaError
 
     text = text.strip()

@@ -1,0 +1,155 @@
+"""Settings as frozen objects (issue 17): ReadOptions / CacheOptions of RecordDataset, and
+ProducerOptions of ShardCache; each setting is accepted one way."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import recordkit as rk
+from recordkit.cache import ProducerOptions, ShardCache
+from recordkit.errors import OptionError
+from recordkit.reader import CacheOptions, ReadOptions
+from recordkit.torch import RecordDataset
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("opts") / "ds"
+    schema = rk.Schema(x=rk.Int64(), v=rk.Float32((2,)))
+    with rk.Writer(root, schema, max_records=40) as w:
+        for i in range(100):
+            w.write({"x": i, "v": np.array([i, -i], np.float32)})
+    return str(root)
+
+
+def _records(ds):
+    return [int(x) for b in ds for x in b["x"]]
+
+
+def test_options_whole_read_what_the_flat_keywords_read(data):
+    flat = RecordDataset(data, batch_size=16, shuffle=True, seed=3, columns=["x"], num_threads=2)
+    opts = ReadOptions(batch_size=16, shuffle=True, seed=3, columns=["x"], num_threads=2)
+    whole = RecordDataset(data, options=opts)
+    assert whole.read_options == flat.read_options == opts
+    assert opts.columns == ("x",)  # kept as a tuple: the object is frozen through and through
+    assert _records(whole) == _records(flat)
+    assert sorted(_records(whole)) == list(range(100))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.shuffle = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"shuffle": False}, "shuffle="),  # equal to the default: still given twice
+        ({"batch_size": 16}, "batch_size="),  # equal to the object's value
+        ({"seed": 0, "verify": True}, "seed=, verify="),
+    ],
+)
+def test_a_setting_given_two_ways_is_refused_by_name(data, kwargs, named):
+    opts = ReadOptions(batch_size=16, shuffle=True)
+    with pytest.raises(OptionError, match=f"^{named} given beside options="):
+        RecordDataset(data, options=opts, **kwargs)
+
+
+def test_cache_settings_given_two_ways_are_refused(data, tmp_path):
+    cached = CacheOptions(dir=tmp_path / "c", limit="1MiB")
+    with pytest.raises(OptionError, match="cache_dir= given beside cache_options="):
+        RecordDataset(data, cache_options=cached, cache_dir=tmp_path / "d")
+    with pytest.raises(OptionError, match="cache_epochs= given beside cache_options="):
+        RecordDataset(data, cache_options=cached, cache_epochs="whole")
+
+
+def test_options_are_checked_when_made_and_typed(data):
+    with pytest.raises(ValueError, match="on_error"):
+        ReadOptions(on_error="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_threads"):
+        ReadOptions(num_threads=0)
+    with pytest.raises(ValueError, match="sequence_example=True reads records whole"):
+        ReadOptions(sequence_example=True, columns=["x"])
+    with pytest.raises(ValueError, match="cache_epochs"):
+        CacheOptions(epochs="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="options= takes a ReadOptions"):
+        RecordDataset(data, options={"shuffle": True})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_threads"):  # the flat form is checked alike
+        RecordDataset(data, num_threads=0)
+
+
+def _jsonl(root, files=2):
+    root.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        rows = [json.dumps({"i": f * 10 + k, "s": "x" * k}) for k in range(10)]
+        (root / f"part-{f}.jsonl").write_text("\n".join(rows) + "\n")
+    return str(root)
+
+
+def test_producer_options_whole_or_flat(tmp_path):
+    src = _jsonl(tmp_path / "raw")
+    convert = rk.convert.ConvertOptions(shard_size="16KiB")
+    whole = ShardCache(
+        src,
+        tmp_path / "a",
+        max_bytes="1MiB",
+        producer=ProducerOptions(format="jsonl", convert_options=convert),
+    )
+    flat = ShardCache(src, tmp_path / "b", max_bytes="1MiB", format="jsonl", shard_size="16KiB")
+    assert whole.mode == flat.mode == "producer"
+    assert whole._filler.options == flat._filler.options  # type: ignore[attr-defined]
+    assert whole._filler.options.shard_size == 16 << 10  # type: ignore[attr-defined]
+    assert whole.fill() == flat.fill() >= 1  # the same shards, either way
+    default = ShardCache(src, tmp_path / "c", max_bytes="1MiB", producer=ProducerOptions("jsonl"))
+    assert default._filler.options.shard_size == 256 << 20  # type: ignore[attr-defined]
+
+
+def test_producer_settings_are_accepted_one_way(tmp_path):
+    src = _jsonl(tmp_path / "raw", 1)
+    producer = ProducerOptions(format="jsonl")
+    with pytest.raises(OptionError, match=r"^format= given beside producer="):
+        ShardCache(src, tmp_path / "c", max_bytes="1MiB", producer=producer, format="jsonl")
+    with pytest.raises(OptionError, match=r"^shard_size= given beside producer="):
+        ShardCache(src, tmp_path / "c", max_bytes="1MiB", producer=producer, shard_size="1MiB")
+    options = rk.convert.ConvertOptions(shard_size="16KiB")
+    for kw in ({"shard_size": "256MiB"}, {"compress": None}):  # the defaults: still two ways
+        with pytest.raises(OptionError, match="given beside convert_options="):
+            ShardCache(
+                src, tmp_path / "c", max_bytes="1MiB", format="jsonl", convert_options=options, **kw
+            )
+    # shard mode has no producer settings
+    with pytest.raises(ValueError, match="inactivity_timeout: producer mode only"):
+        ShardCache(src, tmp_path / "c", max_bytes="1MiB", inactivity_timeout=5.0)
+    with pytest.raises(ValueError, match="max_records"):
+        ProducerOptions("jsonl", convert_options=rk.convert.ConvertOptions(max_records=3))
+    with pytest.raises(ValueError, match="inactivity_timeout"):
+        ProducerOptions("jsonl", inactivity_timeout=0)
+    with pytest.raises(TypeError, match="producer= takes a ProducerOptions"):
+        ShardCache(src, tmp_path / "c", max_bytes="1MiB", producer={"format": "jsonl"})  # type: ignore[arg-type]
+    frozen = ProducerOptions("jsonl", source_options={"a": 1})
+    with pytest.raises(TypeError):
+        frozen.source_options["a"] = 2  # type: ignore[index]
+
+
+def _double(x):
+    return {"x": x * 2}
+
+
+def test_convert_and_write_take_shard_size_one_way(tmp_path):
+    """``shard_size=``/``compress=`` are fields of ``options=``: beside it, even at their
+    defaults, they are refused by name instead of silently losing to it."""
+    src = _jsonl(tmp_path / "raw", 1)
+    options = rk.convert.ConvertOptions(shard_size="64KiB")
+    with pytest.raises(OptionError, match=r"^shard_size= given beside options="):
+        rk.convert(src, tmp_path / "out", format="jsonl", shard_size="256MiB", options=options)
+    with pytest.raises(OptionError, match=r"^compress= given beside options="):
+        rk.write(
+            _double,
+            [1, 2],
+            tmp_path / "w",
+            schema=rk.Schema(x=rk.Int64()),
+            compress=None,
+            options=options,
+        )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "w").exists()
