@@ -92,7 +92,7 @@ class Request:
     split: str | None
     decode_images: bool | str | Sequence[str] | ImageOptions | None
     sequence_example: bool
-    paths: Sequence[str] = ()  # the datasets read (one, or several read as one)
+    paths: Sequence[str]  # the datasets read (one, or several read as one)
     records: Any = None  # a record range (or one per dataset), split name taken out
     weights: Sequence[float] | None = None
     epoch_records: int | None = None
@@ -238,7 +238,7 @@ def _plan_ordered_local(req: Request) -> Any:
     if not req.mixing and not os.path.exists(path):
         raise ShardNotFoundError(f"no such dataset: {path}")
     shards = open_sources(
-        list(req.paths) or [req.path_or_url],
+        list(req.paths),
         req.schema,
         columns=req.columns,
         partial=req.partial,

@@ -235,11 +235,8 @@ def dataset(
     cached = merge_options(CacheOptions, cache_options, locals(), keyword="cache_options")
     paths, label = sources(path_or_url)
     split, records = take_split(split, records)
-    mixing = len(paths) > 1 or any(x is not None for x in (records, weights, epoch_records))
-    if mixing and cached.used:
+    if cached.used:  # a list, a record range or weights: refused with a cache
         refuse_cache(label, paths, records, weights, epoch_records)
-    if mixing and (sequence_example or says_sequences(strip_file_scheme(paths[0]))):
-        raise ValueError(f"{label}: SequenceExamples are not read as a list, records= or weights=")
     if input_context is not None:  # validates the pipeline numbers
         shard_files([], input_context.num_input_pipelines, input_context.input_pipeline_id)
     if cached.used and (split is not None or decode_images):
@@ -271,6 +268,8 @@ def dataset(
         weights=weights,
         epoch_records=epoch_records,
     )
+    if request.mixing and (sequence_example or says_sequences(strip_file_scheme(paths[0]))):
+        raise ValueError(f"{label}: SequenceExamples are not read as a list, records= or weights=")
     source = open_cache(
         request.path_or_url,
         cache=cached.cache,

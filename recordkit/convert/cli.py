@@ -159,33 +159,39 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             progress=progress,
         )
     except KeyboardInterrupt:
-        print(_interrupted(args.dst, dst_options or storage_options), file=sys.stderr)
+        print(interrupted("convert", args.dst, dst_options or storage_options), file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
     except PartitionsFailedError as group:
-        print(f"recordkit convert: error: {group.message}", file=sys.stderr)
-        for exc in group.exceptions:
-            print(f"  {type(exc).__name__}: {exc}", file=sys.stderr)
-            for note in getattr(exc, "__notes__", []):
-                print(f"    {note}", file=sys.stderr)
+        print_failed("convert", group)
         return 1
     print(result.summary(), file=sys.stderr)
     return 0
 
 
-def _interrupted(dst: str, storage_options: dict[str, Any] | None) -> str:
-    """The one line Ctrl-C ends with: how far the conversion got, and that a rerun resumes."""
-    from .run import incomplete_at
+def interrupted(command: str, dst: str, storage_options: dict[str, Any] | None) -> str:
+    """The one line Ctrl-C ends ``recordkit convert`` or ``write`` with: how far it got,
+    and that a rerun resumes."""
+    from .destination import incomplete_at
 
     try:
         found = incomplete_at(dst, storage_options)
     except Exception:  # the summary must not turn into a traceback
         found = None
     if found is None:
-        return f"recordkit convert: interrupted; nothing at {dst} is left half-written"
+        return f"recordkit {command}: interrupted; nothing at {dst} is left half-written"
     return (
-        f"recordkit convert: interrupted: {found.progress} at {dst}; "
+        f"recordkit {command}: interrupted: {found.progress} at {dst}; "
         "rerun the same command to resume"
     )
+
+
+def print_failed(command: str, group: Any) -> None:
+    """A :class:`PartitionsFailedError` on stderr: its message, each failure and its notes."""
+    print(f"recordkit {command}: error: {group.message}", file=sys.stderr)
+    for exc in group.exceptions:
+        print(f"  {type(exc).__name__}: {exc}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", []):
+            print(f"    {note}", file=sys.stderr)
 
 
 def add_parser(sub: Any) -> None:

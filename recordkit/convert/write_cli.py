@@ -62,7 +62,7 @@ def read_inputs(spec: str) -> list[Any]:
 
 def _cmd_write(args: argparse.Namespace) -> int:
     from . import ConvertOptions, PartitionsFailedError, write
-    from .cli import parse_schema
+    from .cli import interrupted, parse_schema, print_failed
     from .function import import_function
     from .progress import choose_progress
 
@@ -102,34 +102,16 @@ def _cmd_write(args: argparse.Namespace) -> int:
             progress=choose_progress(progress_mode(args), args.log_interval, "write", "input"),
         )
     except KeyboardInterrupt:
-        print(_interrupted(args.out, storage_options), file=sys.stderr)
+        print(interrupted("write", args.out, storage_options), file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
     except PartitionsFailedError as group:
-        print(f"recordkit write: error: {group.message}", file=sys.stderr)
-        for failed in group.exceptions:
-            print(f"  {type(failed).__name__}: {failed}", file=sys.stderr)
-            for note in getattr(failed, "__notes__", []):
-                print(f"    {note}", file=sys.stderr)
+        print_failed("write", group)
         return 1
     except (TypeError, ValueError) as exc:  # an input or the function, refused up front
         print(f"recordkit write: error: {exc}", file=sys.stderr)
         return 2
     print(result.summary(), file=sys.stderr)
     return 0
-
-
-def _interrupted(out: str, storage_options: dict[str, Any] | None) -> str:
-    from .destination import incomplete_at
-
-    try:
-        found = incomplete_at(out, storage_options)
-    except Exception:  # the summary must not turn into a traceback
-        found = None
-    if found is None:
-        return f"recordkit write: interrupted; nothing at {out} is left half-written"
-    return (
-        f"recordkit write: interrupted: {found.progress} at {out}; rerun the same command to resume"
-    )
 
 
 def add_parser(sub: Any) -> None:
