@@ -17,7 +17,8 @@ record instead of parsing ~11-20 (``benchmarks/index_bench.py``: 0.06 against
 header against the shard, the first and last boundary at load, the others per
 run of records before any record of the run is returned
 (:mod:`recordkit.format.shard_index`). Written without fsync (a torn or lost file
-is caught by those checks and rebuilt from the text).
+is caught by those checks and rebuilt from the text), on a background thread (the
+reader that parsed the text does not wait), keyed by the files as they were then.
 
 Where: ``$RECORDKIT_INDEX_CACHE`` if set (``off`` keeps indexes in memory
 only), else ``$XDG_CACHE_HOME/recordkit/index``, else
@@ -41,6 +42,7 @@ hour) go at a listing.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -48,6 +50,8 @@ import os
 import struct
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +70,9 @@ __all__ = [
     "cached_shard_index",
     "drop_bounds",
     "store_bounds",
+    "store_bounds_soon",
     "store_index",
+    "wait_stored",
 ]
 
 log = logging.getLogger(__name__)
@@ -247,11 +253,19 @@ def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
     directory = _bounds_dir()
     if directory is None:
         return None
+    try:
+        entry = _bounds_entry(directory, path, index_file)
+    except OSError as exc:
+        log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
+        return None
+    return _write_bounds(directory, entry, path, bounds)
+
+
+def _write_bounds(directory: str, entry: str, path: str, bounds: np.ndarray) -> str | None:
     shard_bytes = int(bounds[-1])
     dtype = _bounds_dtype(shard_bytes)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        entry = _bounds_entry(directory, path, index_file)
         tmp = temp_name(entry)
         try:
             with open(tmp, "wb") as f:
@@ -269,6 +283,70 @@ def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
         log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
         return None
     return entry
+
+
+# Binary copies are written on one background thread (store_bounds_soon): the reader
+# that parsed the text goes on to its first records meanwhile.
+_soon: ThreadPoolExecutor | None = None
+_soon_pid = 0
+_soon_pending: set[Future[Any]] = set()
+_soon_lock = threading.Lock()
+
+
+def store_bounds_soon(path: str, index_file: str, bounds: np.ndarray) -> None:
+    """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it).
+
+    The copy is for the next process, so nobody waits for it; a process that exits
+    first finishes the writes it queued (the interpreter joins the thread at exit).
+    Its key (the two files' sizes, times and inodes) is taken now, so a text
+    replaced meanwhile never gets this parse as its copy.
+    """
+    global _soon, _soon_pid
+    directory = _bounds_dir()
+    if directory is None:
+        return
+    try:
+        entry = _bounds_entry(directory, path, index_file)
+    except OSError as exc:
+        log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
+        return
+    with _soon_lock:
+        if _soon is None or _soon_pid != os.getpid():  # a forked child has no such thread
+            _soon = ThreadPoolExecutor(1, thread_name_prefix="recordkit-index-store")
+            _soon_pid = os.getpid()
+            _soon_pending.clear()
+        future: Future[Any] | None
+        try:
+            future = _soon.submit(_write_bounds, directory, entry, path, bounds)
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            future = None
+        else:
+            _soon_pending.add(future)
+    if future is None:
+        _write_bounds(directory, entry, path, bounds)
+        return
+    future.add_done_callback(_stored)
+
+
+def _stored(future: Future[Any]) -> None:
+    with _soon_lock:
+        _soon_pending.discard(future)
+
+
+def wait_stored() -> None:
+    """Wait for the binary copies :func:`store_bounds_soon` queued in this process."""
+    with _soon_lock:
+        pending = list(_soon_pending) if _soon_pid == os.getpid() else []
+    concurrent.futures.wait(pending)
+
+
+def _after_fork_in_child() -> None:
+    global _soon_lock
+    _soon_lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def drop_bounds(path: str, index_file: str) -> None:

@@ -27,7 +27,11 @@ When it is checked (``docs/format.md`` says the same for users):
   and offset; no record of that run has been returned. Runs are checked once
   per load. So the first batch of a shuffle pays for the runs it touches, not
   for every record of every shard it touches (and a shard on a cold disk is not
-  read whole to check its index).
+  read whole to check its index). The native task runner takes :meth:`ShardIndex.lookup`
+  instead: it compares every record's length field (and its CRC) with the index's size
+  as it frames the record, before any value of the task is returned, and a task with
+  a mismatch goes to the reference path, whose :meth:`ShardIndex.locate` checks the
+  runs and raises the error above.
 
 A missing or failing index is rebuilt as :func:`recordkit.format.ensure_index`
 always did (per-user cache, else a CRC-checked scan, which checks every length
@@ -226,6 +230,24 @@ class ShardIndex:
         start = self.bounds[recs]
         return start.astype(np.int64), np.subtract(self.bounds[recs + 1], start, dtype=np.int64)
 
+    def lookup(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The int64 offsets and framed sizes of ``records``, their length fields unread.
+
+        For a reader that compares each record's length field with its size as it
+        frames the record, before returning it (the native task runner: a mismatch
+        refuses the task, and the reader then takes :meth:`locate`, which raises
+        ``InvalidIndexError`` naming the record). Each entry is still checked to
+        lie inside the shard with a size of at least 16 (boundaries from a binary
+        copy included); ``None`` when one does not (the caller takes
+        :meth:`locate`, which says which).
+        """
+        recs = np.asarray(records, dtype=np.int64)
+        start = self.bounds[recs].astype(np.int64)
+        sizes = self.bounds[recs + 1].astype(np.int64) - start
+        if len(recs) and (int(sizes.min()) < OVERHEAD or int((start + sizes).max()) > self.nbytes):
+            return None
+        return start, sizes
+
     def entry(self, record: int, buf: Any, *, path: str | None = None) -> tuple[int, int]:
         """One record's ``(offset, framed size)``, its run checked first."""
         if record < 0:
@@ -407,8 +429,8 @@ def load_index_file(
         if not parsed:  # the text it came from is as stale: both are rebuilt
             index_cache.drop_bounds(path, index_file)
         raise
-    if parsed and binary:
-        index_cache.store_bounds(path, index_file, index.bounds)
+    if parsed and binary:  # for the next process: written while this one reads on
+        index_cache.store_bounds_soon(path, index_file, index.bounds)
     return index
 
 

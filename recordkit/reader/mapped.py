@@ -88,6 +88,13 @@ class MappedShard:
         """The int64 offsets and framed sizes of ``records`` (their index runs checked)."""
         return self.index.locate(records, self.buf, path=self.path)
 
+    def lookup(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`locate`, for a reader that checks each record's length field
+        against its size as it frames it (the native runner): runs are not checked
+        here (an entry outside the shard still raises, as :meth:`locate` does)."""
+        found = self.index.lookup(records)
+        return found if found is not None else self.locate(records)
+
     def entry(self, record: int) -> tuple[int, int]:
         """One record's ``(offset, framed size)`` (its index run checked)."""
         return self.index.entry(record, self.buf, path=self.path)

@@ -298,11 +298,14 @@ class RecordReader:
         rec = np.empty((n, 3), dtype=np.int64)  # the runner's record table (see _contract)
         held: list[MappedShard] = []  # released once the runner is done with the piece
         try:
-            for slot, (sid, at) in enumerate(groups):
-                shard = self.shards.acquire(sid)
-                held.append(shard)
+            # Shards not mapped yet are opened together (their indexes load in parallel).
+            held = self.shards.acquire_many([sid for sid, _ in groups])
+            for slot, (shard, (_, at)) in enumerate(zip(held, groups)):
                 rec[at, 0] = slot
-                rec[at, 1], rec[at, 2] = shard.locate(records[at])
+                # The runner compares every record's length field with its index size
+                # as it frames it; a mismatch refuses the task, and _decode_task's
+                # locate() then checks the runs and names the record (a stale index).
+                rec[at, 1], rec[at, 2] = shard.lookup(records[at])
         except BaseException:
             self._release(held)
             raise
@@ -349,10 +352,12 @@ class RecordReader:
         pending: deque[tuple[Task, _Prepared, int]] = deque()
         upcoming: list[tuple[Task, np.ndarray | None] | None] = [next(jobs, None)]
 
-        # Slow start: one task in flight before the first chunk, one more after each,
-        # up to `prefetch`: the first batch waits for one task's preparation (index
-        # loads, length-field checks, maps), not for `prefetch` of them.
+        # Slow start: one task in flight until the first chunk is out, one more after
+        # each chunk, up to `prefetch`: the first batch waits for one task's
+        # preparation (index loads, length-field checks, maps) and the next one's,
+        # not for `prefetch` of them.
         depth = [1]
+        chunks = 0  # yielded so far
 
         def refill(wait: bool) -> None:
             # Admission: pieces in flight hold their shards mapped; one more is
@@ -394,7 +399,7 @@ class RecordReader:
                 finally:
                     self._release(prep.held)
                 waited += time.perf_counter() - t0
-                depth[0] = min(self.prefetch, depth[0] + 1)
+                depth[0] = min(self.prefetch, chunks + 1)
                 refill(False)  # the chunk in hand goes out first: its reader may let shards go
                 done_parts.append((prep, ok, widths, seconds))
                 if sum(p.n for p, _, _, _ in done_parts) < len(task.records):
@@ -407,6 +412,7 @@ class RecordReader:
                 self._account(done, waited)
                 waited = 0.0
                 yield done.chunk
+                chunks += 1
                 if not pending:
                     refill(True)
         finally:
@@ -443,6 +449,7 @@ class RecordReader:
 
         upcoming: list[Task | None] = [None]
         depth = [1]  # slow start, as _read_native
+        chunks = 0
 
         def refill(wait: bool) -> None:
             # wait: nothing is pending, so a task whose shards are still on their
@@ -464,10 +471,11 @@ class RecordReader:
                 t0 = time.perf_counter()
                 done = future.result()
                 waited = time.perf_counter() - t0
-                depth[0] = min(self.prefetch, depth[0] + 1)
+                depth[0] = min(self.prefetch, chunks + 1)
                 refill(False)  # the chunk in hand goes out first: its reader may let shards go
                 self._account(done, waited)
                 yield done.chunk
+                chunks += 1
                 if not pending:
                     refill(True)
         finally:

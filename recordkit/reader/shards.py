@@ -29,6 +29,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
@@ -51,6 +52,7 @@ from ..format.manifest import (
     read_manifest,
 )
 from ..storage import is_remote, is_temp_name, strip_file_scheme
+from ._opening import open_all
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
@@ -171,6 +173,8 @@ class ShardSet:
         self.max_open = max_open or max_open_shards()
         self._lock = threading.Lock()
         self._open: OrderedDict[int, MappedShard] = OrderedDict()  # least recently used first
+        # Shards being opened now, by whichever thread began it: the others wait on these.
+        self._opening: dict[int, Future[None]] = {}
         self._pid = os.getpid()
         _LIVE.add(self)
         #: set by a reader through a shard cache that fetches shards as they are needed:
@@ -235,29 +239,100 @@ class ShardSet:
         """Shard ``i``, mapped and indexed, held until :meth:`release`.
 
         A shard already open is checked for having shrunk; a shard opened now is
-        checked against its expected size and record count.
+        checked against its expected size and record count. A shard is opened
+        once however many threads ask for it at the same time (the others wait
+        for that open; if it fails, each tries for itself, and raises its own error).
         """
-        gate = self.gate
-        if gate is not None and i not in self._open:
-            gate.wait(self.infos[i].path)  # outside the lock: others read meanwhile
+        while True:
+            with self._lock:
+                self._forked()
+                shard = self._open.get(i)
+                if shard is not None:
+                    self._open.move_to_end(i)
+                    shard.check()
+                    shard.pins += 1
+                    self._trim()
+                    return shard
+                opening = self._opening.get(i)
+                if opening is None:
+                    opening = self._opening[i] = Future()
+                    break
+            opening.result()  # another thread opens it: wait, then take it from the set
+        try:
+            shard = self._open_one(i)
+        except BaseException:
+            self._settle({i: None})
+            raise
+        self._settle({i: shard})
+        return shard
+
+    def acquire_many(self, ids: Sequence[int]) -> list[MappedShard]:
+        """Shards ``ids`` (distinct), each as :meth:`acquire` gives it, held until released.
+
+        The ones nobody has mapped yet are opened on several threads at once (see
+        :func:`recordkit.reader._opening.open_all`): loading an index (reading its text, parsing it,
+        checking it) is most of what a reader's first task waits for, and the
+        parse runs without the GIL. On an error nothing stays held.
+        """
+        ids = [int(i) for i in ids]
         with self._lock:
             self._forked()
-            shard = self._open.get(i)
-            if shard is None:
-                shard = MappedShard(
-                    self.root,
-                    self.infos[i],
-                    write_index=self.write_index,
-                    listed=self._listed(i),
-                    counted_by=self.counted_by,
-                )
-                self._open[i] = shard
-            else:
-                self._open.move_to_end(i)
-                shard.check()
-            shard.pins += 1
+            mine = [i for i in ids if i not in self._open and i not in self._opening]
+            if len(mine) > 1:
+                for i in mine:
+                    self._opening[i] = Future()
+        if len(mine) < 2:
+            return self._acquire_each(ids, {})
+        opened, failure = open_all(self._open_one, self._settle, mine)
+        self._settle({i: opened.get(i) for i in mine})  # each held once, for this call
+        if failure is not None:
+            for shard in opened.values():
+                self.release(shard)
+            raise failure
+        return self._acquire_each(ids, opened)
+
+    def _acquire_each(
+        self, ids: Sequence[int], held_already: dict[int, MappedShard]
+    ) -> list[MappedShard]:
+        held: list[MappedShard] = []
+        try:
+            for i in ids:
+                shard = held_already.pop(i, None)
+                held.append(shard if shard is not None else self.acquire(i))
+        except BaseException:
+            for shard in [*held, *held_already.values()]:
+                self.release(shard)
+            raise
+        return held
+
+    def _settle(self, outcomes: dict[int, MappedShard | None]) -> None:
+        """Publish shards this thread opened (each held once, for the opener), or
+        the failure to open them (``None``), and wake whoever waits for them."""
+        with self._lock:
+            waiting = []
+            for i, shard in outcomes.items():
+                if shard is not None:
+                    shard.pins += 1
+                    self._open[i] = shard
+                opening = self._opening.pop(i, None)
+                if opening is not None:
+                    waiting.append(opening)
             self._trim()
-            return shard
+        for opening in waiting:
+            opening.set_result(None)
+
+    def _open_one(self, i: int) -> MappedShard:
+        """Shard ``i`` mapped and indexed (not yet in the set): after its gate, if any."""
+        gate = self.gate
+        if gate is not None:
+            gate.wait(self.infos[i].path)
+        return MappedShard(
+            self.root,
+            self.infos[i],
+            write_index=self.write_index,
+            listed=self._listed(i),
+            counted_by=self.counted_by,
+        )
 
     def _listed(self, i: int) -> bool:
         """Whether shard ``i`` is a manifest's (ours), not a foreign file."""
@@ -324,6 +399,7 @@ class ShardSet:
             for shard in self._open.values():
                 shard.close()
             self._open.clear()
+            self._opening.clear()  # the parent's threads opening them are not here
             self._pid = os.getpid()
 
     def close(self) -> None:
@@ -335,13 +411,14 @@ class ShardSet:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_lock"], state["_open"]  # maps stay in their process
+        del state["_lock"], state["_open"], state["_opening"]  # maps stay in their process
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._open = OrderedDict()
+        self._opening = {}
         self._pid = os.getpid()
         _LIVE.add(self)
 

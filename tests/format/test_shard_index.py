@@ -274,6 +274,7 @@ def test_short_index_texts_are_parsed_not_copied(tmp_path):
 def _bnd_files():
     from recordkit.format import index_cache
 
+    index_cache.wait_stored()  # binary copies are written on a background thread
     directory = os.path.join(index_cache.cache_dir() or "", "bounds")
     if not os.path.isdir(directory):
         return []
@@ -352,3 +353,60 @@ def test_a_damaged_copy_is_dropped_or_caught_before_its_records(tmp_path, damage
         assert info.value.path == index_path(path)
         assert info.value.record in (bad, bad + 1)
     buf.close()
+
+
+def test_lookup_reads_no_length_field_but_keeps_entries_inside_the_shard(tmp_path):
+    """lookup() is for the native runner, which compares each length field as it frames
+    the record: no run is checked, a stale run is not noticed here, an entry outside
+    the shard (a damaged binary copy) is None, and the caller then takes locate()."""
+    path, _ = _varied_shard(tmp_path)
+    true = scan_index(path)
+    bounds = ShardIndex.from_entries(_swap(true, 1000), os.path.getsize(path)).bounds
+    index = ShardIndex(bounds.copy(), source="x.idx")  # as loaded: no run checked yet
+    recs = np.array([3, 999, 1000, 1001, 1999])
+    offsets, sizes = index.lookup(recs)
+    assert offsets.tolist() == _swap(true, 1000)[recs, 0].tolist()
+    assert sizes.tolist() == _swap(true, 1000)[recs, 1].tolist()
+    assert index.unchecked_runs == len(index._checked)
+    bad = bounds.copy()
+    bad[1500] = bad[-1] + 1  # past the end of the shard
+    damaged = ShardIndex(bad, source="x.idx")
+    assert damaged.lookup(np.array([1499])) is None and damaged.lookup(np.array([1])) is not None
+    assert damaged.lookup(np.array([1500])) is None  # a size under 16 (negative)
+
+
+@pytest.mark.parametrize("damage", ["middle", "outside"])
+@pytest.mark.parametrize("native_tasks", ["1", "0"])
+def test_recorddataset_stops_at_a_damaged_copy(tmp_path, monkeypatch, damage, native_tasks):
+    """Through RecordDataset (the native runner frames records from unchecked
+    lookups): a binary copy damaged in the middle, or pointing outside the shard, is
+    an InvalidIndexError naming the record, never a wrong or skipped record."""
+    pytest.importorskip("torch")
+    import recordkit.torch as rkt
+
+    monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", native_tasks)
+    monkeypatch.setattr(si, "BINARY_MIN_TEXT", 0)  # a copy even of a small index
+    schema = rk.Schema(i=rk.Int64(), pad=rk.Bytes())
+    with rk.Writer(tmp_path / "ds", schema) as w:
+        for i in range(3000):
+            w.write({"i": i, "pad": b"p" * (i % 50)})
+    (shard,) = [str(p) for p in (tmp_path / "ds").glob("*.tfrecord")]
+    true = scan_index(shard)
+    list(rkt.RecordDataset(tmp_path / "ds", batch_size=500))  # leaves the binary copy
+    (bnd,) = _bnd_files()
+    with open(bnd, "rb") as f:
+        raw = bytearray(f.read())
+    at = 32 + 4 * 2001
+    if damage == "middle":  # record 2000 one byte longer, 2001 one shorter
+        raw[at : at + 4] = (int(true[2001, 0]) + 1).to_bytes(4, "little")
+    else:
+        raw[at : at + 4] = (1 << 31).to_bytes(4, "little")
+    with open(bnd, "wb") as f:
+        f.write(raw)
+    seen = []
+    ds = rkt.RecordDataset(tmp_path / "ds", batch_size=100, on_error="skip")
+    with pytest.raises(InvalidIndexError) as info:
+        for batch in ds:
+            seen.extend(batch["i"].tolist())
+    assert info.value.record in (2000, 2001)
+    assert seen == list(range(len(seen))) and len(seen) <= 2000

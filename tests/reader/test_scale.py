@@ -279,6 +279,75 @@ def test_lru_keeps_the_budget_and_never_closes_a_held_map(many):
     assert shards.open_count == 0
 
 
+def _counting_opens(monkeypatch):
+    """Record (shard path, thread name) for every map a ShardSet opens."""
+    import threading
+
+    import recordkit.reader.shards as rks
+
+    opened = []
+    real = rks.MappedShard
+
+    def counting(root, info, **kw):
+        opened.append((info.path, threading.current_thread().name))
+        return real(root, info, **kw)
+
+    monkeypatch.setattr(rks, "MappedShard", counting)
+    return opened
+
+
+def test_shards_opened_together_are_opened_in_parallel_once_each(many, monkeypatch):
+    """acquire_many maps the shards nobody has mapped on the opening pool's threads,
+    each once however many threads ask at the same time; the rest are acquired as usual."""
+    import threading
+
+    opened = _counting_opens(monkeypatch)
+    shards = open_shards(many)
+    first = shards.acquire(3)  # open already: not opened again
+    ids = list(range(12))
+    results, errors = [], []
+    go = threading.Barrier(4)
+
+    def grab():
+        try:
+            go.wait(timeout=30)
+            results.append(shards.acquire_many(ids))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=grab) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    paths = [p for p, _ in opened]
+    assert sorted(paths) == sorted(set(paths)) and len(paths) == 12  # once each
+    assert any(name.startswith("recordkit-open") for _, name in opened)
+    for held in results:  # the same maps, in the order asked, held by each caller
+        assert [os.path.basename(h.path) for h in held] == [f"part-{k:06d}.tfrecord" for k in ids]
+        assert all(h is g for h, g in zip(held, results[0]))
+    assert all(h.pins == 4 + (k == 3) for k, h in enumerate(results[0]))
+    for held in results:
+        for h in held:
+            shards.release(h)
+    shards.release(first)
+    assert all(h.pins == 0 for h in results[0])
+    shards.close()
+
+
+def test_a_failed_open_among_many_leaves_nothing_held(tmp_path):
+    root = make_many(tmp_path, shards=8)
+    shards = open_shards(root)
+    os.unlink(os.path.join(root, "part-000005.tfrecord"))  # gone after the open
+    with pytest.raises(ShardNotFoundError, match="part-000005"):
+        shards.acquire_many(range(8))
+    assert all(s.pins == 0 for s in shards._open.values())
+    assert not shards._opening  # nobody is left waiting for an open
+    assert shards.acquire(2).pins == 1  # the others still open and usable
+    shards.close()
+
+
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_batches_wider_than_the_budget_are_read_in_pieces(tmp_path, monkeypatch, native):
     """A batch touching more shards than half the map budget: pieces, joined in order."""
