@@ -410,3 +410,21 @@ def test_recorddataset_stops_at_a_damaged_copy(tmp_path, monkeypatch, damage, na
             seen.extend(batch["i"].tolist())
     assert info.value.record in (2000, 2001)
     assert seen == list(range(len(seen))) and len(seen) <= 2000
+
+
+def test_a_process_that_exits_at_once_still_leaves_its_binary_copy(tmp_path):
+    """The copy is written on a background thread; a process that ends right after
+    the parse (normally) finishes that write first, so the next process finds it."""
+    import subprocess
+    import sys
+
+    path, _ = _varied_shard(tmp_path)
+    write_index(index_path(path), scan_index(path))
+    code = (
+        "import sys, recordkit.format.shard_index as si\n"
+        "si.BINARY_MIN_TEXT = 0\n"
+        "si.open_index(sys.argv[1])\n"
+    )
+    subprocess.run([sys.executable, "-c", code, path], check=True, timeout=120, env=os.environ)
+    (bnd,) = _bnd_files()
+    assert os.path.getsize(bnd) == 32 + 4 * (len(scan_index(path)) + 1)
