@@ -75,15 +75,21 @@ def open_map(path: str | os.PathLike[str]) -> mmap.mmap | bytes:
         CorruptRecordError: it is a directory, FIFO or device, not a regular file
             (checked without blocking: a FIFO is never opened for reading).
     """
+    return map_file(path)[0]
+
+
+def map_file(path: str | os.PathLike[str]) -> tuple[mmap.mmap | bytes, os.stat_result]:
+    """:func:`open_map`, and the ``fstat`` of the very file it mapped."""
     path = os.fspath(path)
     try:
         fd = open_regular(path, _shard_error)
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"shard not found: {path}") from exc
     try:
-        if os.fstat(fd).st_size == 0:
-            return b""
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        st = os.fstat(fd)
+        if st.st_size == 0:
+            return b"", st
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st
     finally:
         os.close(fd)
 

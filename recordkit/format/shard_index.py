@@ -200,6 +200,11 @@ class ShardIndex:
         return int(self.bounds[-1])
 
     @property
+    def memory(self) -> int:
+        """Bytes this index holds in memory (its boundaries and run marks)."""
+        return int(self.bounds.nbytes + self._checked.nbytes)
+
+    @property
     def run_records(self) -> int:
         """Records per run: their length fields are checked together, once."""
         return 1 << self._shift

@@ -16,7 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .mapped import MappedShard
 
-__all__ = ["open_all"]
+__all__ = ["PARALLEL_MIN_RECORDS", "open_all"]
+
+PARALLEL_MIN_RECORDS = 16384
+"""Shards of at least this many records are opened on the pool when a reader needs
+several at once (``ShardSet.acquire_many``): their index text takes ~0.1 ms or more
+to parse, more than handing the work to a thread costs."""
 
 # Shards opened together (ShardSet.acquire_many) are opened on this many threads: the
 # CPUs this process may use (an index parse is CPU work), at most _OPEN_THREADS.

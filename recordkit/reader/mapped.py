@@ -15,9 +15,9 @@ import numpy as np
 
 from ..errors import ManifestError, ShardChangedError
 from ..format.framing import read_record
-from ..format.index import open_map
+from ..format.index import map_file
 from ..format.manifest import ShardInfo
-from ..format.shard_index import open_index
+from ..format.shard_index import ShardIndex, open_index
 
 __all__ = ["MappedShard"]
 
@@ -43,7 +43,7 @@ class MappedShard:
         index: the :class:`~recordkit.format.shard_index.ShardIndex`.
     """
 
-    __slots__ = ("buf", "index", "info", "nbytes", "path", "pins")
+    __slots__ = ("buf", "identity", "index", "info", "nbytes", "path", "pins")
 
     def __init__(
         self,
@@ -53,12 +53,17 @@ class MappedShard:
         write_index: bool = False,
         listed: bool = True,
         counted_by: str | None = None,
+        kept: tuple[tuple[int, ...], ShardIndex] | None = None,
     ) -> None:
         self.info = info
         self.path = os.path.join(root, info.path)
         self.pins = 0  # readers holding it (ShardSet.acquire); guarded by the set's lock
-        self.buf: mmap.mmap | bytes = open_map(self.path)
+        self.buf: mmap.mmap | bytes
+        self.buf, st = map_file(self.path)
         self.nbytes = len(self.buf)  # still known after close()
+        #: the file mapped: device, inode, size, modification time (an index loaded for
+        #: it serves a later map of the same file: ``kept``)
+        self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         mismatch = ManifestError if listed else ShardChangedError
         what = "the manifest says" if listed else "it had when the dataset was opened"
         if counted_by is not None:  # counts from another program's metadata
@@ -68,9 +73,12 @@ class MappedShard:
                 raise mismatch(f"shard is {self.nbytes} bytes, {what} {info.bytes}", path=self.path)
             # A manifest's shards are ours: a lost index goes back beside them. A foreign
             # shard's goes to the per-user cache unless the user asked for it beside.
-            self.index = open_index(
-                self.path, buf=self.buf, write=write_index or listed, records=info.records
-            )
+            if kept is not None and kept[0] == self.identity:  # mapped before, unchanged
+                self.index = kept[1]
+            else:
+                self.index = open_index(
+                    self.path, buf=self.buf, write=write_index or listed, records=info.records
+                )
             if self.index.records != info.records:
                 raise mismatch(
                     f"shard has {self.index.records} records, {what} {info.records}",

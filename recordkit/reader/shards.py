@@ -23,7 +23,6 @@ import hashlib
 import logging
 import mmap
 import os
-import resource
 import stat
 import threading
 import weakref
@@ -51,22 +50,28 @@ from ..format.manifest import (
     ShardInfo,
     read_manifest,
 )
+from ..format.shard_index import ShardIndex
 from ..storage import is_remote, is_temp_name, strip_file_scheme
+from . import _opening
+from ._budgets import kept_index_bytes, max_open_shards
 from ._opening import open_all
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
-__all__ = ["Gate", "MappedShard", "ShardSet", "find_shards", "max_open_shards", "open_shards"]
+__all__ = [
+    "Gate",
+    "MappedShard",
+    "ShardSet",
+    "find_shards",
+    "kept_index_bytes",
+    "max_open_shards",
+    "open_shards",
+]
 
 log = logging.getLogger(__name__)
 
 # How many leading records to look at when inferring a foreign dataset's schema.
 _INFER_RECORDS = 64
-# The map budget is a share of the descriptor limit: the rest is for the process
-# itself, a second reader over the same data, sockets, DataLoader pipes.
-_FD_SHARE = 4
-_MIN_OPEN, _MAX_OPEN = 8, 4096  # 4096 maps stay far below vm.max_map_count (65530)
-ENV_MAX_OPEN = "RECORDKIT_MAX_OPEN_SHARDS"
 
 
 class Gate(Protocol):
@@ -84,29 +89,6 @@ class Gate(Protocol):
 
     def wait(self, rel: str) -> float:
         """Block until it is; return the seconds waited."""
-
-
-def max_open_shards() -> int:
-    """How many shards one :class:`ShardSet` keeps mapped at most.
-
-    ``RECORDKIT_MAX_OPEN_SHARDS`` if set, else a quarter of the soft
-    ``RLIMIT_NOFILE`` (256 under the common default of 1024), clamped to
-    [8, 4096]. Every process (DataLoader worker, rank) has its own budget, as it
-    has its own descriptor limit.
-    """
-    value = os.environ.get(ENV_MAX_OPEN, "").strip()
-    if value:
-        try:
-            n = int(value)
-        except ValueError:
-            raise ValueError(f"{ENV_MAX_OPEN} must be an integer >= 1, got {value!r}") from None
-        if n < 1:
-            raise ValueError(f"{ENV_MAX_OPEN} must be an integer >= 1, got {value!r}")
-        return n
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return _MAX_OPEN
-    return max(_MIN_OPEN, min(_MAX_OPEN, soft // _FD_SHARE))
 
 
 def find_shards(root: str) -> list[str]:
@@ -175,6 +157,11 @@ class ShardSet:
         self._open: OrderedDict[int, MappedShard] = OrderedDict()  # least recently used first
         # Shards being opened now, by whichever thread began it: the others wait on these.
         self._opening: dict[int, Future[None]] = {}
+        # Indexes of shards unmapped by the budget, least recently unmapped first, for
+        # when they are mapped again (kept_index_bytes): (file identity, index).
+        self._kept: OrderedDict[int, tuple[tuple[int, ...], ShardIndex]] = OrderedDict()
+        self._kept_bytes = 0
+        self.keep_index_bytes = kept_index_bytes()
         self._pid = os.getpid()
         _LIVE.add(self)
         #: set by a reader through a shard cache that fetches shards as they are needed:
@@ -269,7 +256,8 @@ class ShardSet:
     def acquire_many(self, ids: Sequence[int]) -> list[MappedShard]:
         """Shards ``ids`` (distinct), each as :meth:`acquire` gives it, held until released.
 
-        The ones nobody has mapped yet are opened on several threads at once (see
+        The ones nobody has mapped yet, with indexes large enough to be worth it
+        (``reader._opening.PARALLEL_MIN_RECORDS``), are opened on several threads at once (see
         :func:`recordkit.reader._opening.open_all`): loading an index (reading its text, parsing it,
         checking it) is most of what a reader's first task waits for, and the
         parse runs without the GIL. On an error nothing stays held.
@@ -277,7 +265,16 @@ class ShardSet:
         ids = [int(i) for i in ids]
         with self._lock:
             self._forked()
-            mine = [i for i in ids if i not in self._open and i not in self._opening]
+            # Only shards with a large index to load go to the pool: a small one (or one
+            # whose index is kept) opens faster here than a thread is handed the work.
+            mine = [
+                i
+                for i in ids
+                if self.counts[i] >= _opening.PARALLEL_MIN_RECORDS
+                and i not in self._open
+                and i not in self._opening
+                and i not in self._kept
+            ]
             if len(mine) > 1:
                 for i in mine:
                     self._opening[i] = Future()
@@ -326,12 +323,17 @@ class ShardSet:
         gate = self.gate
         if gate is not None:
             gate.wait(self.infos[i].path)
+        with self._lock:
+            kept = self._kept.pop(i, None)
+            if kept is not None:
+                self._kept_bytes -= kept[1].memory
         return MappedShard(
             self.root,
             self.infos[i],
             write_index=self.write_index,
             listed=self._listed(i),
             counted_by=self.counted_by,
+            kept=kept,
         )
 
     def _listed(self, i: int) -> bool:
@@ -386,11 +388,23 @@ class ShardSet:
         for i, shard in list(self._open.items()):
             if shard.pins == 0 and shard.close():
                 del self._open[i]
+                self._keep(i, shard)
                 excess -= 1
                 if not excess:
                     return
         # Every open shard is held by a reader: the budget is exceeded until they let go.
         log.debug("%d shard(s) over the map budget of %d, all in use", excess, self.max_open)
+
+    def _keep(self, i: int, shard: MappedShard) -> None:
+        """Keep an unmapped shard's index for its next map (within the byte budget)."""
+        nbytes = shard.index.memory
+        if nbytes > self.keep_index_bytes:
+            return
+        self._kept[i] = (shard.identity, shard.index)
+        self._kept_bytes += nbytes
+        while self._kept_bytes > self.keep_index_bytes:
+            _, (_, index) = self._kept.popitem(last=False)
+            self._kept_bytes -= index.memory
 
     def _forked(self) -> None:
         # A forked child inherits the parent's maps: drop them (unmapping in the
@@ -403,15 +417,20 @@ class ShardSet:
             self._pid = os.getpid()
 
     def close(self) -> None:
-        """Unmap every shard (a map with live views goes when they do)."""
+        """Unmap every shard (a map with live views goes when they do); forget
+        the indexes kept for unmapped ones."""
         with self._lock:
             for shard in self._open.values():
                 shard.close()
             self._open.clear()
+            self._kept.clear()
+            self._kept_bytes = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_lock"], state["_open"], state["_opening"]  # maps stay in their process
+        for name in ("_lock", "_open", "_opening", "_kept"):  # they stay in their process
+            del state[name]
+        state["_kept_bytes"] = 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -419,6 +438,7 @@ class ShardSet:
         self._lock = threading.Lock()
         self._open = OrderedDict()
         self._opening = {}
+        self._kept = OrderedDict()
         self._pid = os.getpid()
         _LIVE.add(self)
 

@@ -279,6 +279,68 @@ def test_lru_keeps_the_budget_and_never_closes_a_held_map(many):
     assert shards.open_count == 0
 
 
+def test_unmapped_shards_keep_their_index_for_the_next_map(tmp_path, monkeypatch):
+    """A shard the budget unmapped is mapped again without loading its index again,
+    while it is the same file; a replaced file (another inode) gets its own index;
+    RECORDKIT_KEEP_INDEX_BYTES=0 keeps none."""
+    import recordkit.reader.mapped as rkm
+
+    root = make_many(tmp_path, shards=12)
+    loads = []
+    real = rkm.open_index
+
+    def counting(path, **kw):
+        loads.append(os.path.basename(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(rkm, "open_index", counting)
+
+    def small_budget():
+        shards = ShardSet.__new__(ShardSet)
+        shards.__setstate__({**open_shards(root).__getstate__(), "max_open": 4})
+        return shards
+
+    shards = small_budget()
+    for k in range(12):
+        with shards.use(k) as shard:
+            assert shard.entry(RECORDS - 1)[1] > 0
+    assert len(loads) == 12 and shards.open_count == 4
+    # part-000003 replaced by a copy: same bytes, another file
+    victim = os.path.join(root, "part-000003.tfrecord")
+    with open(victim, "rb") as f:
+        data = f.read()
+    os.unlink(victim)
+    with open(victim, "wb") as f:
+        f.write(data)
+    loads.clear()
+    for k in range(12):
+        with shards.use(k) as shard:
+            assert shard.payload(RECORDS - 1)
+    assert loads == ["part-000003.tfrecord"]  # the others: their kept indexes
+    shards.close()
+    monkeypatch.setenv("RECORDKIT_KEEP_INDEX_BYTES", "0")
+    shards = small_budget()
+    for _ in range(2):
+        for k in range(12):
+            with shards.use(k):
+                pass
+    assert len(loads) == 1 + 2 * 12  # cycling through 12 with 4 maps: every map loads
+    shards.close()
+    with shards.use(0) as shard:
+        one = shard.index.memory
+    monkeypatch.setenv("RECORDKIT_KEEP_INDEX_BYTES", str(2 * one))  # room for two
+    shards = small_budget()
+    for k in range(12):
+        with shards.use(k):
+            pass
+    loads.clear()
+    for k in (6, 7, 5):  # the last two unmapped are kept, the one before is not
+        with shards.use(k):
+            pass
+    assert loads == ["part-000005.tfrecord"]
+    shards.close()
+
+
 def _counting_opens(monkeypatch):
     """Record (shard path, thread name) for every map a ShardSet opens."""
     import threading
@@ -301,6 +363,9 @@ def test_shards_opened_together_are_opened_in_parallel_once_each(many, monkeypat
     each once however many threads ask at the same time; the rest are acquired as usual."""
     import threading
 
+    import recordkit.reader._opening as rko
+
+    monkeypatch.setattr(rko, "PARALLEL_MIN_RECORDS", 1)  # these shards' indexes are small
     opened = _counting_opens(monkeypatch)
     shards = open_shards(many)
     first = shards.acquire(3)  # open already: not opened again
@@ -336,7 +401,10 @@ def test_shards_opened_together_are_opened_in_parallel_once_each(many, monkeypat
     shards.close()
 
 
-def test_a_failed_open_among_many_leaves_nothing_held(tmp_path):
+def test_a_failed_open_among_many_leaves_nothing_held(tmp_path, monkeypatch):
+    import recordkit.reader._opening as rko
+
+    monkeypatch.setattr(rko, "PARALLEL_MIN_RECORDS", 1)
     root = make_many(tmp_path, shards=8)
     shards = open_shards(root)
     os.unlink(os.path.join(root, "part-000005.tfrecord"))  # gone after the open
