@@ -85,7 +85,7 @@ def worker(rank: int, port: int, data: str, epochs: int, samples: int) -> None:
     # DDP keeps the gloo group (and its C++ threads) alive past destroy_process_group
     # (torch 2.13: its 3 threads remain after `del model` and gc), and those threads
     # can meet Python's shutdown and abort the rank after its work is done (SIGABRT,
-    # "terminate called without an active exception": 2 runs of ~150 here). A rank
+    # "terminate called without an active exception": 2 runs of ~110 here). A rank
     # that finished leaves without that shutdown; one that failed raised above.
     sys.stdout.flush()
     sys.stderr.flush()
