@@ -42,7 +42,6 @@ hour) go at a listing.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import hashlib
 import logging
@@ -50,8 +49,7 @@ import os
 import struct
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -250,15 +248,21 @@ def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
 
     Best effort, like :func:`store_index`; no fsync (the entry is checked when read).
     """
+    key = _bounds_key(path, index_file)
+    return None if key is None else _write_bounds(*key, path, bounds)
+
+
+def _bounds_key(path: str, index_file: str) -> tuple[str, str] | None:
+    """``(directory, entry)`` for a binary copy of ``index_file`` for ``path`` now
+    (``None``: no cache, or a file that cannot be stat'ed; logged)."""
     directory = _bounds_dir()
     if directory is None:
         return None
     try:
-        entry = _bounds_entry(directory, path, index_file)
+        return directory, _bounds_entry(directory, path, index_file)
     except OSError as exc:
         log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
         return None
-    return _write_bounds(directory, entry, path, bounds)
 
 
 def _write_bounds(directory: str, entry: str, path: str, bounds: np.ndarray) -> str | None:
@@ -289,8 +293,16 @@ def _write_bounds(directory: str, entry: str, path: str, bounds: np.ndarray) -> 
 # that parsed the text goes on to its first records meanwhile.
 _soon: ThreadPoolExecutor | None = None
 _soon_pid = 0
-_soon_pending: set[Future[Any]] = set()
 _soon_lock = threading.Lock()
+
+
+def _soon_pool() -> ThreadPoolExecutor:
+    global _soon, _soon_pid
+    with _soon_lock:
+        if _soon is None or _soon_pid != os.getpid():  # a forked child has no such thread
+            _soon = ThreadPoolExecutor(1, thread_name_prefix="recordkit-index-store")
+            _soon_pid = os.getpid()
+        return _soon
 
 
 def store_bounds_soon(path: str, index_file: str, bounds: np.ndarray) -> None:
@@ -301,43 +313,19 @@ def store_bounds_soon(path: str, index_file: str, bounds: np.ndarray) -> None:
     Its key (the two files' sizes, times and inodes) is taken now, so a text
     replaced meanwhile never gets this parse as its copy.
     """
-    global _soon, _soon_pid
-    directory = _bounds_dir()
-    if directory is None:
+    key = _bounds_key(path, index_file)
+    if key is None:
         return
     try:
-        entry = _bounds_entry(directory, path, index_file)
-    except OSError as exc:
-        log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
-        return
-    with _soon_lock:
-        if _soon is None or _soon_pid != os.getpid():  # a forked child has no such thread
-            _soon = ThreadPoolExecutor(1, thread_name_prefix="recordkit-index-store")
-            _soon_pid = os.getpid()
-            _soon_pending.clear()
-        future: Future[Any] | None
-        try:
-            future = _soon.submit(_write_bounds, directory, entry, path, bounds)
-        except RuntimeError:  # the interpreter is shutting down: no new threads
-            future = None
-        else:
-            _soon_pending.add(future)
-    if future is None:
-        _write_bounds(directory, entry, path, bounds)
-        return
-    future.add_done_callback(_stored)
-
-
-def _stored(future: Future[Any]) -> None:
-    with _soon_lock:
-        _soon_pending.discard(future)
+        _soon_pool().submit(_write_bounds, *key, path, bounds)
+    except RuntimeError:  # the interpreter is shutting down: no new threads
+        _write_bounds(*key, path, bounds)
 
 
 def wait_stored() -> None:
-    """Wait for the binary copies :func:`store_bounds_soon` queued in this process."""
-    with _soon_lock:
-        pending = list(_soon_pending) if _soon_pid == os.getpid() else []
-    concurrent.futures.wait(pending)
+    """Wait for the binary copies :func:`store_bounds_soon` queued in this process
+    (one thread writes them in order: what is queued after them is reached last)."""
+    _soon_pool().submit(lambda: None).result()
 
 
 def _after_fork_in_child() -> None:

@@ -19,6 +19,20 @@ ENV_KEEP_INDEX = "RECORDKIT_KEEP_INDEX_BYTES"
 _KEEP_INDEX_BYTES = 16 << 20
 
 
+def _env_int(name: str, minimum: int) -> int | None:
+    """The integer in environment variable ``name`` (``None`` when unset or blank)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = minimum - 1
+    if n < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return n
+
+
 def max_open_shards() -> int:
     """How many shards one :class:`ShardSet` keeps mapped at most.
 
@@ -27,14 +41,8 @@ def max_open_shards() -> int:
     [8, 4096]. Every process (DataLoader worker, rank) has its own budget, as it
     has its own descriptor limit.
     """
-    value = os.environ.get(ENV_MAX_OPEN, "").strip()
-    if value:
-        try:
-            n = int(value)
-        except ValueError:
-            raise ValueError(f"{ENV_MAX_OPEN} must be an integer >= 1, got {value!r}") from None
-        if n < 1:
-            raise ValueError(f"{ENV_MAX_OPEN} must be an integer >= 1, got {value!r}")
+    n = _env_int(ENV_MAX_OPEN, 1)
+    if n is not None:
         return n
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
@@ -50,13 +58,5 @@ def kept_index_bytes() -> int:
     device, inode, size and modification time), the reader uses it instead of
     loading the index again.
     """
-    value = os.environ.get(ENV_KEEP_INDEX, "").strip()
-    if not value:
-        return _KEEP_INDEX_BYTES
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"{ENV_KEEP_INDEX} must be an integer >= 0, got {value!r}")
-    return n
+    n = _env_int(ENV_KEEP_INDEX, 0)
+    return _KEEP_INDEX_BYTES if n is None else n

@@ -59,7 +59,8 @@ def open_all(
     (no thread is left opening a map nobody will close); an interrupted caller
     closes what was opened and re-raises.
     """
-    futures = [(i, _opener().submit(open_one, i)) for i in ids]
+    pool = _opener()
+    futures = [(i, pool.submit(open_one, i)) for i in ids]
     opened: dict[int, MappedShard] = {}
     failure: BaseException | None = None
     try:

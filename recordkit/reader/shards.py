@@ -54,7 +54,6 @@ from ..format.shard_index import ShardIndex
 from ..storage import is_remote, is_temp_name, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
-from ._opening import open_all
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
@@ -280,7 +279,7 @@ class ShardSet:
                     self._opening[i] = Future()
         if len(mine) < 2:
             return self._acquire_each(ids, {})
-        opened, failure = open_all(self._open_one, self._settle, mine)
+        opened, failure = _opening.open_all(self._open_one, self._settle, mine)
         self._settle({i: opened.get(i) for i in mine})  # each held once, for this call
         if failure is not None:
             for shard in opened.values():
