@@ -15,7 +15,7 @@ else:
 
 # recordkit._native: one module from several units, one subject each (recordkit/_native.h
 # maps them); depends= rebuilds every unit when the shared header changes.
-NATIVE_UNITS = ["", "_crc", "_guard", "_example", "_batch", "_runner"]
+NATIVE_UNITS = ["", "_crc", "_guard", "_example", "_batch", "_runner", "_index"]
 
 setup(
     ext_modules=[
@@ -29,11 +29,6 @@ setup(
         # The shuffle's keyed permutation (recordkit/reader/order.py has the NumPy twin).
         Extension(
             "recordkit._order", ["recordkit/_order.c"], optional=True, extra_compile_args=args
-        ),
-        # The .idx text parsed and checked in one pass (recordkit/format/shard_index.py
-        # falls back to NumPy's parse_index without it).
-        Extension(
-            "recordkit._index", ["recordkit/_index.c"], optional=True, extra_compile_args=args
         ),
     ]
 )

@@ -6,7 +6,8 @@
  * is in the other units, one subject each (their map is in _native.h): CRC-32C
  * (_native_crc.c), buffers and the SIGBUS guard (_native_guard.c), one record's
  * framing, parse and copies (_native_example.c), the batch functions
- * (_native_batch.c) and the Runner (_native_runner.c).
+ * (_native_batch.c), the Runner (_native_runner.c) and the .idx sidecar
+ * (_native_index.c).
  */
 #include "_native.h"
 
@@ -39,6 +40,7 @@ static int module_exec(PyObject *m) {
     }
     if (PyModule_AddStringConstant(m, "CRC32C_IMPL", rk_crc32c_name) < 0) return -1;
     if (rk_guard_init(m) < 0) return -1; /* MapFault, and the SIGBUS handler */
+    if (rk_index_init(m) < 0) return -1;  /* the .idx functions and FileMap */
 #ifndef _WIN32
     if (PyType_Ready(&rk_RunnerType) < 0) return -1;
     if (PyModule_AddObjectRef(m, "Runner", (PyObject *)&rk_RunnerType) < 0) return -1;

@@ -118,7 +118,7 @@ def _imports(name: str, path: Path) -> list[tuple[str, int]]:
 
 
 def _units(modules: dict[str, Path]) -> set[str]:
-    # The C extensions (recordkit/_native.c, _order.c, _index.c) have no .py file.
+    # The C extensions (recordkit/_native.c, _order.c) have no .py file.
     return {name.split(".")[1] for name in modules if "." in name} | {"_native", "_order", "_index"}
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import RecordkitError
 
-__all__ = ["open_regular", "read_regular"]
+__all__ = ["map_regular", "open_regular", "read_regular"]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -85,3 +86,23 @@ def read_regular(path: str, error: ErrorFactory, *, max_bytes: int, what: str) -
     if total > max_bytes:
         raise error(f"{what} grew past the limit of {max_bytes} bytes while read", path)
     return b"".join(parts) if len(parts) > 1 else parts[0]
+
+
+def map_regular(
+    path: str, error: ErrorFactory, mapper: Callable[[int], Any], *, max_bytes: int, what: str
+) -> tuple[Any, os.stat_result]:
+    """``mapper(fd)`` of the regular file ``path`` (a map of it), and its ``fstat``;
+    refused when over ``max_bytes``: what :func:`read_regular` checks, unread.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        RecordkitError: not a regular file, or larger than ``max_bytes`` (from ``error``).
+    """
+    fd = open_regular(path, error)
+    try:
+        st = os.fstat(fd)
+        if st.st_size > max_bytes:
+            raise error(f"{what} is {st.st_size} bytes, over the limit of {max_bytes}", path)
+        return mapper(fd), st
+    finally:
+        os.close(fd)

@@ -46,10 +46,12 @@ import contextlib
 import hashlib
 import logging
 import os
+import stat
 import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +66,7 @@ __all__ = [
     "cache_dir",
     "cache_limit",
     "cached_bounds",
+    "cached_copy",
     "cached_index",
     "cached_shard_index",
     "drop_bounds",
@@ -192,11 +195,14 @@ def _bounds_dir() -> str | None:
     return None if directory is None else os.path.join(directory, "bounds")
 
 
-def _bounds_entry(directory: str, path: str, index_file: str) -> str:
-    """The binary entry for the shard at ``path`` as the text ``index_file`` indexes it."""
+def _bounds_entry(
+    directory: str, path: str, index_file: str, text_st: os.stat_result | None = None
+) -> str:
+    """The binary entry for the shard at ``path`` as the text ``index_file`` indexes it
+    (``text_st``: the text's ``fstat`` as it was read, else it is stat'ed now)."""
     parts = []
-    for p in (path, index_file):
-        st = os.stat(p)
+    for p, known in ((path, None), (index_file, text_st)):
+        st = known or os.stat(p)
         parts.append(f"{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}")
     key = ("bounds\0" + "\0".join(parts)).encode()
     return os.path.join(directory, hashlib.sha256(key).hexdigest()[:40] + _BOUNDS_SUFFIX)
@@ -243,6 +249,49 @@ def cached_bounds(path: str, index_file: str, shard_bytes: int) -> np.ndarray | 
     return out
 
 
+def cached_copy(path: str, index_file: str, shard_bytes: int) -> tuple[Any, int, int] | None:
+    """The binary copy of ``index_file`` for the shard at ``path``, mapped (no
+    descriptor held): ``(map, start, records)``, the boundaries from byte ``start``.
+
+    Only its header and length are checked here; the boundaries are checked as they
+    are copied out (:meth:`~recordkit.format.shard_index.ShardIndex.from_copy`).
+    ``None`` on a miss; an entry whose header does not fit is removed.
+    """
+    directory = _bounds_dir()
+    if directory is None:
+        return None
+    from ._index_text import _c  # the native module (maps)
+
+    dtype = _bounds_dtype(shard_bytes)
+    try:
+        entry = _bounds_entry(directory, path, index_file)
+        fd = os.open(entry, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:  # a miss (or an unreadable cache: the text is parsed)
+        return None
+    try:
+        head = os.pread(fd, _BOUNDS_HEADER.size, 0)
+        fits = False
+        if len(head) == _BOUNDS_HEADER.size:
+            magic, records, size, itemsize = _BOUNDS_HEADER.unpack(head)
+            fits = magic == _BOUNDS_MAGIC and size == shard_bytes and records <= shard_bytes // 16
+            fits = fits and itemsize == dtype.itemsize
+            want = _BOUNDS_HEADER.size + (records + 1) * dtype.itemsize
+            fits = fits and stat.S_ISREG((st := os.fstat(fd)).st_mode) and st.st_size == want
+        copy = _c.map_fd(fd) if fits else None
+    except OSError:
+        copy = None
+    finally:
+        os.close(fd)
+    if copy is None:
+        log.info("dropping cached index boundaries %s: they do not fit %s", entry, path)
+        with contextlib.suppress(OSError):
+            os.unlink(entry)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # least recently used goes first
+    return copy, _BOUNDS_HEADER.size, records
+
+
 def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
     """Keep the boundaries parsed from ``index_file`` for the shard at ``path``.
 
@@ -252,14 +301,16 @@ def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
     return None if key is None else _write_bounds(*key, path, bounds)
 
 
-def _bounds_key(path: str, index_file: str) -> tuple[str, str] | None:
+def _bounds_key(
+    path: str, index_file: str, text_st: os.stat_result | None = None
+) -> tuple[str, str] | None:
     """``(directory, entry)`` for a binary copy of ``index_file`` for ``path`` now
     (``None``: no cache, or a file that cannot be stat'ed; logged)."""
     directory = _bounds_dir()
     if directory is None:
         return None
     try:
-        return directory, _bounds_entry(directory, path, index_file)
+        return directory, _bounds_entry(directory, path, index_file, text_st)
     except OSError as exc:
         log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
         return None
@@ -300,26 +351,63 @@ def _soon_pool() -> ThreadPoolExecutor:
     global _soon, _soon_pid
     with _soon_lock:
         if _soon is None or _soon_pid != os.getpid():  # a forked child has no such thread
-            _soon = ThreadPoolExecutor(1, thread_name_prefix="recordkit-index-store")
+            _soon = ThreadPoolExecutor(
+                1, thread_name_prefix="recordkit-index-store", initializer=_lowest_priority
+            )
             _soon_pid = os.getpid()
         return _soon
 
 
-def store_bounds_soon(path: str, index_file: str, bounds: np.ndarray) -> None:
+def store_bounds_soon(
+    path: str,
+    index_file: str,
+    index: ShardIndex | np.ndarray,
+    text_st: os.stat_result | None = None,
+) -> None:
     """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it).
 
     The copy is for the next process, so nobody waits for it; a process that exits
     first finishes the writes it queued (the interpreter joins the thread at exit).
-    Its key (the two files' sizes, times and inodes) is taken now, so a text
-    replaced meanwhile never gets this parse as its copy.
+    Its key names the text as it was read (``text_st``, its ``fstat`` then; else the
+    text is stat'ed now), so a text replaced meanwhile never gets this parse as its
+    copy. An index loaded a block at a time is filled in whole there first, at the
+    lowest CPU priority (after the reader's own work, on a busy machine); one whose
+    text turns out malformed there gets no copy (its reader raises if it reaches
+    the bad line).
     """
-    key = _bounds_key(path, index_file)
-    if key is None:
+    if _bounds_dir() is None:
         return
+    if text_st is None:
+        try:
+            text_st = os.stat(index_file)
+        except OSError:
+            return  # gone: nothing to key a copy on
     try:
-        _soon_pool().submit(_write_bounds, *key, path, bounds)
+        _soon_pool().submit(_complete_and_write, path, index_file, index, text_st)
     except RuntimeError:  # the interpreter is shutting down: no new threads
-        _write_bounds(*key, path, bounds)
+        _complete_and_write(path, index_file, index, text_st)
+
+
+def _complete_and_write(
+    path: str, index_file: str, index: ShardIndex | np.ndarray, text_st: os.stat_result | None
+) -> str | None:
+    key = _bounds_key(path, index_file, text_st)
+    if key is None:
+        return None
+    if isinstance(index, np.ndarray):
+        return _write_bounds(*key, path, index)
+    try:
+        bounds = index.bounds  # fills in what the reader has not needed yet
+    except InvalidIndexError as exc:
+        log.info("no binary copy of the index of %s: %s", path, exc)
+        return None
+    return _write_bounds(*key, path, bounds)
+
+
+def _lowest_priority() -> None:
+    """The copies' thread yields the CPU to everything else (Linux: per thread)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def wait_stored() -> None:

@@ -1,23 +1,23 @@
 """A shard's index as the readers hold it: compact, checked when loaded and per run.
 
-The ``.idx`` sidecar stays the text of DALI and the ``tfrecord`` package
-(:mod:`recordkit.format.index`). A reader that maps a shard loads its index into
-a :class:`ShardIndex`: the ``n + 1`` record boundaries (record ``i`` spans
-``[bounds[i], bounds[i + 1])``), ``uint32`` for a shard below 4 GiB and
-``uint64`` above, so **4 bytes a record** (8 past 4 GiB) instead of the 16 of
-two ``int64`` columns. Sizes are implied by the boundaries.
+The ``.idx`` sidecar stays DALI's text (:mod:`recordkit.format.index`). A reader loads
+it into a :class:`ShardIndex`: the ``n + 1`` record boundaries (record ``i`` spans
+``[bounds[i], bounds[i + 1])``), ``uint32`` below 4 GiB: **4 bytes a record**.
 
 When it is checked (``docs/format.md`` says the same for users):
 
-- **At load, the whole index, against the shard's size**: every line strictly
+- **At load, against the shard's size**: an index text under 64 KiB (or any,
+  for a full check) is parsed whole, in C (NumPy without it): every line strictly
   ``"{offset} {size}"``; the first offset 0; each offset the previous one plus its
-  size (contiguous, so increasing); every size >= 16; the last record ending at
-  the file size; and, for a shard the manifest lists, as many records as it
-  says (else every length field is checked before blaming the manifest). One
-  pass in C (``recordkit/_index.c``, about 1 ns a byte of text), or NumPy
-  without it. Then the length fields of 16 records spread over the shard
-  (first and last included) are compared with their sizes: an index left from another shard
-  of the same size fails here, before anything is read, and is rebuilt.
+  size; every size >= 16; the last record ending at the file size. A longer text is
+  mapped and its lines counted; its first and last blocks of 32 lines are parsed
+  now, any other block (with the same checks, its last entry against the next
+  block's first) the first time one of its records is located. For a shard the
+  manifest lists, as many records as it says (else every length field is checked
+  before blaming the manifest). A binary copy is mapped (its header, first and last
+  boundaries checked). Then 16 spread length fields (first and last included) are
+  compared with their sizes: an index left from another shard of the same size
+  fails here, before anything is read, and is rebuilt.
 - **Per run of records, before any record of the run is located**: the u64
   length field of every record of the run equals its size minus 16 (read
   through the SIGBUS guard). A run is about 4 KiB of the shard (64 records of
@@ -40,7 +40,6 @@ field: nothing is left to check per run).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import mmap
 import os
@@ -53,20 +52,19 @@ from . import guard
 from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD
 from .index import (
     _scan,
-    check_entries,
     check_lengths,
-    end_error,
     entry_error,
     index_path,
     max_index_bytes,
     open_map,
-    parse_index,
     read_index_text,
     write_index,
 )
 
 __all__ = [
     "BINARY_MIN_TEXT",
+    "FILL_RECORDS",
+    "LAZY_MIN_TEXT",
     "RUN_BYTES",
     "RUN_RECORDS",
     "SPOT_CHECKS",
@@ -85,69 +83,24 @@ RUN_RECORDS = 256
 SPOT_CHECKS = 16
 """Length fields checked when an index is loaded (spread over the shard)."""
 _ONE_RUN_COPY = 64 << 10  # a single run is checked from one copy of up to this many bytes
+LAZY_MIN_TEXT = 64 << 10
+"""Index texts this long or longer are parsed a block of lines at a time, as their
+records are first located (shorter ones are parsed whole at load: ~30 µs)."""
 BINARY_MIN_TEXT = 128 << 10
 """Index texts this long or longer get a binary copy in the per-user cache (shorter
 ones parse in less time than the copy takes to find and read: ~0.1 ms)."""
 
-_WHY = {1: "unexpected byte {byte!r}", 2: "expected 'offset size' per line", 3: "empty field"}
-_WHY[4] = "number too large"
-
-
-def _native() -> Any:
-    if os.environ.get("RECORDKIT_NO_NATIVE", "") not in ("", "0"):
-        return None
-    try:
-        return importlib.import_module("recordkit._index")
-    except ImportError:  # built without a C compiler: NumPy parses the same
-        return None
-
-
-_c: Any = _native()
-
-
-def parse_bounds(
-    data: bytes, shard_size: int, *, where: str | None = None, records: int | None = None
-) -> np.ndarray:
-    """Parse index text and check it against a shard of ``shard_size`` bytes.
-
-    Returns the ``n + 1`` record boundaries (``uint32`` below 4 GiB, else
-    ``uint64``). Every check of :func:`recordkit.format.check_entries` is made;
-    the length fields are not read (the shard is not needed). ``records``: the
-    lines expected (the manifest's count), which spares counting them first.
-
-    Raises:
-        InvalidIndexError: a malformed line, or an entry that does not fit the
-            shard (naming ``where``, the line and the offset).
-    """
-    dtype = np.uint32 if shard_size < 1 << 32 else np.uint64
-    if _c is None:
-        entries = parse_index(data, path=where)
-        check_entries(entries, shard_size, where=where)
-        out = np.empty(len(entries) + 1, dtype=dtype)
-        out[:-1] = entries[:, 0]
-        out[-1] = shard_size
-        return out
-    if records is None or records < 0 or records > len(data) // 5:  # a line is >= 5 bytes
-        records = _lines(data)
-    out = np.empty(records + 1, dtype=dtype)
-    status, line, a, b = _c.parse(data, shard_size, out)
-    if status == _c.COUNT:  # not the count expected: count, and parse again
-        out = np.empty(_lines(data) + 1, dtype=dtype)
-        status, line, a, b = _c.parse(data, shard_size, out)
-    if status == _c.OK:
-        return out
-    if status == _c.MALFORMED:
-        why = _WHY.get(b, "malformed").format(byte=data[a : a + 1])
-        raise InvalidIndexError(f"malformed index line {line + 1}: {why}", path=where, record=line)
-    if status == _c.ENTRY:
-        raise entry_error(a, b, line, shard_size, where)
-    if status == _c.END:
-        raise end_error(a, line, shard_size, where)
-    raise InvalidIndexError(f"malformed index: {line} lines, {a} expected", path=where)
-
-
-def _lines(data: bytes) -> int:
-    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+from ._index_text import (  # noqa: E402  (the constants above are the module's own)
+    FILL_RECORDS,
+    FILL_SHIFT,
+    _blocks,
+    _c,
+    _c_call,
+    _map_text,
+    _Pending,
+    _status_error,
+    parse_bounds,
+)
 
 
 class ShardIndex:
@@ -164,20 +117,42 @@ class ShardIndex:
         source: as given.
     """
 
-    __slots__ = ("_all_checked", "_checked", "_shift", "bounds", "source")
+    __slots__ = (
+        "_all_checked",
+        "_bounds",
+        "_checked",
+        "_filled",
+        "_pending",
+        "_shift",
+        "_size",
+        "_unfilled",
+        "source",
+    )
 
     def __init__(
-        self, bounds: np.ndarray, *, source: str | None = None, checked: bool = False
+        self,
+        bounds: np.ndarray,
+        *,
+        source: str | None = None,
+        checked: bool = False,
+        pending: _Pending | None = None,
+        size: int | None = None,
     ) -> None:
         if len(bounds) < 1:
             raise ValueError("an index has at least one boundary (the shard's size)")
-        bounds.flags.writeable = False
-        self.bounds = bounds
+        if pending is None:
+            bounds.flags.writeable = False
+        self._bounds = bounds
         self.source = source
         n = len(bounds) - 1
-        self._shift = run_shift(int(bounds[-1]), n)
+        self._size = int(bounds[-1]) if size is None else size
+        self._shift = run_shift(self._size, n)
         self._checked = np.full((n + (1 << self._shift) - 1) >> self._shift, checked, dtype=bool)
         self._all_checked = checked or not n  # then no record needs a look at the array
+        #: blocks of FILL_RECORDS boundaries filled in from ``pending`` (None: all are)
+        self._pending = pending
+        self._filled = None if pending is None else np.zeros(_blocks(n), dtype=np.uint8)
+        self._unfilled = 0 if pending is None else _blocks(n)
 
     @classmethod
     def from_entries(
@@ -190,19 +165,107 @@ class ShardIndex:
         bounds[-1] = size
         return cls(bounds, source=source, checked=checked)
 
+    @classmethod
+    def from_text(
+        cls, text: Any, size: int, *, source: str, records: int | None = None
+    ) -> ShardIndex | None:
+        """An index parsed from ``text`` (a map of an index file) a block of
+        :data:`FILL_RECORDS` lines at a time, when its records are first located.
+
+        At load the lines are counted and the first and last blocks parsed (the
+        first offset is 0, the last record ends at the shard's ``size``).
+        ``None`` when the lines are not ``records`` (or none): the caller parses
+        the text whole, which says what is wrong.
+        """
+        directory = np.empty(((len(text) + 1) // 5 >> FILL_SHIFT) + 2, dtype=np.uint64)
+        lines = _c_call(_c.index_scan, source, text, FILL_SHIFT, directory)
+        if lines < 1 or (records is not None and lines != records):
+            return None
+        bounds = np.empty(lines + 1, dtype=np.uint32 if size < 1 << 32 else np.uint64)
+        pending = _Pending(text, directory[: _blocks(lines)].copy())
+        return cls._lazy(bounds, pending, size, source)
+
+    @classmethod
+    def from_copy(
+        cls, copy: Any, start: int, records: int, size: int, *, source: str
+    ) -> ShardIndex:
+        """An index from a binary copy (``copy``, a map: the boundaries from byte
+        ``start``, as wide as the shard's ``size`` needs), copied out whole and
+        checked as it is copied: the first boundary 0, every size >= 16, every
+        record inside the shard, the last ending at ``size`` (~1 ns a record)."""
+        dtype = np.dtype(np.uint32 if size < 1 << 32 else np.uint64)
+        bounds = np.frombuffer(copy, dtype=dtype, count=records + 1, offset=start)
+        if int(bounds[0]) != 0 or int(bounds[-1]) != size:
+            raise InvalidIndexError("binary copy does not fit the shard", path=source)
+        return cls(bounds, source=source)
+
+    @classmethod
+    def _lazy(cls, bounds: np.ndarray, pending: _Pending, size: int, source: str) -> ShardIndex:
+        index = cls(bounds, source=source, pending=pending, size=size)
+        index._fill(np.array([0, index.records - 1], dtype=np.int64))
+        return index
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """The ``n + 1`` record boundaries (read-only; all of them filled in first)."""
+        self.fill()
+        return self._bounds
+
     @property
     def records(self) -> int:
-        return len(self.bounds) - 1
+        return len(self._bounds) - 1
 
     @property
     def nbytes(self) -> int:
         """The shard's size, as the index says (the last boundary)."""
-        return int(self.bounds[-1])
+        return self._size
 
     @property
     def memory(self) -> int:
-        """Bytes this index holds in memory (its boundaries and run marks)."""
-        return int(self.bounds.nbytes + self._checked.nbytes)
+        """Bytes this index holds in memory (its boundaries and marks; a map of the
+        text or copy it fills from is the page cache's)."""
+        extra = 0
+        pending, filled = self._pending, self._filled
+        if pending is not None and filled is not None:
+            extra = filled.nbytes + (0 if pending.directory is None else pending.directory.nbytes)
+        return int(self._bounds.nbytes + self._checked.nbytes + extra)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every boundary is filled in (nothing left to parse or copy)."""
+        return self._pending is None
+
+    def fill(self) -> None:
+        """Fill in every boundary not filled in yet (a lazily loaded index, whole).
+
+        Raises:
+            InvalidIndexError: a line not parsed before is malformed or does not fit.
+        """
+        self._fill(None)
+
+    def _need(self, records: np.ndarray) -> None:
+        """Fill in the boundaries of ``records`` (and of the record after each)."""
+        if self._pending is not None:
+            self._fill(np.ascontiguousarray(records, dtype=np.int64))
+
+    def _need_span(self, first: int, stop: int) -> None:
+        """Fill in the boundaries of records ``first`` to ``stop - 1`` (and of ``stop``)."""
+        if self._pending is not None and stop > first:
+            self._fill(np.arange(first, stop, FILL_RECORDS, dtype=np.int64))
+            self._fill(np.array([stop - 1], dtype=np.int64))
+
+    def _fill(self, wanted: np.ndarray | None) -> None:
+        pending, filled = self._pending, self._filled
+        if pending is None or filled is None:
+            return
+        status, line, a, b, newly = pending.fill(
+            self.records, self._size, self._bounds, filled, wanted, self.source
+        )
+        if status != _c.INDEX_OK:
+            raise _status_error(status, line, a, b, pending.data, self._size, self.source)
+        self._unfilled -= newly  # racing threads may both count a block: then all() says
+        if wanted is None or (self._unfilled <= 0 and filled.all()):
+            self._pending = None  # all filled in: the map goes with its last user
 
     @property
     def run_records(self) -> int:
@@ -227,13 +290,14 @@ class ShardIndex:
         The runs they fall in are checked first (:meth:`check`).
         """
         recs = np.asarray(records, dtype=np.int64)
+        self._need(recs)
         if not self._all_checked:
             runs = recs >> self._shift
             todo = ~self._checked[runs]
             if todo.any():
                 self._check_runs(np.unique(runs[todo]), buf, path, recs)
-        start = self.bounds[recs]
-        return start.astype(np.int64), np.subtract(self.bounds[recs + 1], start, dtype=np.int64)
+        start = self._bounds[recs]
+        return start.astype(np.int64), np.subtract(self._bounds[recs + 1], start, dtype=np.int64)
 
     def lookup(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The int64 offsets and framed sizes of ``records``, their length fields unread.
@@ -247,8 +311,9 @@ class ShardIndex:
         :meth:`locate`, which says which).
         """
         recs = np.asarray(records, dtype=np.int64)
-        start = self.bounds[recs].astype(np.int64)
-        sizes = self.bounds[recs + 1].astype(np.int64) - start
+        self._need(recs)
+        start = self._bounds[recs].astype(np.int64)
+        sizes = self._bounds[recs + 1].astype(np.int64) - start
         if len(recs) and (int(sizes.min()) < OVERHEAD or int((start + sizes).max()) > self.nbytes):
             return None
         return start, sizes
@@ -259,11 +324,12 @@ class ShardIndex:
             record += self.records
         if not 0 <= record < self.records:
             raise IndexError(f"record {record} of a shard of {self.records}")
+        self._need_span(record, record + 1)
         run = record >> self._shift
         if not self._all_checked and not self._checked[run]:
             self._check_runs(np.array([run]), buf, path, np.array([record]))
-        start = int(self.bounds[record])
-        return start, int(self.bounds[record + 1]) - start
+        start = int(self._bounds[record])
+        return start, int(self._bounds[record + 1]) - start
 
     def check(self, records: np.ndarray, buf: Any, *, path: str | None = None) -> None:
         """Check the length fields of the runs ``records`` fall in (once per run).
@@ -304,8 +370,9 @@ class ShardIndex:
             b = self.bounds.astype(np.int64)
             start, sizes = b[:-1], np.diff(b)
         else:
-            start = self.bounds[recs].astype(np.int64)
-            sizes = self.bounds[recs + 1].astype(np.int64) - start
+            self._need(recs)
+            start = self._bounds[recs].astype(np.int64)
+            sizes = self._bounds[recs + 1].astype(np.int64) - start
         bad = (sizes < OVERHEAD) | (start + sizes > self.nbytes)
         if bad.any():
             i = int(np.argmax(bad))
@@ -316,10 +383,11 @@ class ShardIndex:
     def _check_runs(self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None) -> None:
         if wanted is not None and guard.shrunk(buf):  # name a record asked for, if cut
             asked = np.asarray(wanted, dtype=np.int64)
-            cut = self.bounds[asked + 1] > (guard.current_size(buf) or 0)
+            self._need(asked)
+            cut = self._bounds[asked + 1] > (guard.current_size(buf) or 0)
             if cut.any():
                 i = int(asked[np.argmax(cut)])
-                raise guard.changed(buf, path=path, offset=int(self.bounds[i]), record=i)
+                raise guard.changed(buf, path=path, offset=int(self._bounds[i]), record=i)
         if not (len(runs) == 1 and self._check_one_run(int(runs[0]), buf, path)):
             self._check_many_runs(runs, buf, path)
         # Only now: a thread that sees the mark may return these records. Racing
@@ -333,7 +401,9 @@ class ShardIndex:
         its bytes up to its last header in one guarded copy. ``False`` when those are
         too many to copy (a run with a huge record): the caller gathers instead."""
         first = run << self._shift
-        b = self.bounds[first : min(first + (1 << self._shift), self.records) + 1].astype(np.int64)
+        stop = min(first + (1 << self._shift), self.records)
+        self._need_span(first, stop)
+        b = self._bounds[first : stop + 1].astype(np.int64)
         start, sizes = b[:-1], np.diff(b)
         bad = (sizes < OVERHEAD) | (b[1:] > self.nbytes)
         if bad.any():
@@ -420,14 +490,36 @@ def load_index_file(
     from . import index_cache  # it stores what this module parses
 
     size = len(buf)
-    binary = cache and _text_bytes(index_file) >= BINARY_MIN_TEXT
-    bounds = index_cache.cached_bounds(path, index_file, size) if binary else None
-    parsed = bounds is None
-    if bounds is None:
-        data = read_index_text(index_file, max_bytes=max_index_bytes(size))
-        bounds = parse_bounds(data, size, where=index_file, records=records)
-        del data  # up to ~20 bytes a record: not kept past the parse
-    index = ShardIndex(bounds, source=index_file)
+    text_bytes = _text_bytes(index_file)
+    binary = cache and text_bytes >= BINARY_MIN_TEXT
+    lazy = _c is not None and not full and text_bytes >= LAZY_MIN_TEXT
+    index: ShardIndex | None = None
+    if binary and _c is not None:  # the binary copy, mapped and copied a block at a time
+        found = index_cache.cached_copy(path, index_file, size)
+        if found is not None:
+            copy, start, count = found
+            try:
+                index = ShardIndex.from_copy(copy, start, count, size, source=index_file)
+            except InvalidIndexError:
+                index_cache.drop_bounds(path, index_file)  # parsed from this text: as stale
+                raise
+    elif binary:
+        bounds = index_cache.cached_bounds(path, index_file, size)
+        if bounds is not None:
+            index = ShardIndex(bounds, source=index_file)
+    parsed = index is None
+    text_st = None
+    if index is None:
+        max_bytes = max_index_bytes(size)
+        data, text_st = _map_text(index_file, max_bytes) if _c is not None else (None, None)
+        if lazy:
+            index = ShardIndex.from_text(data, size, source=index_file, records=records)
+        if index is None:
+            if data is None:
+                data = read_index_text(index_file, max_bytes=max_bytes)
+            bounds = parse_bounds(data, size, where=index_file, records=records)
+            index = ShardIndex(bounds, source=index_file)
+        del data  # a map of the text: kept by a lazy index only
     try:
         _verify(index, buf, path, full, records)
     except InvalidIndexError:
@@ -435,7 +527,7 @@ def load_index_file(
             index_cache.drop_bounds(path, index_file)
         raise
     if parsed and binary:  # for the next process: written while this one reads on
-        index_cache.store_bounds_soon(path, index_file, index.bounds)
+        index_cache.store_bounds_soon(path, index_file, index, text_st)
     return index
 
 

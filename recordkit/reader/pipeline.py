@@ -247,10 +247,14 @@ class RecordReader:
 
         A task also touches at most half the map budget's shards where whole units
         allow (at least one unit); a unit that touches more is decoded in pieces.
+        Slow start: the first task is a sixteenth of that (at least one unit), each
+        next one twice the one before: the first batch waits for its own records,
+        not for fifteen more batches' pages faulted in from shards all over a shuffle.
         """
         size = plan.options.batch_size or 1
         per_record = max(self._avg_bytes, 1.0)
-        per_task = max(1, min(self.task_records // size, int(self.task_bytes / per_record) // size))
+        full = max(1, min(self.task_records // size, int(self.task_bytes / per_record) // size))
+        per_task = max(1, full // 16)
         cap = max(1, self.shards.max_open // 2)
         gate = self.shards.gate
         limit = gate.limit if gate is not None else 0
@@ -268,6 +272,7 @@ class RecordReader:
                     task = self._locate(plan, split, task.units[:k])
             yield task
             first = task.units.stop
+            per_task = min(full, per_task * 2)
 
     @staticmethod
     def _locate(plan: EpochPlan, split: Split, units: range) -> Task:

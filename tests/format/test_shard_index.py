@@ -1,6 +1,6 @@
 """The compact index readers hold: parsed and checked at load, length fields per run.
 
-``parse_bounds`` has a C path (``recordkit/_index.c``) and a NumPy path; both must
+``parse_bounds`` has a C path (``recordkit/_native_index.c``) and a NumPy path; both must
 accept and refuse the same texts. The lazy part: a stale index that passes the
 checks made at load is still caught before any record of a run it misplaces is
 returned, as an ``InvalidIndexError`` (never a skippable corrupt record).
@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import recordkit as rk
+import recordkit.format._index_text as text_mod
 import recordkit.format.shard_index as si
 from recordkit.errors import InvalidIndexError, ShardChangedError
 from recordkit.format import frame, index_path, open_map, scan_index, write_index
@@ -30,10 +31,11 @@ def native(request, monkeypatch):
     if request.param:
         if si._c is None:
             if os.environ.get("RECORDKIT_REQUIRE_NATIVE"):
-                pytest.fail("recordkit._index is not built")
-            pytest.skip("recordkit._index is not built")
+                pytest.fail("recordkit._native is not built")
+            pytest.skip("recordkit._native is not built")
     else:
-        monkeypatch.setattr(si, "_c", None)
+        monkeypatch.setattr(si, "_c", None)  # the loads: whole texts, read
+        monkeypatch.setattr(text_mod, "_c", None)  # the parse: NumPy's
     return request.param
 
 
@@ -58,10 +60,10 @@ def test_parse_bounds_c_and_numpy_agree(sizes, final_newline, c):
     saved = si._c
     try:
         if not c:
-            si._c = None
+            si._c = text_mod._c = None
         bounds = parse_bounds(text, size)
     finally:
-        si._c = saved
+        si._c = text_mod._c = saved
     assert bounds.dtype == (np.uint32 if size < 1 << 32 else np.uint64)
     assert bounds.tolist() == [*entries[:, 0].tolist(), size]
 

@@ -135,7 +135,8 @@ def test_holding_every_slot_is_an_error_not_a_hang(big_path):
     with pytest.raises(RuntimeError, match="all 4 shared-memory slots are held"):
         for b in ds:
             kept.append(b)
-    assert 30 <= len(kept) < 53
+    # Chunks (slots) of 1, 2, 4 and 8 batches first (the reader's slow start): 15 held.
+    assert 15 <= len(kept) < 53
     # Dropping them frees the slots: a new pass reads everything.
     del kept, b
     assert sum(len(b["idx"]) for b in ds) == 420
