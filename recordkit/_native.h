@@ -357,8 +357,8 @@ RK_HIDDEN int rk_copy_verified(rk_crc_copy_fn copy, const uint8_t *p, const uint
 /* The batch functions (_native_batch.c), the module's m_methods. */
 RK_HIDDEN extern PyMethodDef rk_batch_methods[];
 
-/* The .idx sidecar and its binary copies (_native_index.c): FileMap, map_fd,
- * index_parse, index_scan, index_fill, bounds_fill and their INDEX_* constants. */
+/* The .idx sidecar (_native_index.c): FileMap, map_fd,
+ * index_parse, index_scan, index_fill and their INDEX_* constants. */
 enum { IDX_OK = 0, IDX_MALFORMED = 1, IDX_ENTRY = 2, IDX_END = 3, IDX_COUNT = 4 };
 enum { MAL_BYTE = 1, MAL_LAYOUT = 2, MAL_EMPTY = 3, MAL_LARGE = 4 };
 RK_HIDDEN int rk_index_init(PyObject *m);

@@ -1,14 +1,15 @@
 /*
  * recordkit._native: the .idx sidecar (DALI's and the tfrecord package's text,
- * "{offset} {framed_size}\n" a record) and the per-user cache's binary copies of
- * it, read into record boundaries as recordkit/format/shard_index.py holds them:
+ * "{offset} {framed_size}\n" a record) read into record boundaries as
+ * recordkit/format/shard_index.py holds them:
  * the n + 1 record boundaries (record i spans [bounds[i], bounds[i + 1])), uint32
  * below 4 GiB, uint64 above.
  *
  *   FileMap                a whole file mapped read-only, holding no file descriptor
  *                          (a reader may hold thousands of index maps; Python's mmap
- *                          keeps a descriptor per map). Unmapped when the last
- *                          reference (a NumPy view's included) goes.
+ *                          keeps a descriptor per map): index texts, and the
+ *                          per-user cache's binary copies of them. Unmapped when the
+ *                          last reference (a NumPy view's included) goes.
  *   map_fd(fd, populate) -> FileMap    (the caller opens and closes fd)
  *   index_parse(text, shard_size, out) -> (status, line, a, b)
  *                          the whole text, one pass: every line strictly parsed and
@@ -23,9 +24,6 @@
  *                          `filled` (a byte per block) does not mark yet, parsed into
  *                          their boundaries (block k: out[k << shift .. (k + 1) << shift]
  *                          inclusive) and marked; newly: how many this call filled.
- *   bounds_fill(src, start, lines, shift, shard_size, out, filled, records) -> the same
- *                          from a binary copy (the boundaries at byte `start` of src,
- *                          out's item size), checked as they are copied.
  *
  * The checks, of a whole text and of each block alike: every line is two decimal
  * numbers of at most 18 digits, one space between them, a newline after; the first
@@ -249,14 +247,14 @@ static PyObject *py_map_fd(PyObject *self, PyObject *args) {
 
 /* The buffers of a call (released by release_all on every path). */
 typedef struct {
-    Py_buffer text, dir, dir2, out, blocks;
-    int have_text, have_dir, have_dir2, have_out, have_blocks;
+    Py_buffer text, dir, filled, out, blocks;
+    int have_text, have_dir, have_filled, have_out, have_blocks;
 } Bufs;
 
 static void release_all(Bufs *b) {
     if (b->have_text) PyBuffer_Release(&b->text);
     if (b->have_dir) PyBuffer_Release(&b->dir);
-    if (b->have_dir2) PyBuffer_Release(&b->dir2);
+    if (b->have_filled) PyBuffer_Release(&b->filled);
     if (b->have_out) PyBuffer_Release(&b->out);
     if (b->have_blocks) PyBuffer_Release(&b->blocks);
 }
@@ -488,13 +486,12 @@ done:
     return result;
 }
 
-/* -- index_fill / bounds_fill: blocks of lines, from the text or a binary copy */
+/* -- index_fill: blocks of lines */
 
 typedef struct {
     const uint8_t *src;
     Py_ssize_t len;      /* of src */
-    const uint64_t *dir; /* text: where each block starts (NULL: a binary copy) */
-    Py_ssize_t start;    /* binary: where the boundaries start in src */
+    const uint64_t *dir; /* where each block of lines starts */
     Py_ssize_t lines;
     int shift;
     uint64_t shard_size;
@@ -537,32 +534,6 @@ static Outcome fill_text_block(const FillJob *j, Py_ssize_t k) {
     return OUTCOME_OK;
 }
 
-/* Block k of a binary copy: copied, then checked as a parse checks (sizes >= 16,
- * inside the shard; the last boundary of the last block is the shard's size). */
-static Outcome fill_binary_block(const FillJob *j, Py_ssize_t k) {
-    Py_ssize_t first = k << j->shift, count = (Py_ssize_t)1 << j->shift;
-    if (first + count > j->lines) count = j->lines - first;
-    Py_ssize_t w = j->wide ? 8 : 4;
-    memcpy((uint8_t *)j->out + first * w, j->src + j->start + first * w, (size_t)((count + 1) * w));
-    for (Py_ssize_t i = first; i < first + count; i++) {
-        uint64_t a, b;
-        if (j->wide) {
-            a = ((uint64_t *)j->out)[i];
-            b = ((uint64_t *)j->out)[i + 1];
-        } else {
-            a = ((uint32_t *)j->out)[i];
-            b = ((uint32_t *)j->out)[i + 1];
-        }
-        if ((i == 0 && a != 0) || b < a || b - a < OVERHEAD || b > j->shard_size)
-            return (Outcome){IDX_ENTRY, i, a, b - a};
-    }
-    if (first + count == j->lines) {
-        uint64_t end = j->wide ? ((uint64_t *)j->out)[j->lines] : ((uint32_t *)j->out)[j->lines];
-        if (end != j->shard_size) return (Outcome){IDX_END, j->lines, end, 0};
-    }
-    return OUTCOME_OK;
-}
-
 static void fill_reads(void *arg, RkGuard *g) {
     FillJob *j = arg;
     Py_ssize_t nb = ((j->lines - 1) >> j->shift) + 1;
@@ -571,7 +542,7 @@ static void fill_reads(void *arg, RkGuard *g) {
         Py_ssize_t k = j->records ? (Py_ssize_t)(j->records[i] >> j->shift) : i;
         if (__atomic_load_n(&j->filled[k], __ATOMIC_ACQUIRE)) continue;
         g->at = k;
-        j->o = j->dir ? fill_text_block(j, k) : fill_binary_block(j, k);
+        j->o = fill_text_block(j, k);
         if (j->o.status != IDX_OK) return;
         /* Only now may another thread that sees the mark read the block. Racing
          * threads may fill a block twice, with the same values. */
@@ -580,7 +551,7 @@ static void fill_reads(void *arg, RkGuard *g) {
     }
 }
 
-/* The arguments both fills share: out, filled, records (None: every block). */
+/* index_fill's out, filled and records (None: every block). */
 static int fill_args(Bufs *b, FillJob *job, PyObject *out_obj, PyObject *filled_obj,
                      PyObject *records_obj) {
     if (job->shift < 0 || job->shift > 30 || job->lines < 1) {
@@ -590,14 +561,14 @@ static int fill_args(Bufs *b, FillJob *job, PyObject *out_obj, PyObject *filled_
     if (get_out(out_obj, b, job->lines + 1, job->shard_size, &job->wide) < 0) return -1;
     job->out = b->out.buf;
     Py_ssize_t nb = ((job->lines - 1) >> job->shift) + 1;
-    if (PyObject_GetBuffer(filled_obj, &b->dir2, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+    if (PyObject_GetBuffer(filled_obj, &b->filled, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
         return -1;
-    b->have_dir2 = 1;
-    if (b->dir2.itemsize != 1 || b->dir2.len != nb) {
+    b->have_filled = 1;
+    if (b->filled.itemsize != 1 || b->filled.len != nb) {
         PyErr_SetString(PyExc_ValueError, "filled must be a byte array, one per block");
         return -1;
     }
-    job->filled = b->dir2.buf;
+    job->filled = b->filled.buf;
     if (records_obj != Py_None) {
         if (get_u64s(records_obj, &b->blocks, &b->have_blocks, 0) < 0) return -1;
         job->records = b->blocks.buf;
@@ -654,30 +625,6 @@ done:
     return result;
 }
 
-static PyObject *py_bounds_fill(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *src_obj, *out_obj, *filled_obj, *records_obj;
-    FillJob job = {0};
-    if (!PyArg_ParseTuple(args, "OnniKOOO:bounds_fill", &src_obj, &job.start, &job.lines,
-                          &job.shift, &job.shard_size, &out_obj, &filled_obj, &records_obj))
-        return NULL;
-    Bufs b = {0};
-    PyObject *result = NULL;
-    if (get_text(src_obj, &b) < 0 || fill_args(&b, &job, out_obj, filled_obj, records_obj) < 0)
-        goto done;
-    if (job.start < 0 || job.start > b.text.len ||
-        (b.text.len - job.start) / (job.wide ? 8 : 4) < job.lines + 1) {
-        PyErr_SetString(PyExc_ValueError, "bounds_fill: the copy is too short");
-        goto done;
-    }
-    job.src = b.text.buf;
-    job.len = b.text.len;
-    result = run_fill(&b, &job);
-done:
-    release_all(&b);
-    return result;
-}
-
 static PyMethodDef index_methods[] = {
     {"map_fd", py_map_fd, METH_VARARGS,
      "map_fd(fd, populate=False, /) -> FileMap: the whole regular file open as fd mapped "
@@ -690,9 +637,6 @@ static PyMethodDef index_methods[] = {
      "1 << shift lines starts."},
     {"index_fill", py_index_fill, METH_VARARGS,
      "index_fill(text, dir, shift, lines, shard_size, out, filled, records) -> (status, "
-     "line, a, b, blocks filled)."},
-    {"bounds_fill", py_bounds_fill, METH_VARARGS,
-     "bounds_fill(src, start, lines, shift, shard_size, out, filled, records) -> (status, "
      "line, a, b, blocks filled)."},
     {NULL, NULL, 0, NULL},
 };

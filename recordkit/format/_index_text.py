@@ -64,11 +64,11 @@ def parse_bounds(
         out[-1] = shard_size
         return out
     if records is None or records < 0 or records > len(data) // 5:  # a line is >= 5 bytes
-        records = _lines(data)
+        records = _lines(data, where)
     out = np.empty(records + 1, dtype=dtype)
     status, line, a, b = _c_call(_c.index_parse, where, data, shard_size, out)
     if status == _c.INDEX_COUNT:  # not the count expected: count, and parse again
-        out = np.empty(_lines(data) + 1, dtype=dtype)
+        out = np.empty(_lines(data, where) + 1, dtype=dtype)
         status, line, a, b = _c_call(_c.index_parse, where, data, shard_size, out)
     if status != _c.INDEX_OK:
         raise _status_error(status, line, a, b, data, shard_size, where)
@@ -79,9 +79,14 @@ def _c_call(fn: Any, where: str | None, *args: Any) -> Any:
     """``fn(*args)``, a native call reading a map: a map cut short is an index error."""
     try:
         return fn(*args)
-    except guard.MapFault:
+    except guard.MapFault as exc:  # args: message, block being filled (-1), offset in the map
+        block = exc.args[1] if len(exc.args) > 1 and exc.args[1] >= 0 else None
+        at = exc.args[2] if len(exc.args) > 2 and exc.args[2] >= 0 else None
         raise InvalidIndexError(
-            "index file was cut short while being read (it changed)", path=where
+            "index file was cut short while being read (it changed)",
+            path=where,
+            offset=at,
+            record=None if block is None else block << FILL_SHIFT,
         ) from None
 
 
@@ -110,13 +115,12 @@ def _blocks(records: int) -> int:
 
 class _Pending:
     """Where a lazily loaded index's boundaries come from: a map of its text and
-    where each block of lines starts (``directory``), or a map of a binary copy
-    (``directory`` ``None``; the boundaries from byte ``start``)."""
+    where each block of :data:`FILL_RECORDS` lines starts (``directory``)."""
 
-    __slots__ = ("data", "directory", "start")
+    __slots__ = ("data", "directory")
 
-    def __init__(self, data: Any, directory: np.ndarray | None, start: int = 0) -> None:
-        self.data, self.directory, self.start = data, directory, start
+    def __init__(self, data: Any, directory: np.ndarray) -> None:
+        self.data, self.directory = data, directory
 
     def fill(
         self,
@@ -127,25 +131,20 @@ class _Pending:
         wanted: np.ndarray | None,
         where: str | None,
     ) -> tuple[int, int, int, int, int]:
-        """The blocks of ``wanted`` records (``None``: all) not ``filled`` yet, filled
-        in and marked (native; see ``_native_index.c``)."""
-        result: tuple[int, int, int, int, int]
-        if self.directory is not None:
-            args = (self.data, self.directory, FILL_SHIFT, records, size, out, filled, wanted)
-            result = _c_call(_c.index_fill, where, *args)
-        else:
-            copy = (self.data, self.start, records, FILL_SHIFT, size, out, filled, wanted)
-            result = _c_call(_c.bounds_fill, where, *copy)
+        """The blocks of ``wanted`` records (``None``: all) not ``filled`` yet, parsed
+        into ``out`` and marked (native; see ``_native_index.c``)."""
+        args = (self.data, self.directory, FILL_SHIFT, records, size, out, filled, wanted)
+        result: tuple[int, int, int, int, int] = _c_call(_c.index_fill, where, *args)
         return result
 
 
-def _lines(data: Any) -> int:
+def _lines(data: Any, where: str | None = None) -> int:
     """Lines in an index text (the last may lack its newline)."""
     if isinstance(data, bytes) or _c is None:
         text = bytes(data)
         return text.count(b"\n") + (1 if text and not text.endswith(b"\n") else 0)
     directory = np.empty(len(data) // (1 << 30) + 2, np.uint64)
-    return int(_c_call(_c.index_scan, None, data, 30, directory))
+    return int(_c_call(_c.index_scan, where, data, 30, directory))
 
 
 def _map_whole(fd: int) -> Any:

@@ -51,7 +51,6 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
@@ -66,7 +65,6 @@ __all__ = [
     "cache_dir",
     "cache_limit",
     "cached_bounds",
-    "cached_copy",
     "cached_index",
     "cached_shard_index",
     "drop_bounds",
@@ -213,31 +211,38 @@ def _bounds_dtype(shard_bytes: int) -> np.dtype:
 
 
 def cached_bounds(path: str, index_file: str, shard_bytes: int) -> np.ndarray | None:
-    """The boundaries parsed from ``index_file`` for the shard at ``path``, if cached.
+    """The boundaries parsed from ``index_file`` for the shard at ``path``, if cached:
+    mapped (the page cache's, no descriptor held) with the native extension, read
+    without it.
 
-    Only the header and the first and last boundary are checked here (against
-    ``shard_bytes``); :class:`~recordkit.format.shard_index.ShardIndex` checks the
-    rest per run. ``None`` on a miss; an entry that does not fit is removed.
+    Only the header, the length and the first and last boundary are checked here
+    (against ``shard_bytes``); :class:`~recordkit.format.shard_index.ShardIndex`
+    checks the rest per run. ``None`` on a miss; an entry that does not fit is removed.
     """
     directory = _bounds_dir()
     if directory is None:
         return None
+    dtype = _bounds_dtype(shard_bytes)
     try:
         entry = _bounds_entry(directory, path, index_file)
-        with open(entry, "rb") as f:
-            head = f.read(_BOUNDS_HEADER.size)
-            dtype = _bounds_dtype(shard_bytes)
-            if len(head) == _BOUNDS_HEADER.size:
-                magic, records, size, itemsize = _BOUNDS_HEADER.unpack(head)
-                fits = magic == _BOUNDS_MAGIC and size == shard_bytes
-                fits = fits and itemsize == dtype.itemsize and records <= shard_bytes // 16
-            else:
-                fits = False
-            bounds = np.fromfile(f, dtype=dtype, count=records + 1) if fits else None
-            if bounds is not None and (len(bounds) != records + 1 or f.read(1)):
-                bounds = None
+        fd = os.open(entry, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:  # a miss (or an unreadable cache: the text is parsed)
         return None
+    bounds = None
+    try:
+        head = os.pread(fd, _BOUNDS_HEADER.size, 0)
+        if len(head) == _BOUNDS_HEADER.size:
+            magic, records, size, itemsize = _BOUNDS_HEADER.unpack(head)
+            want = _BOUNDS_HEADER.size + (records + 1) * dtype.itemsize
+            st = os.fstat(fd)
+            fits = magic == _BOUNDS_MAGIC and size == shard_bytes and records <= shard_bytes // 16
+            fits = fits and itemsize == dtype.itemsize
+            if fits and stat.S_ISREG(st.st_mode) and st.st_size == want:
+                bounds = _load_bounds(fd, dtype, records + 1)
+    except OSError:
+        bounds = None
+    finally:
+        os.close(fd)
     if bounds is None or int(bounds[0]) != 0 or int(bounds[-1]) != shard_bytes:
         log.info("dropping cached index boundaries %s: they do not fit %s", entry, path)
         with contextlib.suppress(OSError):
@@ -249,47 +254,14 @@ def cached_bounds(path: str, index_file: str, shard_bytes: int) -> np.ndarray | 
     return out
 
 
-def cached_copy(path: str, index_file: str, shard_bytes: int) -> tuple[Any, int, int] | None:
-    """The binary copy of ``index_file`` for the shard at ``path``, mapped (no
-    descriptor held): ``(map, start, records)``, the boundaries from byte ``start``.
+def _load_bounds(fd: int, dtype: np.dtype, count: int) -> np.ndarray:
+    from ._index_text import _c  # the native module: maps without a descriptor
 
-    Only its header and length are checked here; the boundaries are checked as they
-    are copied out (:meth:`~recordkit.format.shard_index.ShardIndex.from_copy`).
-    ``None`` on a miss; an entry whose header does not fit is removed.
-    """
-    directory = _bounds_dir()
-    if directory is None:
-        return None
-    from ._index_text import _c  # the native module (maps)
-
-    dtype = _bounds_dtype(shard_bytes)
-    try:
-        entry = _bounds_entry(directory, path, index_file)
-        fd = os.open(entry, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError:  # a miss (or an unreadable cache: the text is parsed)
-        return None
-    try:
-        head = os.pread(fd, _BOUNDS_HEADER.size, 0)
-        fits = False
-        if len(head) == _BOUNDS_HEADER.size:
-            magic, records, size, itemsize = _BOUNDS_HEADER.unpack(head)
-            fits = magic == _BOUNDS_MAGIC and size == shard_bytes and records <= shard_bytes // 16
-            fits = fits and itemsize == dtype.itemsize
-            want = _BOUNDS_HEADER.size + (records + 1) * dtype.itemsize
-            fits = fits and stat.S_ISREG((st := os.fstat(fd)).st_mode) and st.st_size == want
-        copy = _c.map_fd(fd) if fits else None
-    except OSError:
-        copy = None
-    finally:
-        os.close(fd)
-    if copy is None:
-        log.info("dropping cached index boundaries %s: they do not fit %s", entry, path)
-        with contextlib.suppress(OSError):
-            os.unlink(entry)
-        return None
-    with contextlib.suppress(OSError):
-        os.utime(entry)  # least recently used goes first
-    return copy, _BOUNDS_HEADER.size, records
+    if _c is not None:
+        return np.frombuffer(_c.map_fd(fd), dtype=dtype, count=count, offset=_BOUNDS_HEADER.size)
+    with open(fd, "rb", closefd=False) as f:
+        f.seek(_BOUNDS_HEADER.size)
+        return np.fromfile(f, dtype=dtype, count=count)
 
 
 def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
@@ -361,7 +333,7 @@ def _soon_pool() -> ThreadPoolExecutor:
 def store_bounds_soon(
     path: str,
     index_file: str,
-    index: ShardIndex | np.ndarray,
+    index: ShardIndex,
     text_st: os.stat_result | None = None,
 ) -> None:
     """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it).
@@ -389,13 +361,11 @@ def store_bounds_soon(
 
 
 def _complete_and_write(
-    path: str, index_file: str, index: ShardIndex | np.ndarray, text_st: os.stat_result | None
+    path: str, index_file: str, index: ShardIndex, text_st: os.stat_result | None
 ) -> str | None:
     key = _bounds_key(path, index_file, text_st)
     if key is None:
         return None
-    if isinstance(index, np.ndarray):
-        return _write_bounds(*key, path, index)
     try:
         bounds = index.bounds  # fills in what the reader has not needed yet
     except InvalidIndexError as exc:

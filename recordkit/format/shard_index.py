@@ -183,26 +183,8 @@ class ShardIndex:
             return None
         bounds = np.empty(lines + 1, dtype=np.uint32 if size < 1 << 32 else np.uint64)
         pending = _Pending(text, directory[: _blocks(lines)].copy())
-        return cls._lazy(bounds, pending, size, source)
-
-    @classmethod
-    def from_copy(
-        cls, copy: Any, start: int, records: int, size: int, *, source: str
-    ) -> ShardIndex:
-        """An index from a binary copy (``copy``, a map: the boundaries from byte
-        ``start``, as wide as the shard's ``size`` needs), copied out whole and
-        checked as it is copied: the first boundary 0, every size >= 16, every
-        record inside the shard, the last ending at ``size`` (~1 ns a record)."""
-        dtype = np.dtype(np.uint32 if size < 1 << 32 else np.uint64)
-        bounds = np.frombuffer(copy, dtype=dtype, count=records + 1, offset=start)
-        if int(bounds[0]) != 0 or int(bounds[-1]) != size:
-            raise InvalidIndexError("binary copy does not fit the shard", path=source)
-        return cls(bounds, source=source)
-
-    @classmethod
-    def _lazy(cls, bounds: np.ndarray, pending: _Pending, size: int, source: str) -> ShardIndex:
         index = cls(bounds, source=source, pending=pending, size=size)
-        index._fill(np.array([0, index.records - 1], dtype=np.int64))
+        index._fill(np.array([0, lines - 1], dtype=np.int64))
         return index
 
     @property
@@ -223,11 +205,11 @@ class ShardIndex:
     @property
     def memory(self) -> int:
         """Bytes this index holds in memory (its boundaries and marks; a map of the
-        text or copy it fills from is the page cache's)."""
+        text it fills from, or of a binary copy, is the page cache's)."""
         extra = 0
         pending, filled = self._pending, self._filled
         if pending is not None and filled is not None:
-            extra = filled.nbytes + (0 if pending.directory is None else pending.directory.nbytes)
+            extra = filled.nbytes + pending.directory.nbytes
         return int(self._bounds.nbytes + self._checked.nbytes + extra)
 
     @property
@@ -250,9 +232,8 @@ class ShardIndex:
 
     def _need_span(self, first: int, stop: int) -> None:
         """Fill in the boundaries of records ``first`` to ``stop - 1`` (and of ``stop``)."""
-        if self._pending is not None and stop > first:
-            self._fill(np.arange(first, stop, FILL_RECORDS, dtype=np.int64))
-            self._fill(np.array([stop - 1], dtype=np.int64))
+        if self._pending is not None and stop > first:  # a record in each block
+            self._fill(np.arange(first & -FILL_RECORDS, stop, FILL_RECORDS, dtype=np.int64))
 
     def _fill(self, wanted: np.ndarray | None) -> None:
         pending, filled = self._pending, self._filled
@@ -494,16 +475,7 @@ def load_index_file(
     binary = cache and text_bytes >= BINARY_MIN_TEXT
     lazy = _c is not None and not full and text_bytes >= LAZY_MIN_TEXT
     index: ShardIndex | None = None
-    if binary and _c is not None:  # the binary copy, mapped and copied a block at a time
-        found = index_cache.cached_copy(path, index_file, size)
-        if found is not None:
-            copy, start, count = found
-            try:
-                index = ShardIndex.from_copy(copy, start, count, size, source=index_file)
-            except InvalidIndexError:
-                index_cache.drop_bounds(path, index_file)  # parsed from this text: as stale
-                raise
-    elif binary:
+    if binary:  # the binary copy another process left, mapped
         bounds = index_cache.cached_bounds(path, index_file, size)
         if bounds is not None:
             index = ShardIndex(bounds, source=index_file)

@@ -98,7 +98,8 @@ def test_a_text_cut_short_under_its_map_is_an_error_not_a_crash(tmp_path):
     os.truncate(path, 4096)  # a program rewriting it in place
     with pytest.raises(InvalidIndexError, match="cut short") as err:
         index.lookup(np.array([90_000]))
-    assert err.value.path == path
+    assert err.value.path == path and err.value.record == 90_000 // FILL_RECORDS * FILL_RECORDS
+    assert err.value.offset >= 4096  # where in the index file the page vanished
 
 
 def test_an_unchanged_text_gives_a_lazy_index_through_open_index(tmp_path):

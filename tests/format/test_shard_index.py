@@ -136,6 +136,16 @@ def _varied_shard(tmp_path, n=2000, name="s.tfrecord"):
     return str(path), payloads
 
 
+def _written_shard(tmp_path):
+    """The one shard of a dataset written to tmp_path / "ds": 3000 records of varied size."""
+    schema = rk.Schema(i=rk.Int64(), pad=rk.Bytes())
+    with rk.Writer(tmp_path / "ds", schema) as w:
+        for i in range(3000):
+            w.write({"i": i, "pad": b"p" * (i % 50)})
+    (shard,) = [str(p) for p in (tmp_path / "ds").glob("*.tfrecord")]
+    return shard
+
+
 def _swap(entries, i):
     """A stale index: records i and i + 1 swap sizes (contiguous, ends at the file size)."""
     bad = entries.copy()
@@ -181,11 +191,7 @@ def test_every_reader_stops_at_the_stale_run(tmp_path, monkeypatch):
     del torch
     import recordkit.torch as rkt
 
-    schema = rk.Schema(i=rk.Int64(), pad=rk.Bytes())
-    with rk.Writer(tmp_path / "ds", schema) as w:
-        for i in range(3000):
-            w.write({"i": i, "pad": b"p" * (i % 50)})
-    (shard,) = [str(p) for p in (tmp_path / "ds").glob("*.tfrecord")]
+    shard = _written_shard(tmp_path)
     true = scan_index(shard)
     os.unlink(index_path(shard))
     write_index(index_path(shard), _swap(true, 2000))
@@ -388,11 +394,7 @@ def test_recorddataset_stops_at_a_damaged_copy(tmp_path, monkeypatch, damage, na
 
     monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", native_tasks)
     monkeypatch.setattr(si, "BINARY_MIN_TEXT", 0)  # a copy even of a small index
-    schema = rk.Schema(i=rk.Int64(), pad=rk.Bytes())
-    with rk.Writer(tmp_path / "ds", schema) as w:
-        for i in range(3000):
-            w.write({"i": i, "pad": b"p" * (i % 50)})
-    (shard,) = [str(p) for p in (tmp_path / "ds").glob("*.tfrecord")]
+    shard = _written_shard(tmp_path)
     true = scan_index(shard)
     list(rkt.RecordDataset(tmp_path / "ds", batch_size=500))  # leaves the binary copy
     (bnd,) = _bnd_files()

@@ -1100,7 +1100,7 @@ def test_native_calls_release_the_gil(native):
 RUNNER_ONLY = {"Runner", "COL_BYTES", "COL_FIXED", "COL_INT64"}
 # The .idx functions are recordkit.format.shard_index's (its NumPy twin parses whole
 # texts; tests/format/test_shard_index.py compares them).
-INDEX_ONLY = {"FileMap", "map_fd", "index_parse", "index_scan", "index_fill", "bounds_fill"}
+INDEX_ONLY = {"FileMap", "map_fd", "index_parse", "index_scan", "index_fill"}
 
 
 def test_implementations_share_names_and_constants(native):
