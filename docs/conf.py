@@ -56,7 +56,7 @@ autoclass_content = "class"
 # other projects' types (numpy, torch, tensorflow, fsspec, the standard
 # library's collections.abc) therefore stay plain text instead of warnings.
 nitpick_ignore_regex = [
-    ("py:.*", r"(np|numpy|torch|tf|tensorflow|fsspec|distributed|dask|tqdm|pyarrow)\..*"),
+    ("py:.*", r"(np|numpy|torch|tf|tensorflow|keras|fsspec|distributed|dask|tqdm|pyarrow)\..*"),
     ("py:.*", r"(collections\.abc|typing|types|os|io|pathlib|concurrent\.futures|mmap|abc)\..*"),
     ("py:.*", r"(Path|PathLike|Sequence|Mapping|Iterable|Iterator|Callable|ArrayLike|Any)"),
     # Private helpers and type aliases that annotations and base lists name.

@@ -20,7 +20,9 @@ builder                    reads
 =========================  ============================================================
 
 Images (``decode_images=``) are a step inside the builders that parse records, not a
-shape of their own. Every builder returns the dataset ``prefetch``-ed.
+shape of their own. Every builder returns the dataset ``prefetch``-ed; the two in the
+plan's order prefetch inside each pass and carry the :class:`~recordkit._tfpipes.Passes`
+that number its epochs (:func:`numbered`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from ._tffiles import (
     shard_files,
 )
 from ._tfimages import file_locator, images_step, task_locator
-from ._tfpipes import native, planned
+from ._tfpipes import Passes, native, planned
 from ._tftasks import PlanTasks
 from .codec import Schema
 from .codec.limits import DecodeLimits
@@ -55,8 +57,10 @@ from .reader.plan import PlanOptions
 tf = require("tensorflow", extra="tf")
 
 __all__ = [
+    "PASSES",
     "Request",
     "growing_epochs",
+    "numbered",
     "plan_ordered",
     "sequence_examples",
     "tfds_split",
@@ -181,8 +185,8 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
         rank=pipeline,
         world_size=pipelines,
     )
-    ds = planned(tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.limits)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    ds, passes = planned(tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.limits)
+    return numbered(ds, passes)
 
 
 def sequence_examples(req: Request) -> Any:
@@ -274,7 +278,7 @@ def _plan_ordered_local(req: Request) -> Any:
     pipelines, pipeline = req.pipelines
     tasks = PlanTasks(shards, options, pipeline, pipelines, feature_spec(shards.schema, names))
     images = images_step(req.named_images, shards.schema, names, task_locator(tasks))
-    ds = planned(
+    ds, passes = planned(
         tasks,
         shards.schema,
         names,
@@ -285,7 +289,7 @@ def _plan_ordered_local(req: Request) -> Any:
         images,
         finish,
     )
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return numbered(ds, passes)
 
 
 def growing_epochs(req: Request, source: CacheEpochs) -> Any:
@@ -338,6 +342,17 @@ def _native(req: Request, files: list[str], schema: Schema, manifest: Any, epoch
         images=images,
     )
     return req.repeated(ds)
+
+
+# The attribute under which a dataset in the plan's order carries its Passes.
+PASSES = "_recordkit_passes"
+
+
+def numbered(ds: Any, passes: Passes) -> Any:
+    """``ds`` carrying the :class:`~recordkit._tfpipes.Passes` that number its epochs
+    (what ``recordkit.tf.set_epoch`` sets)."""
+    setattr(ds, PASSES, passes)
+    return ds
 
 
 def choose(req: Request, source: WholeEpochs | CacheEpochs | None) -> Any:

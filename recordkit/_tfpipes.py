@@ -11,8 +11,11 @@ ragged values need it).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ._deps import require
 from ._tfdecode import decoder as _decoder
@@ -26,7 +29,7 @@ from .format.manifest import Manifest
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["native", "planned", "record_parser"]
+__all__ = ["Passes", "native", "planned", "record_parser"]
 
 # Records read as one chunk (one element between the reader threads and the
 # rest of the pipeline): up to this many records or bytes; records of at least
@@ -36,6 +39,60 @@ _CHUNK_BYTES = 1 << 20
 _CHUNK_MIN_RECORD = 64 << 10
 # Read-ahead per open shard (TFRecordDataset's buffer_size): big sequential reads.
 _READ_BUFFER = 8 << 20
+
+
+class Passes:
+    """Which epochs each pass over (iteration of) one ``recordkit.tf`` dataset reads.
+
+    A pass reads ``epochs`` epochs from the one after the last epoch any pass of
+    this dataset began: ``for e in range(3): for b in ds`` and Keras ``fit`` read
+    a new order every epoch, and the order stays a pure function of the seed,
+    the epoch number and the position. The pass takes its first epoch when its
+    first element is asked for (an iterator made and dropped unread, as Keras'
+    epoch iterator does at the end of each epoch, takes none), and that number
+    is part of the iterator's state, which ``tf.train.Checkpoint`` saves: a
+    restored iterator continues its own epochs, and the pass after it starts
+    after the last epoch it read. :func:`set_epoch` chooses the next pass's epoch.
+
+    Args:
+        first: the first pass's first epoch.
+        per_pass: epochs a pass reads (``None``: endless).
+    """
+
+    def __init__(self, first: int, per_pass: int | None) -> None:
+        self.first = first
+        self.per_pass = per_pass
+        self._lock = threading.Lock()
+        self._next = first  # the next pass's first epoch, unless a later one was read
+        self._seen = first - 1  # the last epoch a pass began or read
+
+    def begin(self, _: Any) -> Any:
+        """A pass asks for its first element: its first epoch."""
+        with self._lock:
+            first = max(self._next, self._seen + 1)
+            span = self.per_pass or 1
+            self._next = first + span
+            self._seen = max(self._seen, first + span - 1)
+            return np.int64(first)
+
+    def saw(self, epoch: int) -> None:
+        """A pass read (or, at its end, passed) ``epoch``: the next pass starts after it."""
+        with self._lock:
+            self._seen = max(self._seen, epoch)
+
+    def set(self, epoch: int) -> None:
+        """The next pass starts at ``epoch``, whatever was read before."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        with self._lock:
+            self._next = epoch
+            self._seen = epoch - 1
+
+    @property
+    def next(self) -> int:
+        """The first epoch the next pass reads."""
+        with self._lock:
+            return max(self._next, self._seen + 1)
 
 
 def planned(
@@ -48,23 +105,32 @@ def planned(
     limits: DecodeLimits | None,
     images: ImagesStep | None = None,
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-) -> Any:
-    """Epochs of the plan: epoch and task numbers from ``Dataset.range``, records per task.
+) -> tuple[Any, Passes]:
+    """Passes of epochs of the plan: epoch and task numbers from ``Dataset.range``,
+    records per task; and the :class:`Passes` that numbers each pass's epochs.
 
     ``finish`` (a tensorflow-datasets split's) maps each decoded record, and
     ``images`` decodes its images; either makes the path record by record.
 
-    The only iterator state is positions in ``range`` datasets (and the records
-    already split off a task), which ``tf.train.Checkpoint(iterator=...)``
-    saves; every task's records are a pure function of its epoch and number.
+    The only iterator state is positions in ``range`` datasets (the pass's first
+    epoch among them, and the records already split off a task), which
+    ``tf.train.Checkpoint(iterator=...)`` saves; every task's records are a pure
+    function of its epoch and number. The dataset is prefetched inside the pass,
+    so that making an iterator reads nothing (nor takes an epoch) until it is used.
     """
     autotune = tf.data.AUTOTUNE
     spec = feature_spec(schema, names)
     fast = _fast(schema, names) and images is None and finish is None
+    per_pass = 0 if not tasks.tasks else epochs  # nothing to read: endless would never yield
+    passes = Passes(epoch, per_pass)
+
+    def read_task(e: Any, t: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        passes.saw(int(e))
+        return tasks.read(e, t)
 
     def read(e: Any, t: Any) -> Any:
         buf, starts, lengths = tf.numpy_function(
-            tasks.read, [e, t], [tf.string, tf.int64, tf.int64], stateful=False
+            read_task, [e, t], [tf.string, tf.int64, tf.int64], stateful=False
         )
         records = tf.strings.substr(buf[0], starts, lengths)
         records.set_shape([None])
@@ -90,25 +156,46 @@ def planned(
         ds = ds.unbatch().map(parse, num_parallel_calls=autotune, deterministic=True)
         return ds.ragged_batch(batch_size) if batch_size is not None else ds
 
-    if not tasks.tasks:  # nothing to read: endless empty epochs would never yield
-        epochs = 0
-    if epochs is None:
-        numbers = tf.data.Dataset.counter(epoch)
-    else:
-        numbers = tf.data.Dataset.range(epoch, epoch + epochs)
-    ds = numbers.flat_map(one_epoch)
-    if fast:
-        decode = _decoder(schema, names, batched=True, limits=limits)
-        ds = ds.map(
-            lambda s: decode(tf.io.parse_example(s, spec)),
-            num_parallel_calls=autotune,
-            deterministic=True,
-        )
-        if batch_size is None:
-            ds = ds.unbatch()
+    def passed(e: Any) -> Any:
+        passes.saw(int(e))
+        return np.int64(int(e))
+
+    def one_pass(first: Any) -> Any:
+        if per_pass is None:
+            numbers = tf.data.Dataset.counter(first)
+        else:
+            numbers = tf.data.Dataset.range(first, first + per_pass)
+            # Asked for at the end of the pass (or by read-ahead): a pass restored
+            # at its very end reads no task, but the next pass still starts after it.
+            last = first + per_pass - 1
+            end = tf.data.Dataset.range(1).map(
+                lambda _: tf.numpy_function(passed, [last], tf.int64, stateful=False)
+            )
+            numbers = numbers.concatenate(end.filter(lambda _: False))
+        ds = numbers.flat_map(one_epoch)
+        if fast:
+            decode = _decoder(schema, names, batched=True, limits=limits)
+            ds = ds.map(
+                lambda s: decode(tf.io.parse_example(s, spec)),
+                num_parallel_calls=autotune,
+                deterministic=True,
+            )
+            if batch_size is None:
+                ds = ds.unbatch()
+        return ds.prefetch(autotune)
+
+    # stateful=False: the number a pass takes is saved with the iterator, never drawn
+    # again on restore, so the pipeline's state is all in the checkpoint.
+    first = tf.data.Dataset.range(1).map(
+        lambda i: tf.numpy_function(passes.begin, [i], tf.int64, stateful=False)
+    )
+    ds = first.flat_map(one_pass)
+    opts = tf.data.Options()
+    opts.experimental_optimization.inject_prefetch = False  # a prefetch would take an epoch
+    ds = ds.with_options(opts)
     # batches (or records without a batch size) per epoch, times epochs; flat_map hides it
-    length = tf.data.INFINITE_CARDINALITY if epochs is None else tasks.units * epochs
-    return ds.apply(tf.data.experimental.assert_cardinality(length))
+    length = tf.data.INFINITE_CARDINALITY if per_pass is None else tasks.units * per_pass
+    return ds.apply(tf.data.experimental.assert_cardinality(length)), passes
 
 
 def record_parser(

@@ -49,37 +49,60 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
         self._ds = dataset
         self._consumed = 0
         self._epoch: int | None = None  # the epoch of the pass under way
+        self._passes = 0  # passes begun: a pass let go late leaves a later one alone
 
     # A generator, not a _BaseDataLoaderIter: it wraps one to count what it yields.
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds = self._ds
         epoch = ds.epoch
+        self._passes += 1
+        mine = self._passes
+        stream = None
         if self.num_workers > 0:
             with ds.worker_pass() as start:  # the workers copy the dataset in here
                 it = super().__iter__()
+            stream = ds._stream()
         else:  # the dataset iterates in this process and resumes itself
             start, it = ds.resume_point(), super().__iter__()
+        total = len(self)  # this rank's units of the epoch (ds.epoch is still ``epoch``)
         self._epoch, self._consumed = epoch, start
-        finished = False
+        ended = False
+
+        def end(full: bool) -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            if stream is not None:
+                ds._end_pass(stream)  # whole epochs: the pass's stream stops
+            if not full:
+                # Left early: the next pass reads this epoch again (workers that had
+                # read their share ahead have marked it finished), unless a later
+                # pass of this loader began before this one was let go.
+                if self._passes == mine:
+                    ds.epoch = epoch
+                return
+            # A full pass: the next one reads the next epoch (the dataset, or its
+            # workers, may have advanced it already).
+            if ds.epoch == epoch:
+                ds.set_epoch(epoch + 1)
+            self._epoch, self._consumed = None, 0
+
         try:
             for item in it:
                 self._consumed += 1
+                if self._consumed >= total:
+                    # The epoch's last unit: over before it is handed over, since a
+                    # loop that takes len(loader) batches never asks for another.
+                    end(True)
+                    yield item
+                    return
                 yield item
                 if self.num_workers > 0:
                     ds._delivered(self._consumed - 1)  # whole epochs: finished shards go
-            finished = True
+            end(True)  # fewer than counted (on_error="skip" left out a whole unit)
         finally:
-            if self.num_workers > 0:
-                ds._end_pass()  # whole epochs: the pass's stream stops
-            if not finished:
-                # Left early: the next pass reads this epoch again (workers that had
-                # read their share ahead have marked it finished).
-                ds.epoch = epoch
-        # A full pass: the next one reads the next epoch (the dataset, or its
-        # workers, may have advanced it already).
-        if ds.epoch == epoch:
-            ds.set_epoch(epoch + 1)
-        self._epoch, self._consumed = None, 0
+            end(False)
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the batches this loader has yielded (JSON-serialisable)."""

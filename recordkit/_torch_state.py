@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -25,7 +27,36 @@ from .reader.position import (
     saved_state,
 )
 
-__all__ = ["Positioned"]
+__all__ = ["Positioned", "refuse_dispatch"]
+
+
+def refuse_dispatch(caller: FrameType | None, world_size: int) -> None:
+    """Refuse to be read by Accelerate's ``DataLoaderDispatcher`` as one rank's share.
+
+    ``accelerator.prepare(loader)`` of an iterable dataset dispatches by default: the
+    main process alone iterates the loader and splits each batch among the
+    processes. A dataset that reads only its rank's share there trains on 1 /
+    ``world_size`` of every epoch, silently. The dispatcher calls ``set_epoch`` at
+    the start of every pass, on every process and before any collective, so the
+    caller of ``set_epoch`` is the one reliable sign of it, and refusing there stops
+    every process at once (the others never wait for a batch).
+    """
+    me = caller.f_locals.get("self") if caller is not None else None
+    kind = type(me)
+    if world_size == 1 or kind.__name__ != "DataLoaderDispatcher":
+        return
+    if not kind.__module__.startswith("accelerate."):
+        return
+    raise ValueError(
+        "Accelerate's prepare() dispatches this DataLoader (dispatch_batches, its default "
+        "for an iterable dataset): the main process alone reads it and splits every batch "
+        f"among the {world_size} processes, but this RecordDataset reads one rank's share "
+        f"of {world_size}, so {world_size - 1} of every {world_size} records would never "
+        "be trained on. Build it with RecordDataset(..., rank=0, world_size=1) so the main "
+        "process reads every record, or leave the DataLoader out of accelerator.prepare() "
+        "so each process reads its own share (no batches broadcast); see "
+        "docs/howto/frameworks.md"
+    )
 
 
 class Positioned(CachedShards, IterableDataset):  # type: ignore[type-arg]
@@ -59,9 +90,15 @@ class Positioned(CachedShards, IterableDataset):  # type: ignore[type-arg]
         self._cell.set(epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``."""
+        """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``.
+
+        Raises:
+            ValueError: called by Accelerate's ``DataLoaderDispatcher`` (which reads
+                on the main process alone) while this dataset reads one rank's share.
+        """
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        refuse_dispatch(sys._getframe(1), self._split().world_size)
         self.epoch = epoch
         self._pass = None
 
@@ -128,9 +165,14 @@ class Positioned(CachedShards, IterableDataset):  # type: ignore[type-arg]
         if self._whole is not None and self._whole.pass_ is not None:
             self._whole.pass_.release(unit)
 
-    def _end_pass(self) -> None:
-        """A loader with workers ended its pass (whole epochs: the stream stops)."""
-        if self._whole is not None:
+    def _stream(self) -> object | None:
+        """Whole epochs: the stream of the pass just begun by :meth:`worker_pass`."""
+        return self._whole.pass_ if self._whole is not None else None
+
+    def _end_pass(self, stream: object) -> None:
+        """A loader with workers ended its pass: its stream stops (whole epochs), unless
+        a later pass's stream has replaced it."""
+        if self._whole is not None and stream is not None and self._whole.pass_ is stream:
             self._whole.end()
 
     def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
@@ -207,10 +249,12 @@ class Positioned(CachedShards, IterableDataset):  # type: ignore[type-arg]
         check_state(state, self.state_dict(consumed=0), keys)
         self._adopt_window(state.get("shard_window_bytes", 0))
         epoch = int(state["epoch"])
-        self.epoch = epoch  # in a worker, every restored worker writes the same epoch
         self._pass = None
         if worker is not None:
+            # The shared epoch is written when the pass begins, once the workers know
+            # whether it reads this epoch or the next (WorkerPosition.restored).
             self._worker_resume = WorkerPosition(epoch, int(worker["next"]))
             self._resume = None
         else:
+            self.epoch = epoch
             self._resume = (epoch, int(state["consumed"]))

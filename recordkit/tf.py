@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from ._deps import require
-from ._tfbuild import Request, choose
+from ._tfbuild import PASSES, Request, choose
 from ._tffiles import feature_spec, says_sequences, shard_files
 from .codec import Schema
 from .codec.limits import DecodeLimits
@@ -60,7 +60,7 @@ from .storage import strip_file_scheme
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["dataset", "feature_spec", "shard_files"]
+__all__ = ["EpochCallback", "dataset", "feature_spec", "set_epoch", "shard_files"]
 
 
 @accepts_options
@@ -128,14 +128,17 @@ def dataset(
             ``None`` yields single records.
         shuffle: a new order every epoch, mixed like a uniform permutation on
             sorted data too (blocks of records in a keyed order, then records
-            within windows of many blocks).
+            within windows of many blocks). Every pass over the dataset (each
+            ``iter(ds)`` that is read from) reads the next epoch.
         seed: the shuffle seed (0 to 2**63 - 1).
         epoch: the number of the first epoch this dataset yields (the plan's
             epoch: with ``shuffle``, each epoch number has its own order).
-        epochs: epochs one pass over the dataset yields, numbered ``epoch``,
-            ``epoch + 1``, ...; ``None`` repeats without end. Iterating the
-            dataset again starts again at ``epoch``: keep one iterator (and
-            checkpoint it), or build the dataset with the next ``epoch``.
+        epochs: epochs one pass over the dataset (one iterator) yields,
+            numbered ``epoch``, ``epoch + 1``, ...; ``None`` repeats without
+            end. Iterating the same dataset again reads the next epochs: each
+            Keras ``fit`` epoch, or each ``for batch in ds`` of a loop, has a
+            new order (see :func:`set_epoch` and :class:`EpochCallback` to
+            number them yourself).
         shuffle_buffer: records in TensorFlow's shuffle buffer, used only where
             the plan is not (a shard cache, ``gs://``).
         drop_remainder: drop the last, smaller batch; with ``input_context``
@@ -278,4 +281,71 @@ def dataset(
         timeout=cached.timeout,
         mode=cached.epochs,
     )
-    return choose(request, source)
+    ds = choose(request, source)
+    if not hasattr(ds, PASSES):
+        setattr(ds, PASSES, None)  # not in the plan's order: no epoch number to set
+    return ds
+
+
+def set_epoch(ds: Any, epoch: int) -> None:
+    """The next pass over ``ds`` (each ``iter(ds)``) reads epoch ``epoch`` (and the
+    ``epochs - 1`` after it), as ``DistributedSampler.set_epoch`` does in PyTorch.
+
+    Without it, each pass reads the epochs after the last one a pass over ``ds``
+    began, which is a new order every pass; call it to tie the epochs to your own
+    count (a run resumed at epoch ``k`` reads epoch ``k``'s order). A dataset whose
+    order is not the plan's (unshuffled, through ``TFRecordDataset``: the same every
+    pass; or shuffled by TensorFlow: new every pass) has no epoch to set: nothing
+    changes.
+
+    Args:
+        ds: a dataset :func:`dataset` returned (not one made from it).
+        epoch: the plan's epoch number (>= 0).
+
+    Raises:
+        TypeError: ``ds`` is not a dataset :func:`dataset` returned.
+    """
+    if not hasattr(ds, PASSES):
+        raise TypeError(
+            "set_epoch takes the dataset recordkit.tf.dataset() returned; a dataset made "
+            "from it (ds.map(...), ds.take(...)) does not carry its epochs"
+        )
+    passes = getattr(ds, PASSES)
+    if passes is not None:
+        passes.set(epoch)
+
+
+class EpochCallback(tf.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+    """A Keras callback that makes ``fit``'s epoch ``e`` read the dataset's epoch
+    ``epoch + e * epochs`` (the ``epoch`` and ``epochs`` it was built with).
+
+    Keras ``fit`` already reads a new order every epoch without it (each of its
+    epochs is a new pass). With it the order also follows Keras' own epoch number,
+    so a run that ``BackupAndRestore`` (or ``initial_epoch``) resumes at epoch ``k``
+    reads epoch ``k``'s order, as the uninterrupted run did::
+
+        ds = recordkit.tf.dataset(path, batch_size=32, shuffle=True, seed=0)
+        model.fit(ds.map(to_xy), epochs=5, callbacks=[recordkit.tf.EpochCallback(ds)])
+
+    Args:
+        ds: a dataset :func:`dataset` returned (the one given to ``fit``, or the one
+            it was made from with ``map``: they share its epochs).
+
+    Raises:
+        TypeError: ``ds`` is not a dataset :func:`dataset` returned.
+    """
+
+    def __init__(self, ds: Any) -> None:
+        super().__init__()
+        if not hasattr(ds, PASSES):
+            raise TypeError(
+                "EpochCallback takes the dataset recordkit.tf.dataset() returned; a "
+                "dataset made from it (ds.map(...)) does not carry its epochs"
+            )
+        self.ds = ds
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        """Keras starts epoch ``epoch``: its pass reads the plan's matching epoch."""
+        passes = getattr(self.ds, PASSES)
+        if passes is not None:
+            passes.set(passes.first + epoch * (passes.per_pass or 1))

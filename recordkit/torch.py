@@ -397,18 +397,20 @@ class RecordDataset(Positioned):
         self._resume = None
         p = self._pass = Pass(epoch, start)
         yield from self._iter_pass(p, self._split())
-        if self.epoch == epoch:
-            self.epoch = epoch + 1  # a full pass: the next iteration reads the next epoch
-        if self._pass is p:
-            self._pass = None  # the state now points at the next epoch's start
 
     def _begin_worker_pass(self, split: Split) -> Pass:
         """A worker's pass: a restored position, or the rank's resume point dealt to it."""
         info = get_worker_info()
         assert info is not None
         self._passes += 1
-        if self._worker_resume is not None:
-            epoch, first = self._worker_resume.epoch, self._worker_resume.next
+        restored = self._worker_resume
+        if restored is not None:
+            # saved after the epoch's last batch: this pass reads the next epoch
+            count = self._plan(restored.epoch).unit_count(split.rank, split.world_size)
+            key = pass_key(info.seed - info.id, self._passes, restored.epoch)
+            restored = restored.restored(count, split.worker, split.num_workers, self._cell, key)
+            epoch, first = restored.epoch, restored.next
+            self.epoch = epoch  # every worker of the restored pass writes the same epoch
         else:
             epoch = self.epoch
             first = self.resume_point() + split.worker
@@ -427,10 +429,24 @@ class RecordDataset(Positioned):
         return p
 
     def _finish(self, p: Pass, split: Split) -> None:
-        """This worker handed over its last unit of the epoch (or had none)."""
-        if not p.finished:
-            p.finished = True
+        """This process handed over its last unit of the epoch (or had none).
+
+        The epoch is over then, not when one more item is asked for: a loop that
+        takes exactly ``len(ds)`` items (Lightning's, Keras') never asks. In a
+        worker the last of the pass's workers advances the shared epoch; in the
+        training process the next iteration reads the next epoch, and the state
+        says so, unless :meth:`set_epoch` chose another meanwhile.
+        """
+        if p.finished:
+            return
+        p.finished = True
+        if p.key != 0:
             self._cell.finish(p.worker, split.num_workers, p.key, p.epoch)
+            return
+        if self.epoch == p.epoch:
+            self.epoch = p.epoch + 1
+        if self._pass is p:
+            self._pass = None  # the state now points at the next epoch's start
 
     def _iter_pass(self, p: Pass, split: Split) -> Iterator[Any]:
         plan = self._plan(p.epoch)
@@ -483,27 +499,38 @@ class RecordDataset(Positioned):
         units = range(p.next, count, p.step)
         batched = self.options.batch_size is not None
         release = self._releaser(plan, split, p.next)
-        worker = p.key != 0
+        # whole epochs: the stream this pass began (only it may end it)
+        stream = self._whole.pass_ if self._whole is not None and p.key == 0 else None
         chunks = reader.read(plan, split, units)
         items = self._items(chunks, batched)
+
+        def stop() -> None:
+            items.close()
+            chunks.close()
+            if stream is not None and self._whole is not None and self._whole.pass_ is stream:
+                self._whole.end()  # the stream stops; what is left unpinned
+
         try:
             for unit, item in items:
                 p.next = unit + p.step
-                if worker and p.next >= count:
-                    # Before handing it over: the loader may yield it and stop
-                    # (a restore that fast-forwards) without asking for more.
+                if p.next >= count:
+                    # The last unit: the pass is over before it is handed over. A
+                    # loop that takes len(ds) items never asks for another, and
+                    # keeps this generator until its next iter(), maybe after a
+                    # new pass began: nothing of this one may be left to end then.
+                    if release is not None:
+                        release(unit)
+                    stop()
                     self._finish(p, split)
+                    yield item
+                    return
                 yield item
                 if release is not None:
                     release(unit)  # batches are copies: a finished shard can go
         finally:
-            items.close()
-            chunks.close()
-            if self._whole is not None and get_worker_info() is None:
-                self._whole.end()  # the stream stops; what is left unpinned
+            stop()
         p.next = max(p.next, count)  # units left out whole (on_error="skip") are passed too
-        if worker:
-            self._finish(p, split)
+        self._finish(p, split)
 
     def _items(
         self, chunks: Iterator[Chunk], batched: bool

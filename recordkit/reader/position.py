@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import time
 from dataclasses import dataclass, field
 from multiprocessing import context as _mp_context
 from typing import Any
@@ -53,6 +54,8 @@ STATE_VERSION = 2
 # cell does not advance by itself and the training process sets the epoch.
 MAX_WORKERS = 256
 _M63 = (1 << 63) - 1
+# Seconds a restored DataLoader worker waits for the one that holds its epoch's last unit.
+RESTORE_TIMEOUT = 300.0
 
 
 def pass_key(base_seed: int, passes: int, epoch: int) -> int:
@@ -87,7 +90,8 @@ class EpochCell:
     """
 
     def __init__(self, epoch: int = 0) -> None:
-        self._a = multiprocessing.RawArray("q", 1 + MAX_WORKERS)
+        # the epoch, a finish slot per worker, and the restored pass's verdict
+        self._a = multiprocessing.RawArray("q", 2 + MAX_WORKERS)
         self._a[0] = epoch
 
     def get(self) -> int:
@@ -112,6 +116,29 @@ class EpochCell:
             a[0] = epoch + 1
             log.debug("epoch %d finished by all %d workers", epoch, num_workers)
 
+    def tell(self, key: int, complete: bool) -> None:
+        """The worker that holds a restored epoch's last unit says whether it was handed
+        over (then every unit was: the loader hands them over in order)."""
+        self._a[1 + MAX_WORKERS] = key if complete else -key
+
+    def told(self, key: int, timeout: float) -> bool:
+        """What :meth:`tell` said for ``key`` (waiting for it: the workers restore at once).
+
+        Raises:
+            RuntimeError: nothing was told within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            said = int(self._a[1 + MAX_WORKERS])
+            if abs(said) == key:
+                return said > 0
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"a restored DataLoader worker waited {timeout:.0f} s for the worker that "
+                    "holds the epoch's last batch to say whether it was handed over"
+                )
+            time.sleep(0.001)
+
     def __reduce__(self) -> tuple[Any, ...]:
         if _mp_context.get_spawning_popen() is not None:  # a worker being started
             return (_attach, (self._a,))
@@ -124,6 +151,40 @@ class WorkerPosition:
 
     epoch: int
     next: int
+
+    def restored(
+        self,
+        count: int,
+        worker: int,
+        num_workers: int,
+        cell: EpochCell,
+        key: int,
+        timeout: float = RESTORE_TIMEOUT,
+    ) -> WorkerPosition:
+        """Where this restored position's pass starts: here, or at the next epoch.
+
+        A position whose worker had handed over its share of the epoch (``next``
+        at or past the epoch's ``count`` units) reads the next epoch if every
+        worker had (the state was saved after the epoch's last batch, which the
+        loader hands over last); otherwise its pass is empty while the others
+        finish the epoch. Only the worker ``last`` that holds the last unit knows
+        which: it tells the cell, and the others wait for it. The next epoch is
+        dealt so that the loader, which asks the worker after ``last`` first, reads
+        its units in order: unit ``u`` to worker ``(last + 1 + u) % num_workers``.
+        ``key`` is the same in every worker of the restored pass.
+        """
+        if num_workers > MAX_WORKERS:
+            return self  # the cell has no slots for them: an empty pass ends the epoch
+        # Units were dealt round robin from the pass's start: next = start + worker (mod W).
+        last = (count - 1 - (self.next - worker)) % num_workers
+        if worker == last:
+            cell.tell(key, self.next >= count)
+        if self.next < count or count == 0:
+            return self
+        complete = self.next >= count if worker == last else cell.told(key, timeout)
+        if not complete:
+            return self
+        return WorkerPosition(self.epoch + 1, (worker - last - 1) % num_workers)
 
 
 @dataclass

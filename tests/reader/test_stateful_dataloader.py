@@ -85,8 +85,8 @@ def _check_epochs(path, passes, *, shuffle, drop_last):
 
 def _cuts(per_epoch):
     """(batches before the cut, passes the first run reads): mid-epoch 0, mid-epoch 1,
-    after the last batch of epoch 0 (before the loader learns the epoch ended), and
-    after the loop over epoch 0 ended."""
+    at the last batch of epoch 0 with drop_last (the loop never asks for another: the
+    state already says epoch 1), and after the loop over epoch 0 ended."""
     return [(5, 1), (per_epoch + 3, 2), (per_epoch, 1), (None, 1)]
 
 
@@ -94,7 +94,9 @@ def _resumed(path, workers, stop, passes, *, json_trip=True, **kwargs):
     first, state = _read(_loader(path, workers, **kwargs), passes, stop)
     if json_trip:
         state = json.loads(json.dumps(state))  # a checkpoint written as JSON
-    done = len(first) if stop is None else len(first) - 1  # passes finished before the cut
+    # passes finished before the cut: a pass is over once its last batch is handed out
+    per_epoch = (N // BATCH) * BATCH if kwargs.get("drop_last") else N
+    done = len(first) - (stop is not None and len(first[-1]) < per_epoch)
     loader = _loader(path, workers, **kwargs)
     loader.load_state_dict(state)
     rest, _ = _read(loader, EPOCHS - done)

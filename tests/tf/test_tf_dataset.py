@@ -238,7 +238,12 @@ def test_shuffle_is_the_plan_seeded_and_new_each_epoch(fixed):
     assert e1 != e2 and e1 != list(range(130))
     assert e1 == _plan_order(fixed, 0, shuffle=True, seed=3, batch_size=8)
     assert e2 == _plan_order(fixed, 1, shuffle=True, seed=3, batch_size=8)
-    assert _ids(ds) == ids  # a new pass is the same stream: the epoch numbers say the order
+    # a new pass reads the next epochs (Keras fit, or a loop over the same dataset)
+    again = _ids(ds)
+    assert again[:130] == _plan_order(fixed, 2, shuffle=True, seed=3, batch_size=8)
+    assert again[130:] == _plan_order(fixed, 3, shuffle=True, seed=3, batch_size=8)
+    rtf.set_epoch(ds, 0)  # the epoch numbers say the order
+    assert _ids(ds) == ids
     assert _ids(rtf.dataset(fixed, batch_size=8, shuffle=True, seed=3, epoch=1)) == e2
     other = rtf.dataset(fixed, batch_size=8, shuffle=True, seed=4)
     assert _ids(other) != e1
