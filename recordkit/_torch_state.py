@@ -13,7 +13,7 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ._torch_cache import CachedShards
 from .reader.plan import EpochPlan, Split
@@ -27,7 +27,7 @@ from .reader.position import (
     saved_state,
 )
 
-__all__ = ["Positioned", "refuse_dispatch"]
+__all__ = ["Positioned", "refuse_dispatch", "refuse_worker_batches"]
 
 
 def refuse_dispatch(caller: FrameType | None, world_size: int) -> None:
@@ -57,6 +57,36 @@ def refuse_dispatch(caller: FrameType | None, world_size: int) -> None:
         "so each process reads its own share (no batches broadcast); see "
         "docs/howto/frameworks.md"
     )
+
+
+def refuse_worker_batches(caller: FrameType | None, units: int, samples: bool) -> None:
+    """Refuse ``len()`` to a ``DataLoader`` that batches single samples from its workers
+    when it would yield more batches than it says.
+
+    Each worker batches its own share, so every worker's last batch may be short and
+    the loader then yields more batches than ``len(loader)``; a loop that takes
+    ``len(loader)`` batches (Lightning's, the Hugging Face ``Trainer``'s) would leave
+    records out of every epoch, silently. Such loops ask ``len()`` first, through
+    ``DataLoader.__len__``: the caller says the batch size and the workers.
+    """
+    loader = caller.f_locals.get("self") if caller is not None else None
+    if not samples or not isinstance(loader, DataLoader):
+        return
+    size, workers = loader.batch_size, loader.num_workers
+    if size is None or workers < 2 or loader.drop_last:
+        return
+    shares = [len(range(w, units, workers)) for w in range(workers)]
+    batches = sum(-(-n // size) for n in shares)
+    if batches > -(-units // size):
+        raise ValueError(
+            f"DataLoader(batch_size={size}, num_workers={workers}) over single samples: each "
+            f"worker batches its own share, so the loader yields {batches} batches an epoch "
+            f"where len() says {-(-units // size)}, and a loop that takes len(loader) batches "
+            "(Lightning's, the Hugging Face Trainer's) would leave records out. Let the "
+            f"dataset batch (RecordDataset(..., batch_size={size}) with DataLoader("
+            "batch_size=None)), or read with num_workers=0: recordkit's reader threads "
+            "decode off the training thread"
+        )
 
 
 class Positioned(CachedShards, IterableDataset):  # type: ignore[type-arg]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -47,7 +48,7 @@ from ._torch_dist import cpus  # noqa: E402
 from ._torch_images import DecodeImages  # noqa: E402
 from ._torch_loader import DataLoader  # noqa: E402
 from ._torch_map import RecordMapDataset  # noqa: E402
-from ._torch_state import Positioned  # noqa: E402
+from ._torch_state import Positioned, refuse_worker_batches  # noqa: E402
 from .codec.limits import DecodeLimits  # noqa: E402
 from .codec.schema import Schema  # noqa: E402
 from .prefetch import DevicePrefetcher  # noqa: E402
@@ -378,7 +379,9 @@ class RecordDataset(Positioned):
     def __len__(self) -> int:
         """Batches (or samples) this rank reads per epoch, over all its DataLoader workers."""
         split = self._split()
-        return self._plan(self.epoch).unit_count(split.rank, split.world_size)
+        units = self._plan(self.epoch).unit_count(split.rank, split.world_size)
+        refuse_worker_batches(sys._getframe(1), units, self.options.batch_size is None)
+        return units
 
     def __iter__(self) -> Iterator[Any]:
         if get_worker_info() is None:

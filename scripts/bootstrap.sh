@@ -63,7 +63,7 @@ if [ "$level" = demo ]; then
 else
   say "[4/4] recordkit (editable) with every extra, and the test, lint and docs tools"
   pip_install -e ".[torch,tf-cpu,progress,s3,http,dask,parquet,images,mds,hf,arrayrecord]" \
-    --group test --group lint --group docs
+    --group test --group frameworks --group lint --group docs
 fi
 echo "$want" > "$VENV/.recordkit-$level"
 say "$level environment ready in $VENV ($((SECONDS - start)) s)"

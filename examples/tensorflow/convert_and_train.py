@@ -76,7 +76,8 @@ def main() -> None:
         loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
         metrics=[tf.keras.metrics.BinaryAccuracy(threshold=0.0)],
     )
-    # shuffle=False: the dataset reshuffles itself every epoch.
+    # shuffle=False: each epoch of fit is a new pass over the dataset, which reads the
+    # next epoch of its order (a new order every epoch).
     history = model.fit(train, epochs=args.epochs, shuffle=False, verbose=2)
     print(f"final accuracy {history.history['binary_accuracy'][-1]:.3f}")
 

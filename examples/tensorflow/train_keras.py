@@ -2,8 +2,9 @@
 
 Writes a synthetic classification dataset with ``recordkit.Writer`` (16x16 RGB
 images whose class is the brightest colour channel), then trains on it through
-``recordkit.tf.dataset``: TensorFlow's own C++ reader, ``parse_example`` from the
-dataset's schema, a seeded shuffle that changes every epoch. The same files are
+``recordkit.tf.dataset``: records gathered natively in the epoch plan's order,
+``parse_example`` from the dataset's schema, a seeded shuffle that changes every
+epoch of ``fit``. The same files are
 what ``recordkit.torch.RecordDataset`` reads in ``examples/pytorch/train.py``.
 
     python examples/tensorflow/train_keras.py [--data DIR] [--epochs 3]
@@ -60,13 +61,14 @@ def main() -> None:
         image = tf.cast(batch["image"], tf.float32) / 255.0
         return image, batch["label"]
 
-    # One endless dataset (epochs=None): epoch e comes in the plan's order for epoch e,
-    # and Keras keeps one iterator over all epochs when given the steps of one.
-    train = recordkit.tf.dataset(
-        args.data, batch_size=64, shuffle=True, seed=0, epochs=None, columns=["image", "label"]
-    ).map(to_xy)
-    steps = len(recordkit.tf.dataset(args.data, batch_size=64))  # known from the manifest
-    print(f"{steps} batches per epoch")
+    # Each epoch of fit is a new pass over the dataset, and each pass reads the next
+    # epoch of the plan, in its own order; EpochCallback ties those epochs to Keras'
+    # epoch number, so a run BackupAndRestore resumes reads what it would have read.
+    ds = recordkit.tf.dataset(
+        args.data, batch_size=64, shuffle=True, seed=0, columns=["image", "label"]
+    )
+    train = ds.map(to_xy)
+    print(f"{len(ds)} batches per epoch")  # known from the manifest
 
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential(
@@ -82,7 +84,13 @@ def main() -> None:
         metrics=["accuracy"],
     )
     # shuffle=False: the dataset orders itself, a new order every epoch.
-    history = model.fit(train, epochs=args.epochs, steps_per_epoch=steps, shuffle=False, verbose=2)
+    history = model.fit(
+        train,
+        epochs=args.epochs,
+        shuffle=False,
+        verbose=2,
+        callbacks=[recordkit.tf.EpochCallback(ds)],
+    )
     for epoch, (loss, acc) in enumerate(zip(history.history["loss"], history.history["accuracy"])):
         print(f"epoch {epoch}: loss {loss:.3f}, accuracy {acc:.3f}")
 
