@@ -102,6 +102,12 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
                     ds._delivered(self._consumed - 1)  # whole epochs: finished shards go
             end(True)  # fewer than counted (on_error="skip" left out a whole unit)
         finally:
+            if not ended and self.num_workers > 0 and not self.persistent_workers:
+                # Left early: stop the workers before the epoch is set back, or one
+                # still reading ahead could mark the epoch finished after it.
+                shutdown = getattr(it, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
             end(False)
 
     def state_dict(self) -> dict[str, Any]:

@@ -7,18 +7,22 @@ absolute path, size and ``mtime_ns``: a shard rewritten in place gets a new
 key, and the stale entry ages out.
 
 The binary form (``bounds/*.bnd``): once a reader has parsed an index text (a
-sidecar or an entry here), it keeps the record boundaries it parsed there (a 32-byte
-header, then ``n + 1`` little-endian ``uint32``, or ``uint64`` past 4 GiB), keyed
-by the shard's and the text's absolute paths, sizes, ``mtime_ns`` and inodes, so
-the next process that maps the shard (a DataLoader worker, another rank, the
-next run, the same reader after the map budget unmapped it) reads 4 bytes a
-record instead of parsing ~11-20 (``benchmarks/index_bench.py``: 0.06 against
-3.8 ms for 250k records). It is derived data and checked like the text: the
-header against the shard, the first and last boundary at load, the others per
-run of records before any record of the run is returned
-(:mod:`recordkit.format.shard_index`). Written without fsync (a torn or lost file
-is caught by those checks and rebuilt from the text), on a background thread (the
-reader that parsed the text does not wait), keyed by the files as they were then.
+sidecar or an entry here), it keeps the record boundaries it parsed there (a 56-byte
+header, then ``n + 1`` little-endian ``uint32``, or ``uint64`` past 4 GiB), so the
+next process that maps the shard (a DataLoader worker, another rank, the next run,
+the same reader after the map budget unmapped it) reads 4 bytes a record instead of
+parsing ~11-20 (``benchmarks/index_bench.py``: 0.06 against 3.8 ms for 250k
+records). A shard has one copy, keyed by its absolute path (``os.fsencode``), size,
+``mtime_ns`` and inode; the header names the text it was parsed from (size,
+``mtime_ns``, inode), and a copy of another text is a miss that the next parse
+replaces. It is derived data and checked like the text: the header against the
+shard and the text, the first and last boundary at load, the others per run of
+records before any record of the run is returned
+(:mod:`recordkit.format.shard_index`); a copy that fails any check is dropped and
+the text parsed instead, never blamed on the text. Written without fsync (a torn or
+lost file is caught by those checks), on a background thread (the reader that parsed
+the text does not wait), keyed by the files as they were then, into the directory
+as it was when the write was asked for.
 
 Where: ``$RECORDKIT_INDEX_CACHE`` if set (``off`` keeps indexes in memory
 only), else ``$XDG_CACHE_HOME/recordkit/index``, else
@@ -31,8 +35,9 @@ against the shard like any index, and one that fails is rebuilt.
 Bounded: when a write takes the directory (the text entries, or ``bounds/``:
 each has the budget) past ``$RECORDKIT_INDEX_CACHE_BYTES`` (default 1 GiB,
 about 50 million records' worth of index lines, or 250 million of binary
-boundaries), the least recently used entries (by mtime; a hit touches its
-entry) are removed until it holds 90% of that (so a full cache is listed once
+boundaries), the least recently used entries (a hit sets its entry's access time,
+leaving its modification time, which a copy's header names) are removed until it
+holds 90% of that (so a full cache is listed once
 per tenth of its size written, not once per entry). Each process lists the
 directory once and then adds what it writes, so opening 100k foreign shards
 costs O(shards), not a listing per shard; a process that sees the estimate
@@ -86,8 +91,9 @@ _OFF = "off"
 _LOW_WATER = 0.9  # a trim leaves the directory at this share of the limit
 _STALE_TMP_S = 3600  # a temp file this old is a dead process's: removed by a trim
 _BOUNDS_SUFFIX = ".bnd"
-_BOUNDS_MAGIC = b"RKBNDS01"
-_BOUNDS_HEADER = struct.Struct("<8sQQI4x")  # magic, records, shard bytes, item size
+_BOUNDS_MAGIC = b"RKBNDS02"
+# magic, records, shard bytes, item size; the text it was parsed from: size, mtime_ns, inode
+_BOUNDS_HEADER = struct.Struct("<8sQQI4xQQQ")
 
 # directory -> bytes it holds, as far as this process knows (listed once, then
 # what this process wrote added); guarded by _LOCK.
@@ -123,8 +129,18 @@ def cache_limit() -> int:
 
 
 def _entry(directory: str, path: str, st: os.stat_result) -> str:
-    key = f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    # os.fsencode: a path that is not UTF-8 (surrogate-escaped) keys as its bytes
+    key = os.fsencode(os.path.abspath(path)) + f"\0{st.st_size}\0{st.st_mtime_ns}".encode()
     return os.path.join(directory, hashlib.sha256(key).hexdigest()[:40] + ".idx")
+
+
+def _touch(entry: str) -> None:
+    """Mark ``entry`` used now: its access time (the LRU order of a trim). Its
+    modification time stays what it was written with: a binary copy made from a
+    text entry is checked against the text's ``mtime_ns``."""
+    with contextlib.suppress(OSError):
+        st = os.stat(entry)
+        os.utime(entry, ns=(time.time_ns(), st.st_mtime_ns))
 
 
 def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | None:
@@ -160,8 +176,7 @@ def cached_shard_index(
         with contextlib.suppress(OSError):
             os.unlink(entry)
         return None
-    with contextlib.suppress(OSError):
-        os.utime(entry)  # least recently used goes first
+    _touch(entry)  # least recently used goes first
     return index
 
 
@@ -193,63 +208,80 @@ def _bounds_dir() -> str | None:
     return None if directory is None else os.path.join(directory, "bounds")
 
 
-def _bounds_entry(
-    directory: str, path: str, index_file: str, text_st: os.stat_result | None = None
-) -> str:
-    """The binary entry for the shard at ``path`` as the text ``index_file`` indexes it
-    (``text_st``: the text's ``fstat`` as it was read, else it is stat'ed now)."""
-    parts = []
-    for p, known in ((path, None), (index_file, text_st)):
-        st = known or os.stat(p)
-        parts.append(f"{os.path.abspath(p)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}")
-    key = ("bounds\0" + "\0".join(parts)).encode()
+def _bounds_entry(directory: str, path: str, st: os.stat_result) -> str:
+    """The one binary entry of the shard at ``path`` as ``st`` describes it (its path,
+    size, ``mtime_ns`` and inode): a shard has one copy, whichever text it came from
+    (the header says which, :func:`_text_identity`)."""
+    key = (
+        b"bounds\0"
+        + os.fsencode(os.path.abspath(path))
+        + f"\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}".encode()
+    )
     return os.path.join(directory, hashlib.sha256(key).hexdigest()[:40] + _BOUNDS_SUFFIX)
+
+
+def _text_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What a copy's header records of the text it was parsed from."""
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def _bounds_dtype(shard_bytes: int) -> np.dtype:
     return np.dtype("<u4" if shard_bytes < 1 << 32 else "<u8")
 
 
-def cached_bounds(path: str, index_file: str, shard_bytes: int) -> np.ndarray | None:
+def cached_bounds(
+    path: str, index_file: str, shard_bytes: int, shard_st: os.stat_result | None = None
+) -> np.ndarray | None:
     """The boundaries parsed from ``index_file`` for the shard at ``path``, if cached:
     mapped (the page cache's, no descriptor held) with the native extension, read
     without it.
 
-    Only the header, the length and the first and last boundary are checked here
-    (against ``shard_bytes``); :class:`~recordkit.format.shard_index.ShardIndex`
-    checks the rest per run. ``None`` on a miss; an entry that does not fit is removed.
+    Only the header (the shard's size, the text it was parsed from as it is now), the
+    length and the first and last boundary are checked here;
+    :class:`~recordkit.format.shard_index.ShardIndex` checks the rest per run (and a
+    copy that fails there is dropped and the text parsed instead). ``None`` on a miss
+    (a copy of another text is one); an entry that does not fit is removed. Anything
+    but a regular file is refused without being opened for reading.
     """
     directory = _bounds_dir()
     if directory is None:
         return None
     dtype = _bounds_dtype(shard_bytes)
     try:
-        entry = _bounds_entry(directory, path, index_file)
-        fd = os.open(entry, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        st = shard_st or os.stat(path)
+        text = _text_identity(os.stat(index_file))
+        entry = _bounds_entry(directory, path, st)
+        # Non-blocking: a FIFO (or a device) at the key must not block the reader.
+        fd = os.open(entry, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:  # a miss (or an unreadable cache: the text is parsed)
         return None
     bounds = None
+    other_text = regular = False
     try:
-        head = os.pread(fd, _BOUNDS_HEADER.size, 0)
+        st_entry = os.fstat(fd)
+        regular = stat.S_ISREG(st_entry.st_mode)
+        head = os.pread(fd, _BOUNDS_HEADER.size, 0) if regular else b""
         if len(head) == _BOUNDS_HEADER.size:
-            magic, records, size, itemsize = _BOUNDS_HEADER.unpack(head)
+            magic, records, size, itemsize, *made_from = _BOUNDS_HEADER.unpack(head)
             want = _BOUNDS_HEADER.size + (records + 1) * dtype.itemsize
-            st = os.fstat(fd)
             fits = magic == _BOUNDS_MAGIC and size == shard_bytes and records <= shard_bytes // 16
-            fits = fits and itemsize == dtype.itemsize
-            if fits and stat.S_ISREG(st.st_mode) and st.st_size == want:
+            fits = fits and itemsize == dtype.itemsize and st_entry.st_size == want
+            other_text = fits and tuple(made_from) != text
+            if fits and not other_text:
                 bounds = _load_bounds(fd, dtype, records + 1)
     except OSError:
         bounds = None
     finally:
         os.close(fd)
+    if other_text:
+        return None  # made from another text: replaced once this one is parsed
     if bounds is None or int(bounds[0]) != 0 or int(bounds[-1]) != shard_bytes:
         log.info("dropping cached index boundaries %s: they do not fit %s", entry, path)
-        with contextlib.suppress(OSError):
-            os.unlink(entry)
+        if regular:  # never remove a FIFO or a device someone put there
+            with contextlib.suppress(OSError):
+                os.unlink(entry)
         return None
-    with contextlib.suppress(OSError):
-        os.utime(entry)  # least recently used goes first
+    _touch(entry)  # least recently used goes first
     out: np.ndarray = bounds.astype(bounds.dtype.newbyteorder("="), copy=False)
     return out
 
@@ -269,35 +301,40 @@ def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
 
     Best effort, like :func:`store_index`; no fsync (the entry is checked when read).
     """
-    key = _bounds_key(path, index_file)
-    return None if key is None else _write_bounds(*key, path, bounds)
-
-
-def _bounds_key(
-    path: str, index_file: str, text_st: os.stat_result | None = None
-) -> tuple[str, str] | None:
-    """``(directory, entry)`` for a binary copy of ``index_file`` for ``path`` now
-    (``None``: no cache, or a file that cannot be stat'ed; logged)."""
     directory = _bounds_dir()
     if directory is None:
         return None
     try:
-        return directory, _bounds_entry(directory, path, index_file, text_st)
+        shard_st, text_st = os.stat(path), os.stat(index_file)
     except OSError as exc:
-        log.info("could not cache the index boundaries of %s in %s (%s)", path, directory, exc)
+        log.info("could not cache the index boundaries of %s (%s)", path, exc)
         return None
+    return _write_bounds(directory, path, shard_st, text_st, bounds)
 
 
-def _write_bounds(directory: str, entry: str, path: str, bounds: np.ndarray) -> str | None:
+def _write_bounds(
+    directory: str,
+    path: str,
+    shard_st: os.stat_result,
+    text_st: os.stat_result,
+    bounds: np.ndarray,
+) -> str | None:
     shard_bytes = int(bounds[-1])
     dtype = _bounds_dtype(shard_bytes)
+    entry = _bounds_entry(directory, path, shard_st)
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         tmp = temp_name(entry)
         try:
             with open(tmp, "wb") as f:
                 f.write(
-                    _BOUNDS_HEADER.pack(_BOUNDS_MAGIC, len(bounds) - 1, shard_bytes, dtype.itemsize)
+                    _BOUNDS_HEADER.pack(
+                        _BOUNDS_MAGIC,
+                        len(bounds) - 1,
+                        shard_bytes,
+                        dtype.itemsize,
+                        *_text_identity(text_st),
+                    )
                 )
                 f.write(np.ascontiguousarray(bounds, dtype=dtype).tobytes())
             os.replace(tmp, entry)
@@ -335,43 +372,48 @@ def store_bounds_soon(
     index_file: str,
     index: ShardIndex,
     text_st: os.stat_result | None = None,
+    shard_st: os.stat_result | None = None,
 ) -> None:
     """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it).
 
     The copy is for the next process, so nobody waits for it; a process that exits
     first finishes the writes it queued (the interpreter joins the thread at exit).
-    Its key names the text as it was read (``text_st``, its ``fstat`` then; else the
-    text is stat'ed now), so a text replaced meanwhile never gets this parse as its
-    copy. An index loaded a block at a time is filled in whole there first, at the
-    lowest CPU priority (after the reader's own work, on a busy machine); one whose
-    text turns out malformed there gets no copy (its reader raises if it reaches
-    the bad line).
+    Where it goes and what it is keyed on are taken now: the cache directory, the
+    shard as it was mapped (``shard_st``) and the text as it was read (``text_st``;
+    else both are stat'ed now), so a text replaced meanwhile never gets this parse as
+    its copy, and a write that waits behind others lands where it was asked for. An
+    index loaded a block at a time is filled in whole there first, at the lowest CPU
+    priority (after the reader's own work, on a busy machine); one whose text turns
+    out malformed there gets no copy (its reader raises if it reaches the bad line).
     """
-    if _bounds_dir() is None:
+    directory = _bounds_dir()
+    if directory is None:
         return
-    if text_st is None:
-        try:
-            text_st = os.stat(index_file)
-        except OSError:
-            return  # gone: nothing to key a copy on
     try:
-        _soon_pool().submit(_complete_and_write, path, index_file, index, text_st)
+        text_st = text_st or os.stat(index_file)
+        shard_st = shard_st or os.stat(path)
+    except OSError:
+        return  # gone: nothing to key a copy on
+    job = (directory, path, shard_st, text_st, index)
+    try:
+        _soon_pool().submit(_complete_and_write, *job)
     except RuntimeError:  # the interpreter is shutting down: no new threads
-        _complete_and_write(path, index_file, index, text_st)
+        _complete_and_write(*job)
 
 
 def _complete_and_write(
-    path: str, index_file: str, index: ShardIndex, text_st: os.stat_result | None
+    directory: str,
+    path: str,
+    shard_st: os.stat_result,
+    text_st: os.stat_result,
+    index: ShardIndex,
 ) -> str | None:
-    key = _bounds_key(path, index_file, text_st)
-    if key is None:
-        return None
     try:
         bounds = index.bounds  # fills in what the reader has not needed yet
     except InvalidIndexError as exc:
         log.info("no binary copy of the index of %s: %s", path, exc)
         return None
-    return _write_bounds(*key, path, bounds)
+    return _write_bounds(directory, path, shard_st, text_st, bounds)
 
 
 def _lowest_priority() -> None:
@@ -395,13 +437,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def drop_bounds(path: str, index_file: str) -> None:
-    """Remove the binary entry of ``index_file`` for ``path`` (it failed a check)."""
+def drop_bounds(path: str, shard_st: os.stat_result | None = None) -> None:
+    """Remove the binary entry of the shard at ``path`` (it failed a check)."""
     directory = _bounds_dir()
     if directory is None:
         return
     with contextlib.suppress(OSError):
-        os.unlink(_bounds_entry(directory, path, index_file))
+        entry = _bounds_entry(directory, path, shard_st or os.stat(path))
+        if stat.S_ISREG(os.lstat(entry).st_mode):
+            os.unlink(entry)
 
 
 def _account(directory: str, entry: str) -> None:
@@ -438,7 +482,8 @@ def _trim(directory: str, limit: int, *, keep: str) -> int:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(e.path)
                 continue
-            files.append((st.st_mtime_ns, st.st_size, e.path))
+            # the last use (a hit sets the access time, _touch; a write sets both)
+            files.append((max(st.st_atime_ns, st.st_mtime_ns), st.st_size, e.path))
             total += st.st_size
     if total <= limit:
         return total

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_READ_TEXT = threading.Lock()  # one thread replaces a failed copy's boundaries
 
 RUN_BYTES = 4096
 """A run is the records of about this many shard bytes (a page), at most :data:`RUN_RECORDS`."""
@@ -111,6 +113,9 @@ class ShardIndex:
             (:func:`parse_bounds`).
         source: the index file it came from, for errors (``None``: built by a scan).
         checked: whether every length field is known to match already.
+        copy_of: the shard whose binary copy in the per-user cache ``bounds`` came
+            from: a check that fails drops the copy and reads ``source`` instead,
+            rather than blaming it (:meth:`_read_text_instead`).
 
     Attributes:
         bounds: as given (read-only).
@@ -121,6 +126,7 @@ class ShardIndex:
         "_all_checked",
         "_bounds",
         "_checked",
+        "_copy",
         "_filled",
         "_pending",
         "_shift",
@@ -137,6 +143,7 @@ class ShardIndex:
         checked: bool = False,
         pending: _Pending | None = None,
         size: int | None = None,
+        copy_of: str | None = None,
     ) -> None:
         if len(bounds) < 1:
             raise ValueError("an index has at least one boundary (the shard's size)")
@@ -153,6 +160,8 @@ class ShardIndex:
         self._pending = pending
         self._filled = None if pending is None else np.zeros(_blocks(n), dtype=np.uint8)
         self._unfilled = 0 if pending is None else _blocks(n)
+        #: the shard whose binary copy the boundaries came from (None: parsed or scanned)
+        self._copy = copy_of
 
     @classmethod
     def from_entries(
@@ -344,6 +353,43 @@ class ShardIndex:
         self._check_entries(recs, buf, path)
 
     def _check_entries(self, recs: np.ndarray | None, buf: Any, path: str | None) -> None:
+        bounds = self._bounds
+        try:
+            self._check_entries_once(recs, buf, path)
+        except InvalidIndexError:
+            if not self._read_text_instead(bounds):
+                raise
+            self._check_entries_once(recs, buf, path)
+
+    def _read_text_instead(self, failed: np.ndarray) -> bool:
+        """Boundaries from a binary copy failed a check (``failed``, the array they
+        were checked in): drop the copy, parse the text it was made from and go on
+        with that (every run to be checked again). ``False`` when they did not come
+        from a copy (the text is at fault: the caller raises)."""
+        with _READ_TEXT:
+            if self._bounds is not failed:
+                return True  # another thread has done it
+            shard = self._copy
+            if shard is None or self.source is None:
+                return False
+            from . import index_cache
+
+            index_cache.drop_bounds(shard)
+            data = read_index_text(self.source, max_bytes=max_index_bytes(self._size))
+            bounds = parse_bounds(data, self._size, where=self.source, records=self.records)
+            bounds.flags.writeable = False
+            log.warning(
+                "the binary copy of the index of %s did not fit the shard: dropped, %s read",
+                shard,
+                self.source,
+            )
+            self._checked = np.zeros_like(self._checked)
+            self._all_checked = not self.records
+            self._copy = None
+            self._bounds = bounds
+            return True
+
+    def _check_entries_once(self, recs: np.ndarray | None, buf: Any, path: str | None) -> None:
         """Check records ``recs`` (``None``: all): sizes >= 16, inside the shard (so
         boundaries that came from a binary copy are as checked as parsed ones), then
         their length fields."""
@@ -362,6 +408,17 @@ class ShardIndex:
         check_lengths(start, sizes, buf, path=path, where=self.source, records=recs)
 
     def _check_runs(self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None) -> None:
+        bounds = self._bounds
+        try:
+            self._check_runs_once(runs, buf, path, wanted)
+        except InvalidIndexError:
+            if not self._read_text_instead(bounds):
+                raise
+            self._check_runs_once(runs, buf, path, wanted)
+
+    def _check_runs_once(
+        self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None
+    ) -> None:
         if wanted is not None and guard.shrunk(buf):  # name a record asked for, if cut
             asked = np.asarray(wanted, dtype=np.int64)
             self._need(asked)
@@ -415,7 +472,7 @@ class ShardIndex:
             first = runs << self._shift
             count = np.minimum(first + (1 << self._shift), self.records) - first
             recs = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-        self._check_entries(recs, buf, path)
+        self._check_entries_once(recs, buf, path)  # _check_runs reads the text on failure
 
 
 def run_shift(nbytes: int, records: int) -> int:
@@ -475,11 +532,23 @@ def load_index_file(
     binary = cache and text_bytes >= BINARY_MIN_TEXT
     lazy = _c is not None and not full and text_bytes >= LAZY_MIN_TEXT
     index: ShardIndex | None = None
+    shard_st = None
     if binary:  # the binary copy another process left, mapped
-        bounds = index_cache.cached_bounds(path, index_file, size)
+        try:
+            shard_st = os.stat(path)
+        except OSError:
+            binary = False
+    if binary:
+        bounds = index_cache.cached_bounds(path, index_file, size, shard_st)
         if bounds is not None:
-            index = ShardIndex(bounds, source=index_file)
-    parsed = index is None
+            index = ShardIndex(bounds, source=index_file, copy_of=path)
+            try:
+                _verify(index, buf, path, full, records)
+                return index
+            except InvalidIndexError as exc:  # the copy's fault, not the text's
+                log.warning("%s; dropping its binary copy and reading the text", exc)
+                index_cache.drop_bounds(path, shard_st)
+                index = None
     text_st = None
     if index is None:
         max_bytes = max_index_bytes(size)
@@ -492,14 +561,9 @@ def load_index_file(
             bounds = parse_bounds(data, size, where=index_file, records=records)
             index = ShardIndex(bounds, source=index_file)
         del data  # a map of the text: kept by a lazy index only
-    try:
-        _verify(index, buf, path, full, records)
-    except InvalidIndexError:
-        if not parsed:  # the text it came from is as stale: both are rebuilt
-            index_cache.drop_bounds(path, index_file)
-        raise
-    if parsed and binary:  # for the next process: written while this one reads on
-        index_cache.store_bounds_soon(path, index_file, index, text_st)
+    _verify(index, buf, path, full, records)
+    if binary:  # for the next process: written while this one reads on
+        index_cache.store_bounds_soon(path, index_file, index, text_st, shard_st)
     return index
 
 

@@ -9,6 +9,7 @@ returned, as an ``InvalidIndexError`` (never a skippable corrupt record).
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ import recordkit as rk
 import recordkit.format._index_text as text_mod
 import recordkit.format.shard_index as si
 from recordkit.errors import InvalidIndexError, ShardChangedError
-from recordkit.format import frame, index_path, open_map, scan_index, write_index
+from recordkit.format import frame, index_cache, index_path, open_map, scan_index, write_index
 from recordkit.format.index import format_index
 from recordkit.format.shard_index import ShardIndex, open_index, parse_bounds, run_shift
 
@@ -279,6 +280,9 @@ def test_short_index_texts_are_parsed_not_copied(tmp_path):
     assert _bnd_files() == []
 
 
+HEAD = index_cache._BOUNDS_HEADER.size  # a binary copy's header, then its boundaries
+
+
 def _bnd_files():
     from recordkit.format import index_cache
 
@@ -295,7 +299,7 @@ def test_a_parsed_index_is_kept_in_binary_and_read_back(tmp_path, monkeypatch, a
     write_index(index_path(path), true)
     first = open_index(path)
     (bnd,) = _bnd_files()
-    assert os.path.getsize(bnd) == 32 + 4 * (len(true) + 1)
+    assert os.path.getsize(bnd) == HEAD + 4 * (len(true) + 1)
 
     def no_parse(*args, **kwargs):
         raise AssertionError("parsed again")
@@ -312,22 +316,32 @@ def test_a_parsed_index_is_kept_in_binary_and_read_back(tmp_path, monkeypatch, a
 
 
 def test_a_new_text_index_is_not_read_from_an_old_copy(tmp_path, any_size):
+    """The copy's header names the text it was parsed from (size, mtime_ns, inode): a
+    new text is parsed, and a stale one is caught. (A text rewritten in place within
+    the file system's timestamp tick, at the same size and inode, cannot be told
+    apart by its stat: its copy is still checked against the shard, record by
+    record, before any record is returned.)"""
     path, _ = _varied_shard(tmp_path)
     true = scan_index(path)
     write_index(index_path(path), true)
     open_index(path)
     os.unlink(index_path(path))
-    write_index(index_path(path), _swap(true, 3))  # another file: another key
+    write_index(index_path(path), _swap(true, 3))  # another file
+    st = os.stat(index_path(path))
+    os.utime(index_path(path), ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later tick
     buf = open_map(path)
     with pytest.raises(InvalidIndexError, match="length field"):
         index = open_index(path, buf=buf, write=False)
         index.locate(np.arange(10), buf)
     buf.close()
-    assert len(_bnd_files()) == 2
+    assert len(_bnd_files()) == 1  # one copy per shard
 
 
-@pytest.mark.parametrize("damage", ["magic", "short", "last", "middle", "outside"])
-def test_a_damaged_copy_is_dropped_or_caught_before_its_records(tmp_path, damage, any_size):
+@pytest.mark.parametrize("damage", ["magic", "short", "last", "middle", "outside", "zeroed"])
+def test_a_damaged_copy_is_dropped_and_the_text_read_instead(tmp_path, damage, any_size, caplog):
+    """Never blamed on the good .idx: a copy that fails a check at load (its header,
+    its first and last boundary, 16 spot checks) or later (the run of a record asked
+    for) is dropped, and the text it was made from is parsed instead."""
     path, _ = _varied_shard(tmp_path)
     true = scan_index(path)
     write_index(index_path(path), true)
@@ -342,25 +356,72 @@ def test_a_damaged_copy_is_dropped_or_caught_before_its_records(tmp_path, damage
     elif damage == "last":
         raw[-4:] = (12345).to_bytes(4, "little")
     elif damage == "middle":  # record 1000 one byte longer, 1001 one shorter
-        at = 32 + 4 * 1001
+        at = HEAD + 4 * 1001
         raw[at : at + 4] = (int(true[1001, 0]) + 1).to_bytes(4, "little")
-    else:  # a boundary past the end of the shard
-        at = 32 + 4 * 1500
+    elif damage == "outside":  # a boundary past the end of the shard
+        at = HEAD + 4 * 1500
         raw[at : at + 4] = (1 << 31).to_bytes(4, "little")
+    else:  # boundaries zeroed between two of the spot checks made at load
+        n = len(true)
+        spots = np.arange(si.SPOT_CHECKS) * (n - 1) // (si.SPOT_CHECKS - 1)
+        lo, hi = int(spots[7]) + 2, int(spots[8]) - 1
+        raw[HEAD + 4 * lo : HEAD + 4 * hi] = bytes(4 * (hi - lo))
     with open(bnd, "wb") as f:
         f.write(raw)
     buf = open_map(path)
     index = open_index(path, buf=buf)
-    if damage in ("magic", "short", "last"):  # dropped at load: the text is parsed again
-        assert np.array_equal(index.entries(), true)
-    else:  # read, and caught by the check of the run, before any of its records
-        index.locate(np.arange(900), buf, path=path)
-        bad = 1000 if damage == "middle" else 1499
-        with pytest.raises(InvalidIndexError) as info:
-            index.locate(np.array([bad]), buf, path=path)
-        assert info.value.path == index_path(path)
-        assert info.value.record in (bad, bad + 1)
+    offsets, sizes = index.locate(np.arange(len(true)), buf, path=path)
+    assert np.array_equal(offsets, true[:, 0]) and np.array_equal(sizes, true[:, 1])
+    assert index.source == index_path(path)
     buf.close()
+    with open(index_path(path), "rb") as f:  # the text is untouched
+        assert f.read() == format_index(true)
+    if damage in ("middle", "outside", "zeroed"):  # caught after load: dropped
+        assert _bnd_files() == []
+        assert "did not fit the shard" in caplog.text
+    for bnd in _bnd_files():  # a copy written again is the text's
+        with open(bnd, "rb") as f:
+            assert f.read()[HEAD:] == np.append(true[:, 0], true[-1].sum()).astype("<u4").tobytes()
+
+
+def test_a_copy_key_that_is_not_a_file_is_passed_without_blocking(tmp_path, any_size):
+    """A FIFO (or a directory) where a copy belongs: opened without blocking, never read
+    from, never removed; the text is parsed."""
+    path, _ = _varied_shard(tmp_path)
+    true = scan_index(path)
+    write_index(index_path(path), true)
+    open_index(path)
+    (bnd,) = _bnd_files()
+    os.unlink(bnd)
+    os.mkfifo(bnd)
+    index = open_index(path)  # would block forever on a blocking open
+    assert np.array_equal(index.entries(), true)
+    assert stat.S_ISFIFO(os.lstat(bnd).st_mode)
+
+
+def test_one_copy_per_shard_however_often_it_is_opened(tmp_path, any_size):
+    """A foreign shard's index text lives in the per-user cache; opening it again must
+    not write another copy each time (a hit marks the text used by its access time,
+    leaving the modification time the copy names)."""
+    path, _ = _varied_shard(tmp_path)
+    true = scan_index(path)
+    for _ in range(4):
+        index = open_index(path, write=False)  # the text in the per-user cache
+        assert np.array_equal(index.entries(), true)
+        assert len(_bnd_files()) <= 1
+    assert len(_bnd_files()) == 1
+
+
+def test_a_folder_whose_name_is_not_utf8_keys_its_copies(tmp_path, any_size):
+    folder = tmp_path / os.fsdecode(b"data-\xff\xfe")
+    folder.mkdir()
+    path, _ = _varied_shard(folder)
+    true = scan_index(path)
+    write_index(index_path(path), true)
+    for _ in range(2):
+        assert np.array_equal(open_index(path).entries(), true)
+    assert len(_bnd_files()) == 1
+    assert np.array_equal(open_index(path, write=False).entries(), true)
 
 
 def test_lookup_reads_no_length_field_but_keeps_entries_inside_the_shard(tmp_path):
@@ -385,10 +446,11 @@ def test_lookup_reads_no_length_field_but_keeps_entries_inside_the_shard(tmp_pat
 
 @pytest.mark.parametrize("damage", ["middle", "outside"])
 @pytest.mark.parametrize("native_tasks", ["1", "0"])
-def test_recorddataset_stops_at_a_damaged_copy(tmp_path, monkeypatch, damage, native_tasks):
+def test_recorddataset_reads_past_a_damaged_copy(tmp_path, monkeypatch, damage, native_tasks):
     """Through RecordDataset (the native runner frames records from unchecked
     lookups): a binary copy damaged in the middle, or pointing outside the shard, is
-    an InvalidIndexError naming the record, never a wrong or skipped record."""
+    caught before any record it places is returned, dropped, and the text read:
+    every record, in order, never a wrong or skipped one."""
     pytest.importorskip("torch")
     import recordkit.torch as rkt
 
@@ -400,20 +462,17 @@ def test_recorddataset_stops_at_a_damaged_copy(tmp_path, monkeypatch, damage, na
     (bnd,) = _bnd_files()
     with open(bnd, "rb") as f:
         raw = bytearray(f.read())
-    at = 32 + 4 * 2001
+    at = HEAD + 4 * 2001
     if damage == "middle":  # record 2000 one byte longer, 2001 one shorter
         raw[at : at + 4] = (int(true[2001, 0]) + 1).to_bytes(4, "little")
     else:
         raw[at : at + 4] = (1 << 31).to_bytes(4, "little")
     with open(bnd, "wb") as f:
         f.write(raw)
-    seen = []
-    ds = rkt.RecordDataset(tmp_path / "ds", batch_size=100, on_error="skip")
-    with pytest.raises(InvalidIndexError) as info:
-        for batch in ds:
-            seen.extend(batch["i"].tolist())
-    assert info.value.record in (2000, 2001)
-    assert seen == list(range(len(seen))) and len(seen) <= 2000
+    ds = rkt.RecordDataset(tmp_path / "ds", batch_size=100)
+    seen = [i for batch in ds for i in batch["i"].tolist()]
+    assert seen == list(range(len(true)))
+    assert _bnd_files() == []  # dropped; the next parse writes it again
 
 
 def test_a_process_that_exits_at_once_still_leaves_its_binary_copy(tmp_path):
@@ -431,4 +490,4 @@ def test_a_process_that_exits_at_once_still_leaves_its_binary_copy(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code, path], check=True, timeout=120, env=os.environ)
     (bnd,) = _bnd_files()
-    assert os.path.getsize(bnd) == 32 + 4 * (len(scan_index(path)) + 1)
+    assert os.path.getsize(bnd) == HEAD + 4 * (len(scan_index(path)) + 1)
