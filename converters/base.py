@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import csv
+import hashlib
 import json
 import logging
 import os
@@ -145,6 +146,20 @@ class Source(abc.ABC):
         self.schema = schema
         self.options = {**known, **options}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The versions are the plan's business: writer processes do not need them.
+        state = dict(self.__dict__)
+        state.pop("_found_versions", None)
+        state.pop("_every_version", None)
+        return state
+
+    @property
+    def _versions(self) -> dict[str, str]:
+        found: dict[str, str] | None = self.__dict__.get("_found_versions")
+        if found is None:
+            found = self.__dict__["_found_versions"] = {}
+        return found
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.location.url!r})"
 
@@ -190,8 +205,37 @@ class Source(abc.ABC):
             SourceError: one of the above, naming the path below the source.
         """
         if self.location.remote:
-            return self.location.walk()
-        return _walk_local(self.name, strip_file_scheme(self.location.url), self._follow)
+            found = self.location.walk_versions()
+        else:
+            found = _walk_local(self.name, strip_file_scheme(self.location.url), self._follow)
+        # the content identity of each file, for the plan (see versions)
+        self._versions.update((rel, version) for rel, _, version in found)
+        return [(rel, size) for rel, size, _ in found]
+
+    @property
+    def versions(self) -> dict[str, str]:
+        """``{relative path: content identity}`` of every file :meth:`walk` listed (its
+        modification time, ETag, version id or generation; a SHA-256 where a server
+        says none of these). The plan records each item's, so that a rerun over
+        files regenerated at the same names and sizes is a different conversion."""
+        return dict(self._versions)
+
+    def item_version(self, item: Item) -> str:
+        """The content identity of the file ``item`` comes from: the version of its
+        ``ref``'s first element or of its key, when :meth:`walk` listed that path;
+        for an item read from several files (a row range of ``.npy`` columns) a
+        hash of every listed file's (``all=...``); ``""`` when nothing was listed
+        (the item's key, size and ``ref`` identify it)."""
+        for rel in (item.ref[0] if item.ref else None, item.key):
+            if isinstance(rel, str) and rel in self._versions:
+                return self._versions[rel]
+        if not self._versions:
+            return ""
+        every = self.__dict__.get("_every_version")
+        if every is None:
+            blob = json.dumps(sorted(self._versions.items())).encode()
+            every = self.__dict__["_every_version"] = "all=" + hashlib.sha256(blob).hexdigest()
+        return str(every)
 
     @property
     def _follow(self) -> bool:
@@ -272,14 +316,15 @@ def _escape_message(name: str, rel: str, target: str, root: str) -> str:
     )
 
 
-def _walk_local(name: str, top: str, follow: bool) -> list[tuple[str, int]]:
-    """:meth:`Source.walk` for a local path (see there)."""
+def _walk_local(name: str, top: str, follow: bool) -> list[tuple[str, int, str]]:
+    """:meth:`Source.walk` for a local path (see there), with each file's version."""
     if os.path.isfile(top):
-        return [("", os.path.getsize(top))]  # the user named this file
+        st = os.stat(top)
+        return [("", st.st_size, f"mtime_ns={st.st_mtime_ns}")]  # the user named this file
     if not os.path.isdir(top):
         return []
     root = os.path.realpath(top)
-    found: list[tuple[str, int]] = []
+    found: list[tuple[str, int, str]] = []
     real_dirs = {top: root}  # each directory walked -> where it really is
     for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
         dirnames.sort()
@@ -310,8 +355,8 @@ def _walk_local(name: str, top: str, follow: bool) -> list[tuple[str, int]]:
                 raise SourceError(f"{name}: {rel!r} is a dangling symlink") from None
             if not stat.S_ISREG(st.st_mode):
                 raise SourceError(f"{name}: {rel!r} is not a regular file (a FIFO or device)")
-            found.append((rel, st.st_size))
-    return sorted((rel, size) for rel, size in found if not is_temp_name(rel))
+            found.append((rel, st.st_size, f"mtime_ns={st.st_mtime_ns}"))
+    return sorted(f for f in found if not is_temp_name(f[0]))
 
 
 def _data_errors() -> tuple[type[BaseException], ...]:

@@ -282,6 +282,8 @@ class MDSSource(Source):
         return self._index
 
     def list_items(self) -> list[Item]:
+        if self.location.isdir():
+            self.walk()  # the shards' versions (content identity) for the plan
         items = []
         for i, shard in enumerate(self._shards()):
             zipped = shard.get("zip_data")

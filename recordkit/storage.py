@@ -16,6 +16,7 @@ never sees a partial object under a final name.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -26,7 +27,15 @@ from ._deps import require
 from .format import TMP_MARKER, atomic_write_bytes, fsync_dir, temp_name
 from .retry import DEFAULT_POLICY, RetryPolicy, classify
 
-__all__ = ["DirectoryTarget", "Location", "is_remote", "open_target", "strip_file_scheme"]
+__all__ = [
+    "DirectoryTarget",
+    "Location",
+    "is_remote",
+    "open_target",
+    "source_url",
+    "strip_file_scheme",
+    "version_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,45 @@ def strip_file_scheme(url: str | os.PathLike[str]) -> str:
     """Return a local path for ``file://`` URLs and plain paths, unchanged otherwise."""
     url = os.fspath(url)
     return url[len("file://") :] if url.startswith("file://") else url
+
+
+# What object stores and servers say changes with an object's content, best first:
+# S3 (ETag, VersionId), GCS (generation, md5Hash, etag), Azure (etag), HTTP (ETag,
+# Last-Modified, Content-MD5, Digest), and a modification time where that is all.
+_VERSION_FIELDS = (
+    "VersionId",
+    "generation",
+    "ETag",
+    "etag",
+    "md5Hash",
+    "Content-MD5",
+    "Digest",
+    "crc32c",
+    "LastModified",
+    "Last-Modified",
+    "last_modified",
+    "updated",
+    "mtime",
+    "created",
+)
+
+
+def version_of(entry: dict[str, Any]) -> str:
+    """An fsspec ``info`` entry's content identity (``"ETag=..."``), or ``""`` if none."""
+    for field in _VERSION_FIELDS:
+        value = entry.get(field)
+        if value not in (None, ""):
+            return f"{field}={value}"
+    return ""
+
+
+def source_url(url: str | os.PathLike[str]) -> str:
+    """Where a source is, as a conversion's identity records it: a local path made
+    absolute (``file://`` dropped), a URL as given without a trailing ``/``."""
+    url = os.fspath(url)
+    if is_remote(url):
+        return url.rstrip("/")
+    return os.path.abspath(strip_file_scheme(url))
 
 
 def is_remote(url: str | os.PathLike[str]) -> bool:
@@ -293,10 +341,22 @@ class Location:
         exist ``[]``. Temp files of
         interrupted writers are skipped.
         """
+        return [(rel, size) for rel, size, _ in self.walk_versions()]
+
+    def walk_versions(self) -> list[tuple[str, int, str]]:
+        """:meth:`walk` with each file's content identity: ``(rel, size, version)``.
+
+        The version is what the file system says changes with the content: the
+        modification time locally (``mtime_ns=...``), the ETag, version id or
+        generation remotely (``ETag=...``); for a server that gives none of these
+        (an HTTP server without ``ETag`` or ``Last-Modified``) a SHA-256 of the
+        content (``sha256=...``), read whole.
+        """
         if not self.remote:
             root = self._local()
             if os.path.isfile(root):
-                return [("", os.path.getsize(root))]
+                st = os.stat(root)
+                return [("", st.st_size, f"mtime_ns={st.st_mtime_ns}")]
             if not os.path.isdir(root):
                 return []
             found = []
@@ -305,24 +365,40 @@ class Location:
                 for name in filenames:
                     full = os.path.join(dirpath, name)
                     rel = os.path.relpath(full, root).replace(os.sep, "/")
-                    found.append((rel, os.path.getsize(full)))
+                    st = os.stat(full)
+                    found.append((rel, st.st_size, f"mtime_ns={st.st_mtime_ns}"))
         else:
             fs, path = self._filesystem()
             fs.invalidate_cache()
             if not fs.isdir(path):
-                return [("", int(fs.size(path)))] if self._remote_exists(fs, path) else []
+                if not self._remote_exists(fs, path):
+                    return []
+                info = fs.info(path)
+                return [("", int(info.get("size") or 0), self._version(fs, path, info))]
             base = path.rstrip("/") + "/"
             info = fs.find(path, detail=True)
-            missing = [k for k, v in info.items() if v.get("size") is None]
-            # HTTP listings carry no sizes; ask for them all at once (one HEAD each).
-            sizes = dict(zip(missing, fs.sizes(missing))) if missing else {}
             found = []
             for key, entry in info.items():
-                if not key.startswith(base):
+                if not key.startswith(base) or is_temp_name(key[len(base) :]):
                     continue
-                size = entry.get("size")
-                found.append((key[len(base) :], int(sizes.get(key, size) or 0)))
-        return sorted((rel, size) for rel, size in found if not is_temp_name(rel))
+                if entry.get("size") is None or not version_of(entry):
+                    # HTTP listings carry neither: one HEAD each says both
+                    entry = {**entry, **fs.info(key)}
+                version = self._version(fs, key, entry)
+                found.append((key[len(base) :], int(entry.get("size") or 0), version))
+        return sorted(f for f in found if not is_temp_name(f[0]))
+
+    @staticmethod
+    def _version(fs: Any, key: str, entry: dict[str, Any]) -> str:
+        version = version_of(entry)
+        if version:
+            return version
+        log.info("%s: the server says nothing that changes with its content: hashing it", key)
+        digest = hashlib.sha256()
+        with fs.open(key, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        return f"sha256={digest.hexdigest()}"
 
     def list_dir(self) -> list[tuple[str, int | None]]:
         """The files directly in this directory as ``(name, size)``, sorted.

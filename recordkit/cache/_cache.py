@@ -370,7 +370,7 @@ class ShardCache(Reading):
         meta = self.dir.store.metas()
 
         def keep(rel: str, size: int) -> bool:
-            return self._filler.keep(known.get(rel), size, meta.get(rel, {}))
+            return self._filler.keep(known.get(rel), size, meta.get(rel, {}), self.dir.path(rel))
 
         return self.dir.gc(keep)
 

@@ -174,6 +174,18 @@ def _same_mode(
         )
 
 
+def _file_crc32c(path: str) -> int | None:
+    """The CRC32C of a whole file (``None`` if it cannot be read)."""
+    crc = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                crc = crc32c(chunk, crc)
+    except OSError:
+        return None
+    return crc
+
+
 class Fetcher:
     """Shard mode: the cache's catalog is the remote's manifest (or listing), and each
     entry is filled by downloading it (see the module doc).
@@ -262,11 +274,34 @@ class Fetcher:
         )
         room.publish(staged, {}, crc32c=info.crc32c)
 
-    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
-        """Whether a shard found in the cache still matches the remote (else gc removes it)."""
-        if info is None or info.crc32c is None:
-            return info is not None
-        return info.bytes == size and meta.get("crc32c") in (None, info.crc32c)
+    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any], path: str) -> bool:
+        """Whether a shard found in the cache still matches the remote (else gc removes it).
+
+        A copy the cache's state knows nothing of (re-adopted from the directory after
+        the state was lost or damaged) is vouched for by nothing: it stays only if its
+        bytes have the CRC32C the remote's manifest says now (read once, then recorded);
+        a copy of a remote without a manifest (no CRC to compare with) is dropped and
+        fetched again.
+        """
+        if info is None or info.bytes != size:
+            return False
+        if "crc32c" in meta:  # what this cache downloaded and checked
+            return info.crc32c is None or meta["crc32c"] == info.crc32c
+        if info.crc32c is None:
+            log.info("%s: re-adopted with no checksum, the remote has none: fetched again", path)
+            return False
+        found = _file_crc32c(path)
+        if found != info.crc32c:
+            log.warning(
+                "%s: a re-adopted copy whose CRC32C (%#010x) is not the remote's now (%#010x): "
+                "fetched again",
+                path,
+                found,
+                info.crc32c,
+            )
+            return False
+        self.dir.store.vouch(info.path, found)
+        return True
 
     def snapshot_manifest(self, shards: list[ShardInfo]) -> Manifest | None:
         """What a snapshot hands readers as ``snap.manifest``: the remote's manifest."""

@@ -374,8 +374,10 @@ class Producer:
             # What a stopped, killed or failed writer left (nothing after a publish).
             discard(room.staged)
 
-    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
-        """A shard stays if this plan produced it (same name, plan and size)."""
+    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any], path: str) -> bool:
+        """A shard stays if this plan produced it (same name, plan and size); the plan
+        names its sources' versions, so sources regenerated at the same sizes are
+        another plan (and a re-adopted copy, with no plan recorded, goes)."""
         return (
             info is not None
             and meta.get("plan") == self.fingerprint

@@ -172,8 +172,8 @@ class Filler(Protocol):
     def fill(self, info: ShardInfo, room: Reservation) -> None:
         """Stage and publish ``info`` within ``room``; ``retriable`` errors retry later."""
 
-    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any]) -> bool:
-        """Whether a complete shard found in the directory still belongs (gc)."""
+    def keep(self, info: ShardInfo | None, size: int, meta: dict[str, Any], path: str) -> bool:
+        """Whether a complete shard found in the directory (at ``path``) still belongs (gc)."""
 
     def snapshot_manifest(self, shards: list[ShardInfo]) -> Manifest | None:
         """The manifest readers get with a snapshot of ``shards`` (its schema)."""

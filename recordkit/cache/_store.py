@@ -444,6 +444,18 @@ class Store:
                 (rel, nbytes, index_bytes, now, now),
             )
 
+    def vouch(self, rel: str, crc32c: int) -> None:
+        """Record the CRC32C a re-adopted shard was found to have (it is not read again)."""
+        now = time.time()
+        with self._write() as db:  # the row may not be there yet (adopt() follows gc's check)
+            db.execute(
+                "INSERT INTO shards(path, present, bytes, index_bytes, published, used, extra) "
+                "VALUES (?, 0, 0, 0, ?, ?, json_object('crc32c', ?)) ON CONFLICT(path) DO "
+                "UPDATE SET extra = "
+                "json_set(extra, '$.crc32c', json_extract(excluded.extra, '$.crc32c'))",
+                (rel, now, now, crc32c),
+            )
+
     def evicted(self, rel: str) -> None:
         """Record that a shard's files were removed (its history stays)."""
         with self._write() as db:

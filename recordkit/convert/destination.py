@@ -21,6 +21,7 @@ from ..errors import DatasetExistsError, ManifestError
 from ..format.complete import Incomplete, find_incomplete, mark_started
 from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from ..storage import Location, is_remote, is_temp_name, open_target, strip_file_scheme
+from .identity import KEPT_LISTING, STATE_LISTING, difference, listing, load_listing
 from .partition import STATE_DIR, PartitionResult
 from .plan import Plan
 
@@ -33,6 +34,7 @@ __all__ = [
     "prepare",
     "published",
     "published_from_manifest",
+    "write_plan",
 ]
 
 log = logging.getLogger("recordkit.convert")
@@ -135,31 +137,52 @@ def prepare(
         mark(dest, plan, writer)  # before the old manifest goes: never a moment unmarked
         for name in sorted(ours, key=lambda n: n != MANIFEST_NAME):
             dest.target.remove(name)
+        if KEPT_LISTING in names:
+            dest.target.remove(KEPT_LISTING)
         dest.remove_state()
         return "fresh"
     if MANIFEST_NAME in names:
         data = _read(dest.loc, MANIFEST_NAME) or b""
         try:
             manifest = Manifest.loads(data, path=dest.loc.join(MANIFEST_NAME))
-            same = manifest.metadata.get("convert", {}).get("plan") == plan.fingerprint
+            convert = manifest.metadata.get("convert", {})
+            same = convert.get("plan") == plan.fingerprint
+            made = convert.get("plan") is not None
         except (ManifestError, AttributeError):
-            same = False
+            same = made = False
         if same and resume is not False:
             return "done"
+        if same or not made:
+            why = ""
+        else:  # a conversion of another source (or with other options): say which
+            kept = _read(dest.loc, KEPT_LISTING) if KEPT_LISTING in names else None
+            why = f" from a different source or options: {difference(load_listing(kept), plan)}"
         raise DatasetExistsError(
-            f"{dest.url} already holds a dataset"
-            + ("" if same else " from a different source or options")
-            + "; pass overwrite=True (--overwrite) to replace it"
+            f"{dest.url} already holds a dataset{why}; pass overwrite=True (--overwrite) "
+            "to replace it"
         )
     if state_plan is not None:
         try:
-            previous = json.loads(state_plan).get("fingerprint")
+            doc = json.loads(state_plan)
+            previous, frame = doc.get("fingerprint"), doc.get("frame")
         except (ValueError, AttributeError):
-            previous = None
-        if previous != plan.fingerprint:
+            previous = frame = None
+        state_listing = _read(dest.state_loc, STATE_LISTING)
+        if previous != plan.fingerprint and frame == plan.frame and frame:
+            # The same source, schema and options; some items differ now: the published
+            # partitions whose items are unchanged are kept (published() checks each),
+            # the others written again from what the source holds now.
+            log.warning(
+                "%s: the source changed since the partial conversion there began (%s): "
+                "its partitions of changed items are written again",
+                dest.url,
+                difference(load_listing(state_listing), plan),
+            )
+        elif previous != plan.fingerprint:
             raise DatasetExistsError(
                 f"{dest.url} holds a partial conversion with a different plan (other source "
-                "files, schema or options); pass overwrite=True (--overwrite) to start over"
+                f"files, schema or options): {difference(load_listing(state_listing), plan)}; "
+                "resuming it would mix the two: pass overwrite=True (--overwrite) to start over"
             )
         if resume is False:
             raise DatasetExistsError(
@@ -188,8 +211,11 @@ def published(dest: Destination, plan: Plan) -> dict[int, PartitionResult]:
             fingerprint, result = PartitionResult.from_marker(data or b"")
         except ValueError:
             fingerprint, result = "", None
-        if fingerprint == plan.fingerprint and result is not None and result.index == part.index:
-            found[part.index] = result
+        if result is not None and result.index == part.index:
+            if fingerprint == plan.partition_key(part.index):
+                found[part.index] = result
+            else:
+                log.info("partition %d's items changed since it was written: redo", part.index)
         else:
             log.warning("ignoring a bad done-marker %s; redoing that partition", name)
     return found
@@ -208,6 +234,23 @@ def clean(dest: Destination, plan: Plan, done: Mapping[int, PartitionResult]) ->
         for name in dest.state_names():
             if is_temp_name(name):
                 state.remove(name)
+    finally:
+        state.close()
+
+
+def write_plan(dest: Destination, plan: Plan) -> None:
+    """The state directory says what this run reads: the plan (``plan.json``) and,
+    first, its listing (a ``plan.json`` is never without what it was made from)."""
+    state = open_target(dest.state_url, dest.storage_options)
+    try:
+        state.write_bytes(STATE_LISTING, listing(plan))
+        doc = {
+            "fingerprint": plan.fingerprint,
+            "frame": plan.frame,
+            "format": plan.format,
+            "source": plan.source,
+        }
+        state.write_bytes(PLAN_NAME, (json.dumps(doc) + "\n").encode())
     finally:
         state.close()
 

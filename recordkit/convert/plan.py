@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -102,10 +102,24 @@ class Partition:
     Attributes:
         index: the partition number (in shard names).
         items: the source items (:class:`recordkit.converters.Item`).
+        versions: each item's content identity (its file's modification time, ETag,
+            version id or content hash; ``""`` where the source says none).
     """
 
     index: int
     items: tuple[Any, ...]
+    versions: tuple[str, ...] = ()
+
+    def identity(self) -> list[list[Any]]:
+        """``[key, size, version]`` of each item: what a rerun compares."""
+        versions = self.versions or ("",) * len(self.items)
+        return [[i.key, int(i.size), v] for i, v in zip(self.items, versions)]
+
+    def digest(self) -> str:
+        """A short hash of :meth:`identity` (and the items' refs)."""
+        doc = [[*row, list(i.ref)] for row, i in zip(self.identity(), self.items)]
+        blob = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
 
     @property
     def size(self) -> int:
@@ -133,6 +147,13 @@ class Plan:
         payload: what the records are (``"example"``, ``"sequence_example"``:
             then ``schema`` is empty and the manifest's schema is a
             ``SequenceSchema`` the partitions build from every record).
+        source: where the items come from (an absolute path or a URL; ``""``
+            for the inputs of ``recordkit.write``).
+        frame: SHA-256 hex of everything but the items (the source's location,
+            format, schema, metadata, options): partitions of plans with the same
+            frame and the same items write the same shards.
+        files: ``(path, version)`` of every file the source listed (what a refusal
+            names when one changed; the items' versions are in the fingerprint).
     """
 
     format: str
@@ -142,6 +163,9 @@ class Plan:
     options: ConvertOptions
     fingerprint: str = field(default="")
     payload: str = "example"
+    source: str = ""
+    frame: str = ""
+    files: tuple[tuple[str, str], ...] = ()
 
     @property
     def items(self) -> int:
@@ -160,6 +184,13 @@ class Plan:
     def marker_name(self, partition: int) -> str:
         """The done-marker a published partition leaves in the state directory."""
         return f"{self.shard_prefix(partition)}.done.json"
+
+    def partition_key(self, partition: int) -> str:
+        """What partition ``partition``'s done-marker records: the frame, the index and
+        the partition's items as they are now. A rerun keeps a published partition
+        only if its key is the same (its items unchanged, content included)."""
+        digest = self.partitions[partition].digest()
+        return hashlib.sha256(f"{self.frame}:{partition}:{digest}".encode()).hexdigest()
 
 
 def _with_compression(schema: Schema, compress: str | None) -> Schema:
@@ -195,6 +226,10 @@ def make_plan(
     metadata: Mapping[str, Any],
     options: ConvertOptions,
     payload: str = "example",
+    *,
+    source: str = "",
+    version: Callable[[Any], str] | None = None,
+    files: Mapping[str, str] | None = None,
 ) -> Plan:
     """Cut ``items`` into partitions and fingerprint the result. Pure: no I/O, no clock.
 
@@ -205,13 +240,22 @@ def make_plan(
         metadata: the source's manifest metadata (JSON-ready).
         options: the output options.
         payload: the records' payload kind (``recordkit.format.manifest.PAYLOAD_KINDS``).
+        source: where the items come from (absolute), part of the fingerprint.
+        version: an item's content identity (``Source.item_version``), part of
+            the fingerprint: a source regenerated at the same names and sizes is
+            another conversion.
+        files: the versions of the source's files (``Source.versions``), kept to
+            say which changed.
     """
     if payload not in PAYLOAD_KINDS:
         raise ValueError(f"payload must be one of {PAYLOAD_KINDS}, got {payload!r}")
     schema = _with_compression(schema, options.compress)
     max_bytes = int(options.partition_bytes or options.shard_bytes)
     groups = _split(items, max_bytes, options.partition_items)
-    partitions = tuple(Partition(i, g) for i, g in enumerate(groups))
+    partitions = tuple(
+        Partition(i, g, tuple(version(item) for item in g) if version else ())
+        for i, g in enumerate(groups)
+    )
     doc = {
         "format_version": FORMAT_VERSION,
         "format": fmt,
@@ -226,7 +270,19 @@ def make_plan(
     }
     if payload != "example":  # the plans of Example conversions keep their fingerprints
         doc["payload"] = payload
+    if source or version:  # what the items are, where from
+        doc["source"] = source
+        doc["versions"] = [list(p.versions) for p in partitions]
     blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()
     fingerprint = hashlib.sha256(blob).hexdigest()
-    full_metadata = {**metadata, "convert": {"from": fmt, "plan": fingerprint}}
-    return Plan(fmt, schema, full_metadata, partitions, options, fingerprint, payload)
+    frame_doc = {k: v for k, v in doc.items() if k not in ("partitions", "versions")}
+    frame_blob = json.dumps(frame_doc, sort_keys=True, separators=(",", ":"), default=str)
+    frame = hashlib.sha256(frame_blob.encode()).hexdigest()
+    convert: dict[str, Any] = {"from": fmt, "plan": fingerprint}
+    if source:
+        convert["source"] = source
+    full_metadata = {**metadata, "convert": convert}
+    listed = tuple(sorted((files or {}).items()))
+    return Plan(
+        fmt, schema, full_metadata, partitions, options, fingerprint, payload, source, frame, listed
+    )

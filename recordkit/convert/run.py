@@ -24,7 +24,6 @@ Stages 2-4 are :func:`run_plan`, which :func:`recordkit.write` shares.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -40,10 +39,9 @@ from ..codec.sequence import SequenceSchema
 from ..errors import SchemaError
 from ..format.complete import mark_finished
 from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
-from ..storage import open_target
+from ..storage import source_url
 from ._errors import ConvertError, PartitionsFailedError, add_note
 from .destination import (
-    PLAN_NAME,
     Destination,
     clean,
     incomplete_at,
@@ -51,8 +49,10 @@ from .destination import (
     prepare,
     published,
     published_from_manifest,
+    write_plan,
 )
 from .engines import Engine, make_engine
+from .identity import KEPT_LISTING, listing
 from .partition import PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
 from .progress import NullProgress, Progress
@@ -161,7 +161,17 @@ def plan_conversion(
             raise SchemaError(f"{format}: payload_kind returned {payload!r}, not {PAYLOAD_KINDS}")
         if payload != "example":
             log.info("the records are tf.train.SequenceExamples (%s): copied whole", why)
-    plan = make_plan(format, items, resolved, metadata, options or ConvertOptions(), payload)
+    plan = make_plan(
+        format,
+        items,
+        resolved,
+        metadata,
+        options or ConvertOptions(),
+        payload,
+        source=source_url(src),
+        version=getattr(source, "item_version", None),
+        files=getattr(source, "versions", None),
+    )
     return source, plan
 
 
@@ -177,7 +187,7 @@ def _tasks(plan: Plan, source: Any, dest: Destination, todo: list[int]) -> list[
             storage_options=dest.storage_options,
             shard_prefix=plan.shard_prefix(i),
             marker=plan.marker_name(i),
-            fingerprint=plan.fingerprint,
+            fingerprint=plan.partition_key(i),
             shard_size=opts.shard_bytes,
             max_records=opts.max_records,
             fsync=opts.fsync,
@@ -376,13 +386,7 @@ def _begin(dest: Destination, plan: Plan, state: str, writer: str) -> dict[int, 
     mark(dest, plan, writer)  # before the first shard is touched
     done = published(dest, plan) if state == "resume" else {}
     clean(dest, plan, done)
-    if state == "fresh":
-        doc = {"fingerprint": plan.fingerprint, "format": plan.format}
-        state_target = open_target(dest.state_url, dest.storage_options)
-        try:
-            state_target.write_bytes(PLAN_NAME, (json.dumps(doc) + "\n").encode())
-        finally:
-            state_target.close()
+    write_plan(dest, plan)  # what this run reads (a resumed run's source may have changed)
     if done:
         log.info("resuming: %d of %d partitions already published", len(done), len(plan.partitions))
     return done
@@ -452,6 +456,7 @@ def _publish(dest: Destination, plan: Plan, results: dict[int, PartitionResult])
         created_by=f"recordkit {__version__}",
         payload=plan.payload,
     )
+    dest.target.write_bytes(KEPT_LISTING, listing(plan))  # what it was made from
     dest.target.write_bytes(MANIFEST_NAME, manifest.dumps())
     mark_finished(dest.target)  # after the manifest: never a moment unmarked
     dest.remove_state()

@@ -14,10 +14,12 @@ from recordkit.cache._locks import HeldFile
 from recordkit.format.manifest import read_manifest
 
 from .conftest import (
+    SCHEMA,
     BudgetWatch,
     check_sample,
     disk_bytes,
     overhead,
+    sample,
     visible_shards,
     write_dataset,
 )
@@ -204,6 +206,41 @@ def test_restart_drops_shards_the_remote_changed(remote, tmp_path):
     cache.fill()
     with cache.snapshot(0) as snap:
         assert len(snap) == 4 and len(read_all(snap)) == 80
+
+
+@pytest.mark.parametrize("generations", [2, 3])
+def test_copies_readopted_after_the_state_is_lost_are_checked(remote, tmp_path, generations):
+    """The state database lost (the documented "rebuilt from the directory" path): the
+    copies found there carry no checksum, so each is checked against the remote's
+    manifest now; those of an older generation of the same shard names and sizes are
+    fetched again, never served."""
+    root = tmp_path / "c"
+    ShardCache(remote, root, max_bytes="10MiB", fill_workers=0).fill()
+    for g in range(1, generations):  # the same names, sizes and counts; other records
+        with rk.Writer(remote, SCHEMA, max_records=20, fsync=False, overwrite=True) as w:
+            for i in range(200):
+                w.write(sample(i + 1000 * g, 500 + (i % 5)))
+    for name in os.listdir(root / ".recordkit-cache"):
+        if name.startswith("state.db"):
+            os.unlink(root / ".recordkit-cache" / name)
+    cache = ShardCache(remote, root, max_bytes="10MiB", fill_workers=0)
+    cache.fill()
+    with cache.snapshot(0) as snap:
+        ids = read_all(snap)
+    assert sorted(ids) == [i + 1000 * (generations - 1) for i in range(200)]
+
+
+def test_readopted_copies_that_match_are_kept_and_not_read_again(remote, tmp_path):
+    root = tmp_path / "c"
+    ShardCache(remote, root, max_bytes="10MiB", fill_workers=0).fill()
+    published = {p: os.stat(root / p).st_ino for p in visible_shards(root)}
+    for name in os.listdir(root / ".recordkit-cache"):
+        if name.startswith("state.db"):
+            os.unlink(root / ".recordkit-cache" / name)
+    cache = ShardCache(remote, root, max_bytes="10MiB", fill_workers=0)
+    cache.gc()
+    assert {p: os.stat(root / p).st_ino for p in visible_shards(root)} == published
+    assert all("crc32c" in m for m in cache.dir.store.metas().values())
 
 
 def test_exact_resume_with_a_saved_shard_set(remote, tmp_path):

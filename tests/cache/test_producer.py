@@ -180,6 +180,36 @@ def test_tf_dataset_reads_a_producer_cache(tmp_path):
     assert sorted(ids) == list(range(3 * LINES))
 
 
+def test_sources_regenerated_at_the_same_sizes_are_produced_again(tmp_path):
+    """The catalog is a conversion plan, and a plan names its sources' versions: files
+    rewritten with other samples of the same size are another plan, and the shards
+    made from the old ones are not served."""
+    src, _ = local_source(tmp_path / "raw", 3)
+    opts = {"max_bytes": "1MiB", "format": "jsonl", "shard_size": "16KiB"}
+    with ShardCache(src, tmp_path / "c", **opts) as c:
+        assert c.wait_settled(timeout=60)
+    old = jsonl_files(3)
+    new = {}  # sample i now holds sample i + 500's bytes: the same sizes
+    for f in range(3):
+        rows = [
+            {"i": f * LINES + j, "x": sample(500 + f * LINES + j, 400)["x"]} for j in range(LINES)
+        ]
+        blob = ("\n".join(map(json.dumps, rows)) + "\n").encode()
+        assert len(blob) == len(old[f"f{f:02d}.jsonl"])
+        new.update((r["i"], r["x"]) for r in rows)
+        with open(os.path.join(src, f"f{f:02d}.jsonl"), "wb") as fh:
+            fh.write(blob)
+    with ShardCache(src, tmp_path / "c", **opts) as c:
+        assert c.wait_settled(timeout=60)
+        with c.snapshot(0) as snap:
+            schema = rk.Schema.from_json(snap.manifest.schema)
+            got = {}
+            for path in snap.paths:
+                with rk.Dataset(path, schema) as ds:
+                    got.update((int(s["i"]), bytes(s["x"]).decode()) for s in ds)
+    assert got == new
+
+
 # -- the budget --------------------------------------------------------------------------------
 
 

@@ -76,8 +76,9 @@ def test_failed_partitions_are_reported_together_and_resume(tmp_path):
     expected = _rows(tmp_path / "src")
     rk.convert(tmp_path / "src", tmp_path / "ref", format="jsonl", workers=0, shard_size="2KiB")
     good = {n: (tmp_path / "src" / n).read_bytes() for n in ("f01.jsonl", "f04.jsonl")}
+    times = {n: os.stat(tmp_path / "src" / n).st_mtime_ns for n in good}
     for name in good:
-        with open(tmp_path / "src" / name, "r+b") as f:  # same size, so the plan is the same
+        with open(tmp_path / "src" / name, "r+b") as f:  # same size: the same partitions
             f.seek(100)
             f.write(b"\x00not json")
     schema = rk.Dataset(tmp_path / "ref").schema  # inference would read the bad rows first
@@ -98,9 +99,11 @@ def test_failed_partitions_are_reported_together_and_resume(tmp_path):
     assert all(isinstance(e, SourceError) for e in group.exceptions)
     assert not (tmp_path / "out" / "recordkit.json").exists()
     markers = sorted(os.listdir(tmp_path / "out" / ".recordkit-convert"))
-    assert markers == [f"part-{i:05d}.done.json" for i in (0, 2, 3, 5)] + ["plan.json"]
-    for name, data in good.items():
+    done = [f"part-{i:05d}.done.json" for i in (0, 2, 3, 5)]
+    assert markers == [*done, "plan.json", "source.json.zst"]
+    for name, data in good.items():  # the files fixed: only their partitions are redone
         (tmp_path / "src" / name).write_bytes(data)
+        os.utime(tmp_path / "src" / name, ns=(times[name], times[name]))  # as ref saw them
     result = rk.convert(
         tmp_path / "src", tmp_path / "out", format="jsonl", workers=0, shard_size="2KiB"
     )

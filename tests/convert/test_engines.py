@@ -66,7 +66,8 @@ def test_a_killed_writer_fails_its_partition_only_and_a_rerun_resumes(tmp_path):
     assert "partition 2: its writer process died (killed by SIGKILL)" in str(err)
     assert "partition 2 (part-00002-*), source items: f02.jsonl" in err.__notes__
     markers = sorted(os.listdir(tmp_path / "out" / ".recordkit-convert"))
-    assert markers == [f"part-{i:05d}.done.json" for i in (0, 1, 3, 4, 5)] + ["plan.json"]
+    done = [f"part-{i:05d}.done.json" for i in (0, 1, 3, 4, 5)]
+    assert markers == [*done, "plan.json", "source.json.zst"]
     result = _convert(tmp_path / "src", tmp_path / "out", "killing-jsonl", "", workers=2)
     assert result.resumed == 5 and tree(tmp_path / "out") == tree(tmp_path / "ref")
 

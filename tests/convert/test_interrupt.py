@@ -125,9 +125,10 @@ def test_failed_conversion_to_s3_leaves_a_marker_object(tmp_path, s3):
         rk.Dataset(local)
     assert len(rk.Dataset(local, partial=True)) == 30
 
+    # The bad file fixed (another size): the same source, so the run resumes, keeping the
+    # 3 published partitions (their files unchanged) and writing the fixed file's.
     (src / "f2.jsonl").write_text("".join(json.dumps({"id": 20 + i}) + "\n" for i in range(10)))
-    with pytest.raises(rk.errors.DatasetExistsError, match="different plan"):
-        rk.convert(src, dst, storage_options=s3.storage_options, **run)  # the sizes changed
-    rk.convert(src, dst, storage_options=s3.storage_options, overwrite=True, **run)
+    result = rk.convert(src, dst, storage_options=s3.storage_options, **run)
+    assert result.resumed == 3 and result.manifest.records == 40
     assert not fs.exists(f"{dst}/.recordkit-writing.json") and fs.exists(f"{dst}/recordkit.json")
     assert incomplete_at(dst, s3.storage_options) is None
