@@ -20,6 +20,7 @@ that only know the standard library can still catch it sensibly::
     ├── ShardNotFoundError (FileNotFoundError)  a dataset, shard or index that is not there
     ├── AccessDeniedError (PermissionError)  a remote that refused access (HTTP 401/403)
     ├── DatasetExistsError (FileExistsError) writing over a dataset without overwrite=True
+    ├── DestinationBusyError (BlockingIOError)  a destination another writer holds
     ├── LoaderTimeoutError (TimeoutError)    a loader process that made no progress in time
     ├── MissingDependencyError (ImportError) an optional extra that is not installed
     ├── SourceError (ValueError)             converters: source data that cannot be converted
@@ -61,6 +62,7 @@ __all__ = [
     "ConvertError",
     "CorruptRecordError",
     "DatasetExistsError",
+    "DestinationBusyError",
     "DiskFullError",
     "DownloadError",
     "ImageDecodeError",
@@ -359,6 +361,29 @@ def _rebuild_access(reason: str, url: str | None) -> AccessDeniedError:
 
 class DatasetExistsError(RecordkitError, FileExistsError):
     """A writer was pointed at a directory that already holds a dataset."""
+
+
+class DestinationBusyError(RecordkitError, BlockingIOError):
+    """A dataset directory another writer holds (``Writer``, ``recordkit convert``,
+    ``recordkit write``): the message names the process, its host and since when.
+
+    Attributes:
+        path: the destination.
+        holder: what the holder's lease says (``pid``, ``host``, ``since``, ``what``),
+            or ``{}`` when it could not be read.
+    """
+
+    def __init__(self, message: str, *, path: str, holder: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder = holder
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_busy, (str(self), self.path, self.holder))
+
+
+def _rebuild_busy(message: str, path: str, holder: dict[str, Any]) -> DestinationBusyError:
+    return DestinationBusyError(message, path=path, holder=holder)
 
 
 class LoaderTimeoutError(RecordkitError, TimeoutError):

@@ -29,7 +29,8 @@ no reader has used yet; training processes using the same directory keep it goin
 A shard whose download fails (after its read retries) is tried again after a
 cooldown, up to 4 times. Exit status: 0 when the dataset or the budget was filled
 (failed downloads that were retried included), 1 when shards are missing that could
-not be fetched, 2 when the remote could not be listed or an option is wrong.
+not be fetched or had no room (a full disk), 2 when the remote could not be listed or
+an option is wrong.
 With --format (producer mode) REMOTE holds raw samples that writer processes convert
 into shards, one per partition, as `recordkit convert --from FORMAT` would.
 """
@@ -143,6 +144,7 @@ def _cmd_fill(args: argparse.Namespace) -> int:
         return 2
     from .._progress import Meter
     from .._units import format_size, plural
+    from ..errors import DiskFullError
 
     # Producer mode counts source bytes read, of which the budget holds an unknown share.
     total = None if producer else min(sum(s.bytes for s in cache.catalog()), cache.max_bytes)
@@ -151,6 +153,9 @@ def _cmd_fill(args: argparse.Namespace) -> int:
     meter.start(bytes=total, done={"shards": 0})
     try:
         present = cache.fill()
+    except DiskFullError as exc:  # shards are missing: the device or the budget is full
+        print(f"recordkit cache fill: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         meter.close()
     status = cache.status()

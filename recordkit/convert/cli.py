@@ -151,6 +151,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
             resume=True if args.resume else None,
             overwrite=args.overwrite,
+            break_lock=args.break_lock,
             storage_options=storage_options,
             dst_storage_options=dst_options,
             source_options=_options(args.option)
@@ -245,6 +246,11 @@ def add_parser(sub: Any) -> None:
         help="resume a partial run (also the default when DST holds one of the same plan)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace what is at DST")
+    p.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="take over a remote DST's lease whose holder is gone (one writer at a time)",
+    )
     p.add_argument(
         "-o",
         "--option",

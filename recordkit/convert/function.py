@@ -279,6 +279,7 @@ def write(
     scheduler: str | None = None,
     resume: bool | None = None,
     overwrite: bool = False,
+    break_lock: bool = False,
     storage_options: dict[str, Any] | None = None,
     options: ConvertOptions | None = None,
     progress: Progress | None = None,
@@ -330,6 +331,8 @@ def write(
         resume: ``None`` resumes a partial run of the same plan found at ``out``;
             ``True`` says so explicitly; ``False`` refuses to touch one.
         overwrite: replace whatever dataset or partial run is at ``out``.
+        break_lock: take over a remote ``out``'s lease whose holder this host
+            cannot see (one writer per destination).
         storage_options: fsspec options for ``out``.
         options: the output options at once
             (:class:`~recordkit.convert.ConvertOptions`: shard size, ``max_records``,
@@ -397,6 +400,7 @@ def write(
         overwrite=overwrite,
         progress=progress,
         writer="write",
+        break_lock=break_lock,
         what=f"writing the samples of {source.function}",
         started=t0,
     )

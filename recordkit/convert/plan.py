@@ -17,6 +17,7 @@ from typing import Any
 
 from .._units import parse_size
 from ..codec.schema import Schema, Tensor
+from ..format import TMP_MARKER
 from ..format.manifest import FORMAT_VERSION, PAYLOAD_KINDS
 from ..retry import RetryPolicy
 
@@ -77,6 +78,8 @@ class ConvertOptions:
             raise ValueError(f"compress must be one of {_COMPRESSIONS}, got {self.compress!r}")
         if not self.prefix or "/" in self.prefix or self.prefix.startswith("."):
             raise ValueError(f"prefix must be a plain file name prefix, got {self.prefix!r}")
+        if TMP_MARKER in self.prefix:  # its shards would be taken for temp files, and removed
+            raise ValueError(f"prefix must not contain {TMP_MARKER!r}, got {self.prefix!r}")
         if self.retries < 0 or self.retry_backoff < 0:
             raise ValueError(
                 f"retries and retry_backoff must be >= 0, got {self.retries}, {self.retry_backoff}"

@@ -40,6 +40,7 @@ from ..errors import SchemaError
 from ..format.complete import mark_finished
 from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
 from ..storage import source_url
+from ..writer.lease import Lease
 from ._errors import ConvertError, PartitionsFailedError, add_note
 from .destination import (
     Destination,
@@ -218,6 +219,7 @@ def convert(
     options: ConvertOptions | None = None,
     progress: Progress | None = None,
     inactivity_timeout: float | None = 900.0,
+    break_lock: bool = False,
 ) -> ConvertResult:
     """Convert a dataset in another format into a recordkit dataset.
 
@@ -255,8 +257,11 @@ def convert(
         progress: a :class:`~recordkit.convert.Progress` (default: none).
         inactivity_timeout: stop the writer processes and fail when none
             reports progress for this long (seconds; ``None``: wait forever).
+        break_lock: take over a remote ``dst``'s lease whose holder this host
+            cannot see (one writer per destination: ``docs/howto/concurrency.md``).
 
     Raises:
+        DestinationBusyError: another writer (a conversion, a ``Writer``) holds ``dst``.
         SourceNotFoundError: ``src`` does not exist or holds nothing to convert.
         SchemaError: a bad schema, or data that does not fit it.
         DatasetExistsError: ``dst`` holds another dataset and not ``overwrite``.
@@ -306,6 +311,7 @@ def convert(
         progress=progress,
         what=f"converting {os.fspath(src)}",
         started=t0,
+        break_lock=break_lock,
     )
 
 
@@ -322,8 +328,10 @@ def run_plan(
     writer: str = "convert",
     what: str = "converting",
     started: float | None = None,
+    break_lock: bool = False,
 ) -> ConvertResult:
-    """Stages 2-4 of a conversion (see the module doc) for a plan already made.
+    """Stages 2-4 of a conversion (see the module doc) for a plan already made,
+    holding the destination's lease (:mod:`recordkit.writer.lease`) throughout.
 
     Args:
         source: the source the plan was made from (pickled into each task).
@@ -335,6 +343,11 @@ def run_plan(
         writer: the in-progress marker's kind (``"convert"`` or ``"write"``).
         what: how errors name the run (``"converting imgs/"``).
         started: ``time.monotonic()`` when the run began (for the result's seconds).
+        break_lock: take over a remote destination's lease whose holder this host
+            cannot see.
+
+    Raises:
+        DestinationBusyError: another writer holds ``dst``.
     """
     t0 = time.monotonic() if started is None else started
     unit = str(getattr(source, "item_plural", "items"))
@@ -345,39 +358,44 @@ def run_plan(
         len(plan.partitions),
         plan.schema,
     )
-    dest = Destination(os.fspath(dst), dict(storage_options or {}))
-    try:
-        state = prepare(dest, plan, resume, overwrite, writer)
-        if state == "done":
-            mark_finished(dest.target)  # a run killed between manifest and unmarking
-            dest.remove_state()
-            clean(dest, plan, published_from_manifest(dest, plan))
-            manifest = Manifest.loads(dest.loc.read_bytes(MANIFEST_NAME))
-            log.info("%s is already complete (same plan); nothing to do", dest.url)
-            n = len(plan.partitions)
-            seconds = time.monotonic() - t0
-            skipped = int(manifest.metadata.get("convert", {}).get("skipped", 0))
-            return ConvertResult(
-                dest.url, manifest, n, n, plan.items, plan.size, seconds, unit, skipped
+    lease = Lease(
+        dst, storage_options, what=f"recordkit {writer} (plan {plan.fingerprint[:12]})",
+        break_lock=break_lock,
+    )  # fmt: skip
+    with lease:  # one writer per destination: before anything there is looked at
+        dest = Destination(os.fspath(dst), dict(storage_options or {}))
+        try:
+            state = prepare(dest, plan, resume, overwrite, writer)
+            if state == "done":
+                mark_finished(dest.target)  # a run killed between manifest and unmarking
+                dest.remove_state()
+                clean(dest, plan, published_from_manifest(dest, plan))
+                manifest = Manifest.loads(dest.loc.read_bytes(MANIFEST_NAME))
+                log.info("%s is already complete (same plan); nothing to do", dest.url)
+                n = len(plan.partitions)
+                seconds = time.monotonic() - t0
+                skipped = int(manifest.metadata.get("convert", {}).get("skipped", 0))
+                return ConvertResult(
+                    dest.url, manifest, n, n, plan.items, plan.size, seconds, unit, skipped
+                )
+            done = _begin(dest, plan, state, writer)
+            results = _run_partitions(
+                plan, source, dest, engine, done, progress or NullProgress(), what
             )
-        done = _begin(dest, plan, state, writer)
-        results = _run_partitions(
-            plan, source, dest, engine, done, progress or NullProgress(), what
-        )
-        manifest = _publish(dest, plan, results)
-        return ConvertResult(
-            dest.url,
-            manifest,
-            len(plan.partitions),
-            len(done),
-            plan.items,
-            plan.size,
-            time.monotonic() - t0,
-            unit,
-            sum(r.skipped for r in results.values()),
-        )
-    finally:
-        dest.close()
+            manifest = _publish(dest, plan, results)
+            return ConvertResult(
+                dest.url,
+                manifest,
+                len(plan.partitions),
+                len(done),
+                plan.items,
+                plan.size,
+                time.monotonic() - t0,
+                unit,
+                sum(r.skipped for r in results.values()),
+            )
+        finally:
+            dest.close()
 
 
 def _begin(dest: Destination, plan: Plan, state: str, writer: str) -> dict[int, PartitionResult]:

@@ -97,6 +97,7 @@ def _cmd_write(args: argparse.Namespace) -> int:
             scheduler=args.scheduler,
             resume=True if args.resume else None,
             overwrite=args.overwrite,
+            break_lock=args.break_lock,
             storage_options=storage_options,
             options=options,
             progress=choose_progress(progress_mode(args), args.log_interval, "write", "input"),
@@ -150,6 +151,11 @@ def add_parser(sub: Any) -> None:
         help="resume a partial run (also the default when OUT holds one of the same plan)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace what is at OUT")
+    p.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="take over a remote OUT's lease whose holder is gone (one writer at a time)",
+    )
     p.add_argument("--storage-options", default=None, help="fsspec options for OUT as JSON")
     p.add_argument("--retries", type=int, default=3, help="retries on transient errors")
     p.add_argument("--no-fsync", action="store_true", help="do not fsync shards (scratch data)")

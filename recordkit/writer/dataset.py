@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fnmatch
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
 from .._units import parse_size
 from .._version import __version__
 from ..codec.schema import Schema
-from ..errors import DatasetExistsError, SchemaError
+from ..errors import DatasetExistsError, DiskFullError, SchemaError
+from ..format import TMP_MARKER
 from ..format.complete import MARKER_NAME, mark_finished, mark_started, marker_bytes
-from ..format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo
 from ..storage import is_temp_name, open_target
+from .lease import Lease
 from .sequence import ShardSequence
 
 __all__ = ["Writer"]
 
 log = logging.getLogger(__name__)
+
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _is_shard_name(name: str) -> bool:
+    """A TFRecord shard by the readers' patterns (not an index, not a temp file)."""
+    return (
+        not name.endswith(".idx")
+        and not is_temp_name(name)
+        and any(fnmatch.fnmatchcase(name, p) for p in SHARD_PATTERNS)
+    )
 
 
 class Writer:
@@ -61,6 +77,16 @@ class Writer:
         fsync: fsync each shard before publishing it (default). A published shard
             then survives a power cut; turn it off only for scratch data, where
             it saves the wait for the disk (TensorFlow's writer never fsyncs).
+        break_lock: take over a remote destination's lease whose holder this
+            host cannot see (see :mod:`recordkit.writer.lease`).
+
+    Raises:
+        DestinationBusyError: another writer holds the directory (one writer per
+            destination; the lease is held until the manifest is published or
+            the block raises).
+        DatasetExistsError: the directory holds a dataset, or shards this writer
+            did not write (foreign TFRecords), and not ``overwrite``.
+        DiskFullError: no space left where a shard is written (its path named).
     """
 
     def __init__(
@@ -75,6 +101,7 @@ class Writer:
         overwrite: bool = False,
         storage_options: dict[str, Any] | None = None,
         fsync: bool = True,
+        break_lock: bool = False,
     ) -> None:
         if not isinstance(schema, Schema):
             raise SchemaError(f"schema must be a recordkit.Schema, got {type(schema).__name__}")
@@ -85,17 +112,32 @@ class Writer:
             raise ValueError(f"max_records must be positive or None, got {max_records!r}")
         if not prefix or "/" in prefix or prefix.startswith("."):
             raise ValueError(f"prefix must be a plain file name prefix, got {prefix!r}")
+        if TMP_MARKER in prefix:  # its shards would be taken for temp files, and removed
+            raise ValueError(f"prefix must not contain {TMP_MARKER!r}, got {prefix!r}")
         self.schema = schema
         self.max_records = max_records
         self.prefix = prefix
         self.metadata = dict(metadata or {})
         self.fsync = fsync
-        self._target = open_target(path_or_url, storage_options)
-        self.root = self._target.root
-        self._prepare(overwrite)
-        self._sequence = ShardSequence(
-            self._target, prefix, shard_size=self.shard_size, max_records=max_records, fsync=fsync
+        self._closed = True  # until everything below is in place
+        self._lease = Lease(
+            path_or_url, storage_options, what="a recordkit.Writer", break_lock=break_lock
         )
+        self._lease.acquire()  # before anything is looked at: one writer at a time
+        try:
+            self._target = open_target(path_or_url, storage_options)
+            self.root = self._target.root
+            self._prepare(overwrite)
+            self._sequence = ShardSequence(
+                self._target,
+                prefix,
+                shard_size=self.shard_size,
+                max_records=max_records,
+                fsync=fsync,
+            )
+        except BaseException:
+            self._lease.release()
+            raise
         self._closed = False
         self.manifest: Manifest | None = None
 
@@ -107,6 +149,21 @@ class Writer:
             raise DatasetExistsError(
                 f"{self.root} already holds a dataset ({len(finished)} files such as "
                 f"{finished[0]!r}); pass overwrite=True to replace it"
+            )
+        # Shards of someone else's: a manifest of ours would hide them from every reader.
+        foreign = sorted(n for n in names if n not in ours and _is_shard_name(n))
+        if foreign and not overwrite:
+            raise DatasetExistsError(
+                f"{self.root} holds {len(foreign)} TFRecord file(s) this writer did not write "
+                f"(such as {foreign[0]!r}): its manifest would hide them from every reader; "
+                "write somewhere else, or pass overwrite=True to make this the dataset there"
+            )
+        if foreign:
+            log.warning(
+                "%s: %d TFRecord file(s) such as %r are not part of the dataset written there",
+                self.root,
+                len(foreign),
+                foreign[0],
             )
         # Marked before anything is removed or written, so no moment of this write
         # leaves a folder that reads as a smaller whole dataset.
@@ -142,7 +199,26 @@ class Writer:
         """
         if self._closed:
             raise ValueError("write to a closed Writer")
-        self._sequence.write(payload)
+        with self._no_space():
+            self._sequence.write(payload)
+
+    @contextlib.contextmanager
+    def _no_space(self) -> Iterator[None]:
+        """An ``OSError`` of a full device or quota becomes a :class:`DiskFullError`
+        naming where it was written."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE or isinstance(exc, DiskFullError):
+                raise
+            where = exc.filename or self.root
+            raise DiskFullError(
+                f"no space left on the device writing the dataset {self.root} (record "
+                f"{self.records_written}); the published shards stay, the one in progress "
+                "is discarded",
+                path=str(where),
+                errno=exc.errno,
+            ) from exc
 
     def close(self) -> Manifest:
         """Publish the last shard and the manifest; return the manifest. Idempotent."""
@@ -151,19 +227,22 @@ class Writer:
                 raise ValueError("this Writer was aborted; it wrote no manifest")
             return self.manifest
         try:
-            shards = self._sequence.close()
+            with self._no_space():
+                shards = self._sequence.close()
             manifest = Manifest(
                 schema=self.schema.to_json(),
                 shards=shards,
                 metadata=self.metadata,
                 created_by=f"recordkit {__version__}",
             )
-            self._target.write_bytes(MANIFEST_NAME, manifest.dumps())
+            with self._no_space():
+                self._target.write_bytes(MANIFEST_NAME, manifest.dumps())
             self.manifest = manifest
             mark_finished(self._target)  # after the manifest: never a moment unmarked
         finally:
             self._closed = True
             self._target.close()
+            self._lease.release()
         return manifest
 
     def abort(self, error: BaseException | None = None) -> None:
@@ -185,6 +264,7 @@ class Writer:
                     log.debug("could not record the error in the marker", exc_info=True)
         finally:
             self._target.close()
+            self._lease.release()
 
     def __enter__(self) -> Writer:
         return self
