@@ -181,10 +181,10 @@ def test_a_full_disk_is_a_disk_full_error_naming_the_path(tiny_fs):
     from recordkit.errors import DiskFullError
 
     schema = rk.Schema(x=rk.Tensor("uint8", (4096,)))
-    with pytest.raises(DiskFullError) as info:
-        with rk.Writer(tiny_fs / "d", schema, shard_size="64KiB", fsync=False) as w:
-            for _ in range(200):  # 800 KiB into 256 KiB
-                w.write({"x": np.zeros(4096, np.uint8)})
+    writer = rk.Writer(tiny_fs / "d", schema, shard_size="64KiB", fsync=False)
+    with pytest.raises(DiskFullError) as info, writer as w:
+        for _ in range(200):  # 800 KiB into 256 KiB
+            w.write({"x": np.zeros(4096, np.uint8)})
     assert info.value.errno == 28 and str(tiny_fs / "d") in str(info.value)
     assert isinstance(info.value, rk.errors.RecordkitError)
     left = os.listdir(tiny_fs / "d")
