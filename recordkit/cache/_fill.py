@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AccessDeniedError, CorruptRecordError, InvalidIndexError, ShardNotFoundError
-from ..format.crc import crc32c
+from ..format.crc import crc32c, file_crc32c
 from ..format.index import (
     INDEX_SUFFIX,
     format_index,
@@ -174,18 +174,6 @@ def _same_mode(
         )
 
 
-def _file_crc32c(path: str) -> int | None:
-    """The CRC32C of a whole file (``None`` if it cannot be read)."""
-    crc = 0
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(8 << 20):
-                crc = crc32c(chunk, crc)
-    except OSError:
-        return None
-    return crc
-
-
 class Fetcher:
     """Shard mode: the cache's catalog is the remote's manifest (or listing), and each
     entry is filled by downloading it (see the module doc).
@@ -290,7 +278,7 @@ class Fetcher:
         if info.crc32c is None:
             log.info("%s: re-adopted with no checksum, the remote has none: fetched again", path)
             return False
-        found = _file_crc32c(path)
+        found = file_crc32c(path)
         if found != info.crc32c:
             log.warning(
                 "%s: a re-adopted copy whose CRC32C (%#010x) is not the remote's now (%#010x): "

@@ -10,7 +10,7 @@ import mmap
 
 from crc32c import crc32c as _crc32c
 
-__all__ = ["crc32c", "mask", "masked_crc32c", "unmask"]
+__all__ = ["crc32c", "file_crc32c", "mask", "masked_crc32c", "unmask"]
 
 _MASK_DELTA = 0xA282EAD8
 _U32 = 0xFFFFFFFF
@@ -40,3 +40,16 @@ def masked_crc32c(data: bytes | bytearray | memoryview | mmap.mmap) -> int:
     """Return ``mask(crc32c(data))``, the value TFRecord stores after a length or payload."""
     crc = _crc32c(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
+
+
+def file_crc32c(path: str) -> int | None:
+    """The CRC32C of a whole file, read in 8 MiB pieces (``None`` if it cannot be read):
+    what a manifest's shard checksum is."""
+    crc = 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                crc = crc32c(chunk, crc)
+    except OSError:
+        return None
+    return crc

@@ -16,6 +16,7 @@ does not know is refused, never read as Examples.
 from __future__ import annotations
 
 import builtins
+import hashlib
 import json
 import math
 import os
@@ -202,6 +203,16 @@ class Manifest:
     def sequence_example(self) -> bool:
         """Whether the records are ``tf.train.SequenceExample``\\ s (read whole)."""
         return self.payload == SEQUENCE_EXAMPLE
+
+    @property
+    def generation(self) -> str:
+        """What this manifest describes, as a short hash of its content: every shard's
+        name, records, bytes and CRC32C, the schema, payload and metadata. Written
+        again with the same records, a dataset is the same generation; anything else
+        is another (``recordkit.reader.generation``)."""
+        doc = {k: v for k, v in self.to_json().items() if k != "created_by"}
+        blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
     def records(self) -> int:

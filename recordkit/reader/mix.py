@@ -41,6 +41,7 @@ computed per position, O(sources) each: no per-record table, at any size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -128,6 +129,10 @@ class CombinedShards(ShardSet):
         self.names = tuple(names)
         self._listed_flags = listed
         super().__init__(root, None, infos, schema)
+        for part, lo in zip(parts, bounds):  # each dataset's generation, at its shards
+            self.pins += [
+                dataclasses.replace(p, first=p.first + lo, stop=p.stop + lo) for p in part.pins
+            ]
 
     def _listed(self, i: int) -> bool:
         return self._listed_flags[i]

@@ -39,9 +39,11 @@ from ..errors import (
     CorruptRecordError,
     ManifestError,
     RecordkitError,
+    ShardChangedError,
     ShardNotFoundError,
 )
 from ..format.complete import check_complete
+from ..format.crc import file_crc32c
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import (
     MANIFEST_NAME,
@@ -54,6 +56,7 @@ from ..format.shard_index import ShardIndex
 from ..storage import is_remote, is_temp_name, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
+from .generation import Identity, Pin, pin
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
@@ -103,6 +106,14 @@ def find_shards(root: str) -> list[str]:
         os.path.relpath(p, root)
         for p in found
         if not p.endswith(INDEX_SUFFIX) and not is_temp_name(os.path.basename(p))
+    )
+
+
+def _replaced(path: str) -> ShardChangedError:
+    return ShardChangedError(
+        "this shard was replaced since this reader first mapped it (another file now): "
+        "reading it would mix two versions of the dataset; open the dataset again",
+        path=path,
     )
 
 
@@ -161,6 +172,10 @@ class ShardSet:
         self._kept: OrderedDict[int, tuple[tuple[int, ...], ShardIndex]] = OrderedDict()
         self._kept_bytes = 0
         self.keep_index_bytes = kept_index_bytes()
+        #: the generations this set's shards were opened at (recordkit.reader.generation)
+        self.pins: list[Pin] = []
+        # each shard's file as it was first mapped in this process: a map again must be it
+        self._seen: dict[int, Identity] = {}
         self._pid = os.getpid()
         _LIVE.add(self)
         #: set by a reader through a shard cache that fetches shards as they are needed:
@@ -326,14 +341,47 @@ class ShardSet:
             kept = self._kept.pop(i, None)
             if kept is not None:
                 self._kept_bytes -= kept[1].memory
-        return MappedShard(
-            self.root,
-            self.infos[i],
-            write_index=self.write_index,
-            listed=self._listed(i),
-            counted_by=self.counted_by,
-            kept=kept,
-        )
+        pinned = next((p for p in self.pins if p.first <= i < p.stop), None)
+        path = os.path.join(self.root, self.infos[i].path)
+        try:
+            shard = MappedShard(
+                self.root,
+                self.infos[i],
+                write_index=self.write_index,
+                listed=self._listed(i),
+                counted_by=self.counted_by,
+                kept=kept,
+            )
+        except (ManifestError, ShardNotFoundError) as exc:
+            if i in self._seen:  # mapped before: the file changed, not the manifest
+                raise _replaced(path) from exc
+            if pinned is not None:
+                pinned.check(path)  # a dataset replaced under the reader says so, not this
+            raise
+        try:
+            self._one_generation(i, shard, pinned)
+        except BaseException:
+            shard.close()
+            raise
+        return shard
+
+    def _one_generation(self, i: int, shard: MappedShard, pinned: Pin | None) -> None:
+        """Shard ``i``, just mapped, is of the generation this set opened (see
+        :mod:`recordkit.reader.generation`): the file mapped before, or, mapped for
+        the first time, one that the pinned manifest still lists."""
+        seen = self._seen.get(i)
+        if seen is not None and seen != shard.identity:
+            # Another file: the same generation only if it holds the very bytes the
+            # manifest lists (a copy put back, a file restored from a backup).
+            expected = self.infos[i].crc32c
+            if expected is None or file_crc32c(shard.path) != expected:
+                raise _replaced(shard.path)
+            self._seen[i] = shard.identity
+            return
+        if seen is None:
+            if pinned is not None:
+                pinned.check(shard.path)  # after the map: a later replacement is caught next
+            self._seen[i] = shard.identity
 
     def _listed(self, i: int) -> bool:
         """Whether shard ``i`` is a manifest's (ours), not a foreign file."""
@@ -430,6 +478,7 @@ class ShardSet:
         for name in ("_lock", "_open", "_opening", "_kept"):  # they stay in their process
             del state[name]
         state["_kept_bytes"] = 0
+        state["_seen"] = {}  # what this process mapped; another checks its own maps
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -544,7 +593,11 @@ def open_shards(
     root, manifest, infos = _shard_infos(local, write_index)
     if manifest is not None:
         _check_listed(root, infos)
-    return ShardSet(root, manifest, infos, schema, write_index=write_index)
+    shards = ShardSet(root, manifest, infos, schema, write_index=write_index)
+    pinned = pin(root, manifest, 0, len(infos))
+    if pinned is not None:
+        shards.pins.append(pinned)
+    return shards
 
 
 def _open_tfds(
