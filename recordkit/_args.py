@@ -20,7 +20,23 @@ class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line on stderr (exit status 2)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(
+            2, f"{self.prog}: error: {message}{_did_you_mean(message)} (see {self.prog} --help)\n"
+        )
+
+
+def _did_you_mean(message: str) -> str:
+    """``"; did you mean 'convert'?"`` for argparse's "invalid choice: 'covert' (choose
+    from 'a', 'b')" when one choice is close; ``""`` otherwise."""
+    import difflib
+    import re
+
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if found is None:
+        return ""
+    choices = re.findall(r"'([^']*)'", found.group(2))
+    close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def count(text: str) -> int:

@@ -180,6 +180,30 @@ def _shard_list(root: str) -> tuple[list[ShardInfo], Decoder | None, list[Proble
     return list(manifest.shards), schema, problems
 
 
+def _nothing_here(root: str) -> str:
+    """Why a folder without a manifest or shards verified nothing, and what it holds."""
+    others = sorted(
+        e.name for e in os.scandir(root) if e.is_file() and not e.name.startswith(".")
+    )
+    what = "no manifest and no TFRecord shards (*.tfrecord, *.tfrecords, *.tfrecord-*)"
+    below = sorted(
+        e.name
+        for e in os.scandir(root)
+        if e.is_dir() and os.path.exists(os.path.join(e.path, MANIFEST_NAME))
+    )
+    if below:
+        return f"nothing to verify: {what}; the datasets are one level down: " + ", ".join(
+            os.path.join(root, b) for b in below[:5]
+        )
+    if not others:
+        return f"nothing to verify: {what}; the folder is empty"
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return (
+        f"nothing to verify: {what}; skipped {len(others)} other file(s): {shown} "
+        f"(TFRecords named otherwise: verify one by its path)"
+    )
+
+
 def verify(
     path: str | os.PathLike[str],
     *,
@@ -233,6 +257,8 @@ def verify(
         decoder = schema
     else:
         raise ShardNotFoundError(f"no such dataset: {path}")
+    if not infos and not os.path.lexists(os.path.join(root, MANIFEST_NAME)):
+        problems.append(Problem(root, None, None, _nothing_here(root)))
     report = VerifyReport(root=path, problems=problems)
     progress = progress or NoTracker()
     sizes = [_size(root, info) for info in infos]

@@ -148,3 +148,28 @@ def test_from_is_inferred_and_said(tmp_path, capsys):
     assert main([*argv, "--progress", "none"]) == 0
     assert "recordkit convert: --from jsonl, told from rows.jsonl" in capsys.readouterr().err
     assert [int(s["x"]) for s in rk.Dataset(tmp_path / "out")] == list(range(5))
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [(["covert"], "'convert'"), (["cache", "fil", "x"], "'fill'"), (["zzz"], None)],
+)
+def test_a_misspelt_subcommand_gets_a_suggestion(argv, hint, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    if hint is None:
+        assert "did you mean" not in err
+    else:
+        assert f"did you mean {hint}?" in err
+
+
+def test_convert_says_its_plan_as_its_own_lines(tmp_path, capsys):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "recordkit convert: plan " in err and "INFO" not in err
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err.count("recordkit convert: plan ") == 1  # no handler left over

@@ -97,3 +97,30 @@ def test_build_index_restores(corpus):
     written = rk.build_index(corpus)
     assert len(written) == 3
     assert idx.read_bytes() == original
+
+
+@pytest.mark.parametrize("case", ["empty", "pngs", "above"])
+def test_verify_fails_when_it_verified_nothing(tmp_path, case):
+    """An empty folder, a folder of PNGs, the folder above a dataset: not "OK"."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "x"
+    root.mkdir()
+    if case == "pngs":
+        for n in ("a.png", "b.png"):
+            (root / n).write_bytes(b"\x89PNG\r\n\x1a\n")
+    elif case == "above":
+        with rk.Writer(root / "train", rk.Schema(i=rk.Int64())) as w:
+            w.write({"i": 1})
+    report = rk.verify(root)
+    assert not report.ok and report.shards == 0
+    assert "nothing to verify" in str(report)
+    want = {"empty": "the folder is empty", "pngs": "a.png, b.png", "above": "one level down"}
+    assert want[case] in str(report)
+    run = subprocess.run([sys.executable, "-m", "recordkit", "verify", str(root)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 1 and "nothing to verify" in run.stdout + run.stderr
+    with rk.Writer(tmp_path / "none", rk.Schema(i=rk.Int64())):
+        pass  # a dataset of no records is a dataset: nothing wrong with it
+    assert rk.verify(tmp_path / "none").ok

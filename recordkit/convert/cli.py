@@ -8,10 +8,12 @@ the handler imports the conversion machinery when it runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import re
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from .._args import add_progress_options, count, positive, progress_mode
@@ -114,13 +116,36 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    log = logging.getLogger("recordkit.convert")
+    if not args.quiet and log.getEffectiveLevel() > logging.INFO:
+        with _said_plainly(log):
+            return _convert(args)
+    return _convert(args)
+
+
+@contextlib.contextmanager
+def _said_plainly(log: logging.Logger) -> Iterator[None]:
+    """The plan and resumes are what ``convert`` is for: said as the command's own lines
+    (as "--from jsonl, told from ..."), not as log records, while it runs."""
+    said = logging.StreamHandler(sys.stderr)
+    said.setFormatter(logging.Formatter("recordkit convert: %(message)s"))
+    level, propagate = log.level, log.propagate
+    log.addHandler(said)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(said)
+        log.setLevel(level)
+        log.propagate = propagate
+
+
+def _convert(args: argparse.Namespace) -> int:
     from .._args import json_object
     from . import ConvertOptions, PartitionsFailedError, convert
     from .progress import choose_progress
 
-    log = logging.getLogger("recordkit.convert")
-    if not args.quiet and log.getEffectiveLevel() > logging.INFO:
-        log.setLevel(logging.INFO)  # the plan and resumes are what this command is for
     progress = choose_progress(progress_mode(args), args.log_interval, "convert")
     storage_options = json_object("--storage-options", args.storage_options)
     dst_options = json_object("--dst-storage-options", args.dst_storage_options)
