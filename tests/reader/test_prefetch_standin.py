@@ -9,7 +9,6 @@ one. Copies go to the ``meta`` device. The real copier, producer thread and
 readers run; what they do with the stand-in is checked.
 """
 
-import contextlib
 import gc
 import logging
 import threading
@@ -26,131 +25,13 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
 
 from recordkit.torch import DataLoader, DevicePrefetcher, RecordDataset, RecordMapDataset  # noqa: E402
-
-LATE = 0.02  # seconds from an event's record to its completion
-
-
-class FakeEvent:
-    def __init__(self, fake):
-        self.fake, self.copies, self.due, self.done = fake, [], None, False
-
-    def record(self, stream):
-        self.fake.touch()
-        self.copies, stream.copies = stream.copies, []
-        self.due = time.monotonic() + LATE
-        self.fake.events.append(self)
-
-    def query(self):
-        self.fake.touch()
-        if not self.done and time.monotonic() >= self.due:
-            self._complete()
-        return self.done
-
-    def synchronize(self):
-        self.fake.touch()
-        time.sleep(max(0.0, self.due - time.monotonic()))
-        self._complete()
-
-    def _complete(self):
-        """The copies run now: each reads its host source, which must still exist."""
-        if not self.done:
-            self.done = True
-            for ref, what in self.copies:
-                if ref() is None:
-                    self.fake.problems.append(f"{what} was let go before its copy ran")
-
-
-class FakeStream:
-    def __init__(self, fake, device=None):
-        fake.touch()
-        self.fake, self.copies, self.waited = fake, [], []
-
-    def wait_event(self, event):
-        self.fake.touch()
-        self.waited.append(event)
-
-
-class FakeCuda:
-    """``torch.cuda`` as the prefetcher uses it, with ``devices`` devices."""
-
-    def __init__(self, devices=1):
-        self.devices = devices
-        self.local = threading.local()
-        self.contexts = set()  # devices a call was made on (CUDA opens a context there)
-        self.events, self.problems, self.recorded = [], [], []
-        self.values = {}
-        self.default = FakeStream(self)
-        self.contexts.clear()
-
-    # -- the thread's current device and stream
-    def _current(self):
-        return getattr(self.local, "device", 0)
-
-    def touch(self):
-        self.contexts.add(self._current())
-
-    def is_available(self):
-        return True
-
-    def current_device(self):
-        return self._current()
-
-    def set_device(self, index):
-        self.local.device = index
-
-    @contextlib.contextmanager
-    def device(self, index):
-        old = self._current()
-        self.local.device = index
-        try:
-            yield
-        finally:
-            self.local.device = old
-
-    @contextlib.contextmanager
-    def stream(self, s):
-        old = getattr(self.local, "stream", None)
-        self.local.stream = s
-        try:
-            yield
-        finally:
-            self.local.stream = old
-
-    def current_stream(self, device=None):
-        self.touch()
-        return getattr(self.local, "stream", None) or self.default
-
-    def Stream(self, device=None):
-        return FakeStream(self, device)
-
-    def Event(self):
-        return FakeEvent(self)
-
-    # -- what the copier does to tensors
-    def to_device(self, t, device, non_blocking):
-        if t.device.type == "meta":
-            return t
-        stream = getattr(self.local, "stream", None)
-        assert stream is not None, "a copy outside the side stream"
-        stream.copies.append((weakref.ref(t), f"host tensor {tuple(t.shape)} {t.dtype}"))
-        out = torch.empty(t.shape, dtype=t.dtype, device="meta")
-        if t.dtype == torch.int64:  # small columns: their values as copied, for the tests
-            self.values[id(out)] = t.clone()
-        return out
-
-    def record_stream(self, t, stream):
-        self.recorded.append((id(t), stream))
+from tests.standin_cuda import LATE, FakeCuda, install  # noqa: E402
 
 
 @pytest.fixture
 def fake(monkeypatch):
     f = FakeCuda(devices=2)
-    real = _devcopy.device_module
-    monkeypatch.setattr(
-        _devcopy, "device_module", lambda torch_, kind: f if kind == "cuda" else real(torch_, kind)
-    )
-    monkeypatch.setattr(_devcopy, "to_device", f.to_device)
-    monkeypatch.setattr(_devcopy, "record_stream", f.record_stream)
+    install(f, monkeypatch.setattr)
     return f
 
 
