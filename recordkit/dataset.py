@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -51,7 +51,11 @@ class Dataset:
 
     Args:
         path: a dataset directory (with ``recordkit.json``), a directory of
-            ``.tfrecord`` files without one, or one ``.tfrecord`` file.
+            TFRecord files without one (found by the names engines give them:
+            ``*.tfrecord``, ``*.tfrecords``, ``*.tfr``, ``data-00000-of-00004``,
+            or any file that begins with a TFRecord frame, as Ray's
+            ``{uuid}_{task}.tar``), one TFRecord file, a glob of files
+            (``"out/data-*-of-*"``), or a list of files or datasets read as one.
         schema: overrides the manifest's schema; required for nothing, but for
             foreign data it saves inferring one from the first records.
         partial: read a directory where a write of ours did not finish (the
@@ -105,7 +109,7 @@ class Dataset:
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         schema: Schema | None = None,
         *,
         raw: bool = False,
@@ -125,13 +129,20 @@ class Dataset:
         self.sequence_example = sequence_example
         # Raw reading needs no schema: an empty one spares inference (which would
         # refuse records that differ, the very data raw reading is for).
-        self._set = open_shards(
-            path,
-            Schema({}) if raw else schema,
-            write_index=write_index,
-            partial=partial,
-            split=split,
-        )
+        if not isinstance(path, (str, os.PathLike)):  # files (or datasets) read as one
+            from .reader.mix import open_sources
+
+            self._set = open_sources(
+                [os.fspath(p) for p in path], Schema({}) if raw else schema, partial=partial
+            )
+        else:
+            self._set = open_shards(
+                path,
+                Schema({}) if raw else schema,
+                write_index=write_index,
+                partial=partial,
+                split=split,
+            )
         self.manifest = self._set.manifest
         if self.manifest is not None and self.manifest.sequence_example:
             if schema is not None:

@@ -40,7 +40,7 @@ from .format.index import (
     write_index,
 )
 from .format.manifest import MANIFEST_NAME, ShardInfo, read_manifest
-from .reader.shards import find_shards
+from .reader.finding import expand, find_shards, has_glob
 from .storage import strip_file_scheme
 
 __all__ = ["Problem", "VerifyReport", "build_index", "verify"]
@@ -182,9 +182,7 @@ def _shard_list(root: str) -> tuple[list[ShardInfo], Decoder | None, list[Proble
 
 def _nothing_here(root: str) -> str:
     """Why a folder without a manifest or shards verified nothing, and what it holds."""
-    others = sorted(
-        e.name for e in os.scandir(root) if e.is_file() and not e.name.startswith(".")
-    )
+    others = sorted(e.name for e in os.scandir(root) if e.is_file() and not e.name.startswith("."))
     what = "no manifest and no TFRecord shards (*.tfrecord, *.tfrecords, *.tfrecord-*)"
     below = sorted(
         e.name
@@ -243,21 +241,25 @@ def verify(
         raise TypeError(f"limits must be a DecodeLimits or None, got {limits!r}")
     limits = limits or DecodeLimits()
     path = os.path.abspath(strip_file_scheme(path))
-    if os.path.isdir(path):
+    problems: list[Problem] = []
+    decoder: Decoder | None = schema
+    if has_glob(path):  # the files a glob names (engines' shard names)
+        root, names = expand(path)
+        infos = [ShardInfo(n, 0, 0) for n in names]
+    elif os.path.isdir(path):
         root = path
         infos, manifest_schema, problems = _shard_list(root)
-        decoder: Decoder | None = schema or manifest_schema
+        decoder = schema or manifest_schema
         try:
             check_complete(root, partial)
         except IncompleteDatasetError as exc:
             problems.insert(0, Problem(os.path.join(root, MARKER_NAME), None, None, str(exc)))
     elif os.path.isfile(path):
         root = os.path.dirname(path)
-        infos, problems = [ShardInfo(os.path.basename(path), 0, 0)], []
-        decoder = schema
+        infos = [ShardInfo(os.path.basename(path), 0, 0)]
     else:
         raise ShardNotFoundError(f"no such dataset: {path}")
-    if not infos and not os.path.lexists(os.path.join(root, MANIFEST_NAME)):
+    if not infos and os.path.isdir(path) and not os.path.lexists(os.path.join(root, MANIFEST_NAME)):
         problems.append(Problem(root, None, None, _nothing_here(root)))
     report = VerifyReport(root=path, problems=problems)
     progress = progress or NoTracker()

@@ -18,7 +18,6 @@ shard stays open until it is free.
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import logging
 import mmap
@@ -44,18 +43,18 @@ from ..errors import (
 )
 from ..format.complete import check_complete
 from ..format.crc import file_crc32c
-from ..format.index import INDEX_SUFFIX, ensure_index, open_map
+from ..format.index import ensure_index, open_map
 from ..format.manifest import (
     MANIFEST_NAME,
-    SHARD_PATTERNS,
     Manifest,
     ShardInfo,
     read_manifest,
 )
 from ..format.shard_index import ShardIndex
-from ..storage import is_remote, is_temp_name, strip_file_scheme
+from ..storage import is_remote, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
+from .finding import compressed_names, expand, find_shards, has_glob, nothing_found
 from .generation import Identity, Pin, pin
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
@@ -91,22 +90,6 @@ class Gate(Protocol):
 
     def wait(self, rel: str) -> float:
         """Block until it is; return the seconds waited."""
-
-
-def find_shards(root: str) -> list[str]:
-    """Shard files in a directory without a manifest, sorted by name.
-
-    Takes ``*.tfrecord``, ``*.tfrecords`` and TensorFlow's ``*.tfrecord-00000-of-00010``
-    names; skips indexes and the temp files of interrupted writers.
-    """
-    found: set[str] = set()
-    for pattern in SHARD_PATTERNS:
-        found.update(glob.glob(os.path.join(glob.escape(root), pattern)))
-    return sorted(
-        os.path.relpath(p, root)
-        for p in found
-        if not p.endswith(INDEX_SUFFIX) and not is_temp_name(os.path.basename(p))
-    )
 
 
 def _replaced(path: str) -> ShardChangedError:
@@ -530,20 +513,39 @@ def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) 
 
 
 def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, list[ShardInfo]]:
+    if has_glob(path):  # out/data-*-of-*: the files it names, as a folder of them
+        root, names = expand(path)
+        return root, None, count_shards(root, names, write_index=write_index)
     if os.path.isdir(path):
         if os.path.lexists(os.path.join(path, MANIFEST_NAME)):  # a broken link is not "none"
             manifest = read_manifest(path)
             return path, manifest, list(manifest.shards)
         names = find_shards(path)
         if not names:
-            raise ShardNotFoundError(
-                f"no manifest and no .tfrecord files in {path}{tfds_hint(path)}"
-            )
+            compressed = compressed_names(path)
+            if compressed:
+                raise _compressed_folder(path, compressed)
+            raise ShardNotFoundError(nothing_found(path) + tfds_hint(path))
         return path, None, count_shards(path, names, write_index=write_index)
     if os.path.isfile(path):
         root, name = os.path.split(path)
         return root, None, count_shards(root, [name], write_index=write_index)
     raise ShardNotFoundError(f"no such dataset: {path}")
+
+
+def _compressed_folder(root: str, names: list[str]) -> Exception:
+    """A folder of compressed TFRecords, named as such with the command that converts it."""
+    from ..format.compressed import compressed_error, sniff_compression
+
+    with open(os.path.join(root, names[0]), "rb") as f:
+        kind = sniff_compression(f.read(12)) or (
+            "ZLIB" if names[0].endswith((".zlib", ".zz")) else "GZIP"
+        )
+    exc = compressed_error(root, kind)
+    note = getattr(exc, "add_note", None)  # Python 3.11+
+    if note is not None:
+        note(f"{len(names)} compressed TFRecord file(s) there, such as {names[0]}")
+    return exc
 
 
 def open_shards(
@@ -582,7 +584,7 @@ def open_shards(
     # A tensorflow-datasets folder (ours win: a folder with a manifest is a recordkit dataset).
     folder = local if os.path.isdir(local) else os.path.dirname(local)
     ours = os.path.exists(os.path.join(folder, MANIFEST_NAME))
-    found = None if ours else tfds_folder(local)
+    found = None if ours or has_glob(local) else tfds_folder(local)
     if found is not None:
         return _open_tfds(*found, schema, split, write_index)
     if split is not None:

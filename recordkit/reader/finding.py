@@ -1,0 +1,151 @@
+"""Finding the TFRecord files of a folder without a manifest, as engines name them.
+
+Names taken as shards (:func:`find_shards`):
+
+- TensorFlow's and ours: ``*.tfrecord``, ``*.tfrecords``, ``*.tfrecord-00000-of-00010``;
+- ``*.tfr``;
+- the sharded names of Apache Beam and TFX, with or without a suffix:
+  ``data-00000-of-00004``, ``train.tfrecord-00003-of-00016``;
+- any other file whose first 12 bytes are a valid TFRecord frame header (its length
+  CRC matches), whatever its name: Ray Data's ``write_tfrecords`` names its files
+  ``{uuid}_{task}.tar``. Only files that no rule above takes are opened, 12 bytes each.
+
+Compressed TFRecords (``*.gz``, ``*.zlib`` of such names, or a sharded name whose
+first bytes are GZIP or ZLIB) are found too, and named as compressed by the readers
+with the ``recordkit convert`` command that makes an indexed copy. A folder where
+nothing is found gets a message listing what was skipped (:func:`nothing_found`).
+A path with glob characters (``out/data-*-of-*``) is expanded (:func:`expand`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+import re
+import struct
+
+from ..errors import ShardNotFoundError
+from ..format.crc import masked_crc32c
+from ..format.index import INDEX_SUFFIX
+from ..format.manifest import SHARD_PATTERNS
+from ..storage import is_temp_name
+
+__all__ = ["compressed_names", "expand", "find_shards", "has_glob", "nothing_found"]
+
+_SHARDED = re.compile(r".*-\d{5}-of-\d{5}(\.[^./]+)?$")
+_COMPRESSED = (".gz", ".gzip", ".zlib", ".zz")
+# Files these never are: a TFRecord is not sniffed among them (and not reported skipped
+# with a hint: they are the folder's other business).
+_NOT_RECORDS = (".json", ".txt", ".md", ".idx", ".py", ".csv", ".yaml", ".yml", ".lock")
+
+
+def _named(name: str) -> bool:
+    """A TFRecord by its name (uncompressed)."""
+    if name.endswith(INDEX_SUFFIX) or is_temp_name(name):
+        return False
+    if any(fnmatch.fnmatchcase(name, p) for p in SHARD_PATTERNS) or name.endswith(".tfr"):
+        return not name.endswith(_COMPRESSED)
+    return bool(_SHARDED.match(name)) and not name.endswith(_COMPRESSED + _NOT_RECORDS)
+
+
+def _frames(path: str) -> bool:
+    """Whether the file begins with a valid TFRecord frame header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    return len(head) == 12 and masked_crc32c(head[:8]) == struct.unpack("<I", head[8:])[0]
+
+
+def _files(root: str) -> list[str]:
+    try:
+        return sorted(
+            e.name
+            for e in os.scandir(root)
+            if e.is_file() and not e.name.startswith(".") and not is_temp_name(e.name)
+        )
+    except OSError:
+        return []
+
+
+def find_shards(root: str) -> list[str]:
+    """TFRecord files in a directory without a manifest, sorted by name (see the module
+    docstring); compressed ones are :func:`compressed_names`, not these."""
+    found = []
+    for name in _files(root):
+        if _named(name):
+            found.append(name)
+        elif (
+            not name.endswith(_COMPRESSED + _NOT_RECORDS)
+            and not _compressed_name(name)
+            and _frames(os.path.join(root, name))
+        ):
+            found.append(name)  # a TFRecord by its content (Ray's {uuid}_{task}.tar)
+    return found
+
+
+def _compressed_name(name: str) -> bool:
+    stem, dot, ext = name.rpartition(".")
+    if not dot or f".{ext}" not in _COMPRESSED:
+        return False
+    return _named(stem) or ".tfrecord" in stem
+
+
+def compressed_names(root: str) -> list[str]:
+    """The compressed TFRecord files of a folder: by name (``x.tfrecord.gz``,
+    ``data-00000-of-00004.gz``), or a sharded name whose first bytes are GZIP or ZLIB."""
+    from ..format.compressed import sniff_compression
+
+    out = []
+    for name in _files(root):
+        if _compressed_name(name):
+            out.append(name)
+        elif _SHARDED.match(name) and not name.endswith(_NOT_RECORDS):
+            try:
+                with open(os.path.join(root, name), "rb") as f:
+                    head = f.read(12)
+            except OSError:
+                continue
+            if sniff_compression(head) is not None:
+                out.append(name)
+    return out
+
+
+def nothing_found(root: str) -> str:
+    """Why a folder has nothing to read, and what was skipped there."""
+    others = [n for n in _files(root) if not n.endswith(INDEX_SUFFIX)]
+    base = f"no manifest and no TFRecord files in {root}"
+    if not others:
+        return base + " (it holds no files)"
+    shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+    return (
+        f"{base}; skipped {len(others)} file(s) that are neither named nor framed as "
+        f"TFRecords: {shown}. TFRecords named otherwise can be given by path, a list "
+        f"or a glob (for example {os.path.join(root, '*')!r})"
+    )
+
+
+def has_glob(path: str) -> bool:
+    """Whether ``path`` has glob characters and names nothing as it is."""
+    return glob.has_magic(path) and not os.path.exists(path)
+
+
+def expand(pattern: str) -> tuple[str, list[str]]:
+    """The files a glob names: ``(their directory, their names)``, sorted.
+
+    Raises:
+        ShardNotFoundError: it names no file, or files in more than one directory.
+    """
+    paths = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+    paths = [p for p in paths if not p.endswith(INDEX_SUFFIX) and not is_temp_name(p)]
+    if not paths:
+        raise ShardNotFoundError(f"no file matches {pattern!r}")
+    roots = {os.path.dirname(os.path.abspath(p)) for p in paths}
+    if len(roots) > 1:
+        raise ShardNotFoundError(
+            f"{pattern!r} names files in {len(roots)} folders; give a list of them instead"
+        )
+    root = roots.pop()
+    return root, [os.path.basename(p) for p in paths]
