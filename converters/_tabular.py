@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+# What inference decided to keep every value: said by `recordkit convert` as its own lines.
+said = logging.getLogger("recordkit.convert.infer")
 
 #: What ``nulls=`` takes: a null in a column without a ``fill`` value is an error
 #: (the default: data is never changed unasked), leaves its row out (counted), or
@@ -365,8 +368,30 @@ def shape_row(
                 what = "missing" if value is MISSING else "empty" if value == "" else "null"
                 raise SourceError(f"{where}: column {name!r} is {what}; {null_hint(name)}")
             continue
-        sample[name] = convert_value(name, value, ftype, text=text)
+        try:
+            sample[name] = convert_value(name, value, ftype, text=text)
+        except (ValueError, TypeError) as exc:
+            raise SourceError(
+                f"{where}: column {name!r} is {_type_name(ftype)} in the schema, this row holds "
+                f"{value!r} ({exc}); give a schema that fits every row, such as --schema "
+                f"'{_schema_hint(schema, name)}' (schema= in Python), or drop=[{name!r}]"
+            ) from None
     return sample
+
+
+def _type_name(ftype: Any) -> str:
+    if isinstance(ftype, Tensor):
+        return f"{ftype.dtype}{list(ftype.shape) if ftype.shape else ''}"
+    kind = {Int64: "int64", Float32: "float32", Bytes: "bytes"}.get(type(ftype), repr(ftype))
+    return f"{kind}{list(ftype.shape) if getattr(ftype, 'shape', ()) else ''}"
+
+
+def _schema_hint(schema: Schema, name: str) -> str:
+    """The schema as ``--schema`` takes it, with ``name`` as bytes (text keeps anything)."""
+    parts = []
+    for n, ftype in schema.features.items():
+        parts.append(f"{n}:bytes" if n == name else f"{n}:{_type_name(ftype)}")
+    return ",".join(parts)
 
 
 def files_as_items(
@@ -529,10 +554,28 @@ def infer_columns(
                 f"{where}: column {name!r} holds {_count(nulls, 'null')} in the first "
                 f"{count} rows; {null_hint(name)}"
             )
+        if strings and "str" in kinds and values and _leading_zero(values):
+            cell = next(v for v in values if _LEADING_ZERO.match(v))
+            said.info(
+                "column %r: text, not a number: it holds %r, whose leading zero a number "
+                "would lose",
+                name,
+                cell,
+            )
         if not kinds or kinds <= {"int"}:
             features[name] = Int64()
         elif kinds <= {"int", "float"}:
-            features[name] = Float32()
+            lossy = _float32_loses(values, strings)
+            if lossy is None:
+                features[name] = Float32()
+            else:  # float32 would change values as written: every value kept, in float64
+                features[name] = Tensor("float64", ())
+                said.info(
+                    "column %r: float64, not float32: float32 would read %r back as %s",
+                    name,
+                    lossy,
+                    np.format_float_positional(np.float32(float(lossy)), trim="-"),
+                )
         elif kinds == {"list"}:
             features[name] = _infer_list(name, values)
         else:
@@ -540,7 +583,40 @@ def infer_columns(
     return Schema(features)
 
 
+# A number written with a leading zero ("00001", "-07"): a code (zip, id), kept as text.
+_LEADING_ZERO = re.compile(r"^[+-]?0\d")
+
+
+def _leading_zero(cells: Iterable[Any]) -> bool:
+    """Whether the cells would all be numbers but for leading zeros."""
+    found = False
+    for c in cells:
+        if _LEADING_ZERO.match(c):
+            found = True
+            c = c.lstrip("+-").lstrip("0") or "0"
+        try:
+            float(c)
+        except ValueError:
+            return False
+    return found
+
+
+def _float32_loses(values: Iterable[Any], strings: bool) -> Any:
+    """The first value float32 would not give back as written (``None``: it holds all).
+
+    "Holds" means float32's shortest decimal is the same number: 19.99 and 0.1 are
+    held (they read back as written); 1795895263.5 is not (1.7958953e+09).
+    """
+    for v in values:
+        x = float(v)
+        if np.isfinite(x) and float(str(np.float32(x))) != x:
+            return v if strings else x
+    return None
+
+
 def _text_kind(cell: str) -> str:
+    if _LEADING_ZERO.match(cell):
+        return "str"
     try:
         int(cell)
         return "int"

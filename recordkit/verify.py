@@ -40,7 +40,7 @@ from .format.index import (
     write_index,
 )
 from .format.manifest import MANIFEST_NAME, ShardInfo, read_manifest
-from .reader.finding import expand, find_shards, has_glob
+from .reader.finding import expand, find_shards, has_glob, what_it_is
 from .storage import strip_file_scheme
 
 __all__ = ["Problem", "VerifyReport", "build_index", "verify"]
@@ -259,6 +259,14 @@ def verify(
         infos = [ShardInfo(os.path.basename(path), 0, 0)]
     else:
         raise ShardNotFoundError(f"no such dataset: {path}")
+    if os.path.isfile(path):
+        looks = what_it_is(path)
+        if looks is not None:  # no frame to check: say what it is instead of "corrupt"
+            report = VerifyReport(root=path)
+            report.problems.append(
+                Problem(path, 0, None, f"not a TFRecord file: it looks like {looks}")
+            )
+            return report
     if not infos and os.path.isdir(path) and not os.path.lexists(os.path.join(root, MANIFEST_NAME)):
         problems.append(Problem(root, None, None, _nothing_here(root)))
     report = VerifyReport(root=path, problems=problems)

@@ -36,7 +36,7 @@ from .._procs import check_not_loading_main
 from .._version import __version__
 from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
-from ..errors import SchemaError
+from ..errors import SchemaError, SourceError
 from ..format.complete import mark_finished
 from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
 from ..storage import source_url
@@ -453,9 +453,17 @@ def _run_partitions(
         progress.close()
     if failures:
         failures.sort(key=_partition_of)
+        data = all(isinstance(e, (SourceError, SchemaError)) for e in failures)
+        after = (
+            "a rerun fails the same way until the data is fixed: fix the source and rerun "
+            "(it resumes after them), or give a schema that fits (each error says which) "
+            "with --overwrite"
+            if data
+            else "a rerun resumes after them"
+        )
         raise PartitionsFailedError(
             f"{len(failures)} of {len(plan.partitions)} partitions failed {what} to "
-            f"{dest.url}; {len(results)} are published and a rerun resumes after them",
+            f"{dest.url}; {len(results)} are published, and {after}",
             failures,
         )
     return results

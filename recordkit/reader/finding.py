@@ -31,7 +31,14 @@ from ..format.index import INDEX_SUFFIX
 from ..format.manifest import SHARD_PATTERNS
 from ..storage import is_temp_name
 
-__all__ = ["compressed_names", "expand", "find_shards", "has_glob", "nothing_found"]
+__all__ = [
+    "compressed_names",
+    "expand",
+    "find_shards",
+    "has_glob",
+    "nothing_found",
+    "what_it_is",
+]
 
 _SHARDED = re.compile(r".*-\d{5}-of-\d{5}(\.[^./]+)?$")
 _COMPRESSED = (".gz", ".gzip", ".zlib", ".zz")
@@ -149,3 +156,48 @@ def expand(pattern: str) -> tuple[str, list[str]]:
         )
     root = roots.pop()
     return root, [os.path.basename(p) for p in paths]
+
+
+_MAGIC = (
+    (b"PAR1", "a Parquet file", "parquet"),
+    (b"\x89PNG\r\n\x1a\n", "a PNG image", None),
+    (b"\xff\xd8\xff", "a JPEG image", None),
+    (b"PK\x03\x04", "a ZIP archive (a .npz?)", "numpy"),
+    (b"\x93NUMPY", "a NumPy .npy array", "numpy"),
+    (b"ARROW1", "an Arrow file", None),
+)
+
+
+def what_it_is(path: str) -> str | None:
+    """What a file that is not a TFRecord looks like, with the command that converts it
+    (``None``: a TFRecord, compressed or not, or nothing recognisable)."""
+    from ..format.compressed import sniff_compression
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    frames = len(head) >= 12 and masked_crc32c(head[:8]) == struct.unpack("<I", head[8:12])[0]
+    if frames or sniff_compression(head) is not None:
+        return None
+    found = next(((what, fmt) for magic, what, fmt in _MAGIC if head.startswith(magic)), None)
+    if found is None and len(head) > 257 + 5 and head[257:262] == b"ustar":
+        found = ("a tar archive (WebDataset?)", "webdataset")
+    if found is None:
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        first = text.lstrip()[:1]
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if first in "{[" and first:
+            found = ("JSON Lines" if len(lines) > 1 and first == "{" else "JSON", "jsonl")
+        elif lines and ("," in lines[0] or "\t" in lines[0]):
+            found = ("a CSV file", "csv")
+        else:
+            found = ("text", None)
+    what, fmt = found
+    if fmt is None:
+        return what
+    return f"{what}; convert it with: recordkit convert {path} DEST --from {fmt}"

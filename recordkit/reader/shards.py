@@ -54,7 +54,14 @@ from ..format.shard_index import ShardIndex
 from ..storage import is_remote, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
-from .finding import compressed_names, expand, find_shards, has_glob, nothing_found
+from .finding import (
+    compressed_names,
+    expand,
+    find_shards,
+    has_glob,
+    nothing_found,
+    what_it_is,
+)
 from .generation import Identity, Pin, pin
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
@@ -528,6 +535,9 @@ def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, li
             raise ShardNotFoundError(nothing_found(path) + tfds_hint(path))
         return path, None, count_shards(path, names, write_index=write_index)
     if os.path.isfile(path):
+        looks = what_it_is(path)
+        if looks is not None:  # a CSV, a Parquet file, an image: not a corrupt TFRecord
+            raise ShardNotFoundError(f"{path} is not a TFRecord file: it looks like {looks}")
         root, name = os.path.split(path)
         return root, None, count_shards(root, [name], write_index=write_index)
     raise ShardNotFoundError(f"no such dataset: {path}")
