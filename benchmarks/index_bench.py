@@ -65,7 +65,8 @@ def main() -> None:
         read_index_text,
         validate_index,
     )
-    from recordkit.format.shard_index import ShardIndex, load_index_file, parse_bounds
+    from recordkit.format.index_open import load_index_file
+    from recordkit.format.shard_index import ShardIndex, parse_bounds
     from recordkit.format.shard_index import _c as native_parse
 
     with tempfile.TemporaryDirectory() as tmp:

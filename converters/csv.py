@@ -27,12 +27,12 @@ from typing import Any, ClassVar
 from recordkit import Schema
 from recordkit.errors import RecordkitError
 
+from ._inference import infer_columns
 from ._tabular import (
     TABULAR_OPTIONS,
     SkipCount,
     TabularSource,
     files_as_items,
-    infer_columns,
     open_text,
     shape_row,
 )

@@ -25,13 +25,13 @@ from typing import Any, ClassVar
 
 from recordkit import Schema
 
+from ._inference import infer_columns
 from ._tabular import (
     TABULAR_OPTIONS,
     SkipCount,
     TabularSource,
     byte_range_lines,
     files_as_items,
-    infer_columns,
     open_text,
     shape_row,
 )

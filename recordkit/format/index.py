@@ -385,7 +385,7 @@ def ensure_index(
     length field). Otherwise one from the per-user cache
     (``recordkit.format.index_cache``), validated the same way; else a
     CRC-checked scan builds it. Readers hold the compact form instead
-    (``recordkit.format.shard_index.open_index``).
+    (``recordkit.format.index_open.open_index``).
 
     Args:
         shard_path: the shard file.
@@ -397,7 +397,7 @@ def ensure_index(
         cache: use the per-user cache (``False``: the index lives in memory only
             unless written beside the shard).
     """
-    from .shard_index import open_index  # the compact form is built on this module
+    from .index_open import open_index  # the compact form is built on this module
 
     index = open_index(shard_path, buf=buf, write=write, verify=verify, cache=cache, full=True)
     return index.entries()

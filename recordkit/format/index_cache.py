@@ -62,7 +62,8 @@ import numpy as np
 from ..errors import InvalidIndexError, ShardNotFoundError
 from ._atomic import TMP_MARKER, temp_name
 from .index import write_index
-from .shard_index import ShardIndex, load_index_file
+from .index_open import load_index_file
+from .shard_index import ShardIndex
 
 __all__ = [
     "ENV_INDEX_CACHE",
@@ -158,7 +159,7 @@ def cached_shard_index(
     path: str, buf: bytes | memoryview | object, *, full: bool = False, records: int | None = None
 ) -> ShardIndex | None:
     """:func:`cached_index` in the compact form readers hold, checked as
-    :func:`recordkit.format.shard_index.load_index_file` checks a sidecar (every
+    :func:`recordkit.format.index_open.load_index_file` checks a sidecar (every
     length field with ``full``, else spread samples now and the rest per run)."""
     directory = cache_dir()
     if directory is None:

@@ -206,10 +206,12 @@ class Manifest:
 
     @property
     def generation(self) -> str:
-        """What this manifest describes, as a short hash of its content: every shard's
-        name, records, bytes and CRC32C, the schema, payload and metadata. Written
-        again with the same records, a dataset is the same generation; anything else
-        is another (``recordkit.reader.generation``)."""
+        """A short hash of everything this manifest describes.
+
+        Every shard's name, records, bytes and CRC32C, the schema, payload and
+        metadata: written again with the same records, a dataset is the same
+        generation; anything else is another (``recordkit.reader.generation``).
+        """
         doc = {k: v for k, v in self.to_json().items() if k != "created_by"}
         blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

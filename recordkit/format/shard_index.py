@@ -41,25 +41,19 @@ field: nothing is left to check per run).
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import threading
 from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidIndexError, ShardNotFoundError
+from ..errors import InvalidIndexError
 from . import guard
-from .framing import DEFAULT_MAX_RECORD_BYTES, OVERHEAD
+from .framing import OVERHEAD
 from .index import (
-    _scan,
     check_lengths,
     entry_error,
-    index_path,
     max_index_bytes,
-    open_map,
     read_index_text,
-    write_index,
 )
 
 __all__ = [
@@ -70,8 +64,6 @@ __all__ = [
     "RUN_RECORDS",
     "SPOT_CHECKS",
     "ShardIndex",
-    "load_index_file",
-    "open_index",
     "parse_bounds",
 ]
 
@@ -98,7 +90,6 @@ from ._index_text import (  # noqa: E402  (the constants above are the module's 
     _blocks,
     _c,
     _c_call,
-    _map_text,
     _Pending,
     _status_error,
     parse_bounds,
@@ -486,151 +477,3 @@ def run_shift(nbytes: int, records: int) -> int:
         return 0
     per_run = RUN_BYTES * records // nbytes  # records in RUN_BYTES, at the mean size
     return min(max(per_run, 1).bit_length() - 1, RUN_RECORDS.bit_length() - 1)
-
-
-def _text_bytes(index_file: str) -> int:
-    try:
-        return os.stat(index_file).st_size
-    except OSError:
-        return 0  # read_index_text says why
-
-
-def _verify(index: ShardIndex, buf: Any, path: str, full: bool, records: int | None) -> None:
-    """The checks of a loaded index that read the shard (see the module docstring)."""
-    if full or (records is not None and index.records != records):
-        # A count that disagrees with the manifest: the index is checked whole, so a
-        # stale index is rebuilt rather than the manifest blamed.
-        index.check_all(buf, path=path)
-    else:
-        index.spot_check(buf, path=path)
-
-
-def load_index_file(
-    index_file: str,
-    buf: Any,
-    *,
-    path: str,
-    full: bool = False,
-    records: int | None = None,
-    cache: bool = True,
-) -> ShardIndex:
-    """An index file (a sidecar or a cache entry) for the shard mapped as ``buf``.
-
-    With ``cache``, the boundaries parsed from it before (by any process) come
-    from the per-user cache's binary copy instead of a parse
-    (:func:`recordkit.format.index_cache.cached_bounds`), and a parse leaves one.
-
-    Raises:
-        ShardNotFoundError: there is no such file.
-        InvalidIndexError: it is not a regular file, too large, malformed, or does
-            not match the shard (as far as it was checked: see the module docstring).
-    """
-    from . import index_cache  # it stores what this module parses
-
-    size = len(buf)
-    text_bytes = _text_bytes(index_file)
-    binary = cache and text_bytes >= BINARY_MIN_TEXT
-    lazy = _c is not None and not full and text_bytes >= LAZY_MIN_TEXT
-    index: ShardIndex | None = None
-    shard_st = None
-    if binary:  # the binary copy another process left, mapped
-        try:
-            shard_st = os.stat(path)
-        except OSError:
-            binary = False
-    if binary:
-        bounds = index_cache.cached_bounds(path, index_file, size, shard_st)
-        if bounds is not None:
-            index = ShardIndex(bounds, source=index_file, copy_of=path)
-            try:
-                _verify(index, buf, path, full, records)
-                return index
-            except InvalidIndexError as exc:  # the copy's fault, not the text's
-                log.warning("%s; dropping its binary copy and reading the text", exc)
-                index_cache.drop_bounds(path, shard_st)
-                index = None
-    text_st = None
-    if index is None:
-        max_bytes = max_index_bytes(size)
-        data, text_st = _map_text(index_file, max_bytes) if _c is not None else (None, None)
-        if lazy:
-            index = ShardIndex.from_text(data, size, source=index_file, records=records)
-        if index is None:
-            if data is None:
-                data = read_index_text(index_file, max_bytes=max_bytes)
-            bounds = parse_bounds(data, size, where=index_file, records=records)
-            index = ShardIndex(bounds, source=index_file)
-        del data  # a map of the text: kept by a lazy index only
-    _verify(index, buf, path, full, records)
-    if binary:  # for the next process: written while this one reads on
-        index_cache.store_bounds_soon(path, index_file, index, text_st, shard_st)
-    return index
-
-
-def open_index(
-    shard_path: str | os.PathLike[str],
-    *,
-    buf: bytes | mmap.mmap | None = None,
-    write: bool = True,
-    verify: bool = True,
-    cache: bool = True,
-    full: bool = False,
-    records: int | None = None,
-) -> ShardIndex:
-    """The index of ``shard_path`` as a reader holds it, rebuilt when missing or stale.
-
-    As :func:`recordkit.format.ensure_index` (the sidecar, else the per-user
-    cache, else a CRC-checked scan; written back beside the shard with
-    ``write``), but compact and checked as the module docstring says.
-
-    Args:
-        shard_path: the shard file.
-        buf: the shard already mapped (the map the records will be read from).
-        write, verify, cache: as for :func:`recordkit.format.ensure_index`.
-        full: check every length field now (what ``ensure_index`` does).
-        records: the record count the shard should have (the manifest's).
-    """
-    from . import index_cache  # the cache reads and writes indexes with this module
-
-    path = os.fspath(shard_path)
-    own = buf is None
-    if buf is None:
-        buf = open_map(path)
-    try:
-        idx = index_path(path)
-        regular = True
-        if os.path.lexists(idx):
-            try:
-                return load_index_file(idx, buf, path=path, full=full, records=records, cache=cache)
-            except (InvalidIndexError, ShardNotFoundError) as exc:
-                log.warning("rebuilding index: %s", exc)
-                # Never replace a FIFO or a device someone put there; use the index in memory.
-                regular = not os.path.exists(idx) or os.path.isfile(idx)
-        # An index written beside the shard is checked whole first: it will be trusted
-        # as a sidecar, and by other readers (DALI, tfrecord) that check nothing.
-        found = (
-            index_cache.cached_shard_index(path, buf, full=full or write, records=records)
-            if cache
-            else None
-        )
-        if found is not None and not write:
-            return found
-        if found is not None:
-            entries = found.entries()
-        else:
-            entries = _scan(buf, path, verify, DEFAULT_MAX_RECORD_BYTES)
-        index = found or ShardIndex.from_entries(entries, len(buf))
-        if write and not regular:
-            log.info("not writing index %s over something that is not a file", idx)
-        elif write:
-            try:
-                write_index(idx, entries)
-                return index
-            except OSError as exc:
-                log.info("could not write index %s (%s); using the per-user cache", idx, exc)
-        if cache and found is None:
-            index_cache.store_index(path, entries)
-        return index
-    finally:
-        if own and isinstance(buf, mmap.mmap):
-            buf.close()

@@ -16,8 +16,9 @@ import numpy as np
 from ..errors import ManifestError, ShardChangedError
 from ..format.framing import read_record
 from ..format.index import map_file
+from ..format.index_open import open_index
 from ..format.manifest import ShardInfo
-from ..format.shard_index import ShardIndex, open_index
+from ..format.shard_index import ShardIndex
 
 __all__ = ["MappedShard"]
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import mmap
 import os
-import stat
 import threading
 import weakref
 from collections import OrderedDict
@@ -43,25 +41,16 @@ from ..errors import (
 )
 from ..format.complete import check_complete
 from ..format.crc import file_crc32c
-from ..format.index import ensure_index, open_map
 from ..format.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
-    read_manifest,
 )
 from ..format.shard_index import ShardIndex
 from ..storage import is_remote, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
-from .finding import (
-    compressed_names,
-    expand,
-    find_shards,
-    has_glob,
-    nothing_found,
-    what_it_is,
-)
+from .finding import check_listed, find_shards, has_glob, shard_infos
 from .generation import Identity, Pin, pin
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
@@ -496,68 +485,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) -> list[ShardInfo]:
-    """Shard infos for files without a manifest: each shard's index read (or rebuilt).
-
-    O(records): every index is loaded and validated (a missing or stale one is
-    rebuilt by a CRC-checked scan, and kept in the per-user index cache unless
-    ``write_index`` puts it beside the shard), then dropped; only the counts are kept.
-    """
-    infos = []
-    for name in names:
-        path = os.path.join(root, name)
-        buf = open_map(path)
-        try:
-            entries = ensure_index(path, buf=buf, write=write_index)
-            infos.append(ShardInfo(name, len(entries), len(buf)))
-        finally:
-            if isinstance(buf, mmap.mmap):
-                # An error's traceback may still hold a view of the map: then the map
-                # goes with it, and the error (not a BufferError) reaches the caller.
-                with contextlib.suppress(BufferError):
-                    buf.close()
-    return infos
-
-
-def _shard_infos(path: str, write_index: bool) -> tuple[str, Manifest | None, list[ShardInfo]]:
-    if has_glob(path):  # out/data-*-of-*: the files it names, as a folder of them
-        root, names = expand(path)
-        return root, None, count_shards(root, names, write_index=write_index)
-    if os.path.isdir(path):
-        if os.path.lexists(os.path.join(path, MANIFEST_NAME)):  # a broken link is not "none"
-            manifest = read_manifest(path)
-            return path, manifest, list(manifest.shards)
-        names = find_shards(path)
-        if not names:
-            compressed = compressed_names(path)
-            if compressed:
-                raise _compressed_folder(path, compressed)
-            raise ShardNotFoundError(nothing_found(path) + tfds_hint(path))
-        return path, None, count_shards(path, names, write_index=write_index)
-    if os.path.isfile(path):
-        looks = what_it_is(path)
-        if looks is not None:  # a CSV, a Parquet file, an image: not a corrupt TFRecord
-            raise ShardNotFoundError(f"{path} is not a TFRecord file: it looks like {looks}")
-        root, name = os.path.split(path)
-        return root, None, count_shards(root, [name], write_index=write_index)
-    raise ShardNotFoundError(f"no such dataset: {path}")
-
-
-def _compressed_folder(root: str, names: list[str]) -> Exception:
-    """A folder of compressed TFRecords, named as such with the command that converts it."""
-    from ..format.compressed import compressed_error, sniff_compression
-
-    with open(os.path.join(root, names[0]), "rb") as f:
-        kind = sniff_compression(f.read(12)) or (
-            "ZLIB" if names[0].endswith((".zlib", ".zz")) else "GZIP"
-        )
-    exc = compressed_error(root, kind)
-    note = getattr(exc, "add_note", None)  # Python 3.11+
-    if note is not None:
-        note(f"{len(names)} compressed TFRecord file(s) there, such as {names[0]}")
-    return exc
-
-
 def open_shards(
     path: str | os.PathLike[str],
     schema: Schema | None = None,
@@ -602,9 +529,9 @@ def open_shards(
             f"split={split!r}: {local} is not a tensorflow-datasets folder (no "
             f"dataset_info.json and features.json){tfds_hint(local)}; split= is for those"
         )
-    root, manifest, infos = _shard_infos(local, write_index)
+    root, manifest, infos = shard_infos(local, write_index)
     if manifest is not None:
-        _check_listed(root, infos)
+        check_listed(root, infos)
     shards = ShardSet(root, manifest, infos, schema, write_index=write_index)
     pinned = pin(root, manifest, 0, len(infos))
     if pinned is not None:
@@ -635,26 +562,3 @@ def _open_tfds(
         view=view,
         counted_by=os.path.join(info.root, INFO_NAME),
     )
-
-
-def _check_listed(root: str, infos: Sequence[ShardInfo]) -> None:
-    """Fail early on a shard the manifest lists that is missing or of another size.
-
-    One ``stat`` per shard (about 0.2 s for 100k shards on a local disk); the
-    index and record count are checked when the shard is first read.
-    """
-    for info in infos:
-        path = os.path.join(root, info.path)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise ShardNotFoundError(f"shard not found: {path}") from None
-        except OSError as exc:  # a name too long, a symlink loop, a file as a folder
-            raise ManifestError(
-                f"shard cannot be opened: {exc.strerror or exc}", path=path
-            ) from None
-        if not stat.S_ISREG(st.st_mode):
-            open_map(path)  # refuses it with the error that says what it is
-        size = st.st_size
-        if size != info.bytes:
-            raise ManifestError(f"shard is {size} bytes, the manifest says {info.bytes}", path=path)

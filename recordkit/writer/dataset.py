@@ -78,7 +78,7 @@ class Writer:
             then survives a power cut; turn it off only for scratch data, where
             it saves the wait for the disk (TensorFlow's writer never fsyncs).
         break_lock: take over a remote destination's lease whose holder this
-            host cannot see (see :mod:`recordkit.writer.lease`).
+            host cannot see (``docs/howto/concurrency.md``).
 
     Raises:
         DestinationBusyError: another writer holds the directory (one writer per
@@ -86,7 +86,8 @@ class Writer:
             the block raises).
         DatasetExistsError: the directory holds a dataset, or shards this writer
             did not write (foreign TFRecords), and not ``overwrite``.
-        DiskFullError: no space left where a shard is written (its path named).
+        recordkit.errors.DiskFullError: no space left where a shard is written (its
+            path named).
     """
 
     def __init__(

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import socket
+import time
 from types import TracebackType
 from typing import Any
 
@@ -155,7 +156,12 @@ class Lease:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise _busy(self.url, self._read_local(root), remote=False) from None
+            # The holder writes who it is right after it takes the lock: wait for that.
+            holder, deadline = self._read_local(root), time.monotonic() + 2.0
+            while not holder and time.monotonic() < deadline:
+                time.sleep(0.05)
+                holder = self._read_local(root)
+            raise _busy(self.url, holder, remote=False) from None
         except BaseException:
             os.close(fd)
             raise

@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pytest
 
+import recordkit.format._index_text as text_mod
 import recordkit.format.shard_index as si
 from recordkit.errors import InvalidIndexError
 from recordkit.format.index import format_index
@@ -34,7 +35,7 @@ def _text(n=N, seed=0):
 def _lazy(tmp_path, text, size, records=None):
     path = tmp_path / "s.tfrecord.idx"
     path.write_bytes(text)
-    data, _ = si._map_text(str(path), 1 << 40)
+    data, _ = text_mod._map_text(str(path), 1 << 40)
     return ShardIndex.from_text(data, size, source=str(path), records=records), str(path)
 
 
@@ -112,7 +113,9 @@ def test_an_unchanged_text_gives_a_lazy_index_through_open_index(tmp_path):
             w.write({"i": i})
     (shard,) = sorted((tmp_path / "ds").glob("*.tfrecord"))
     buf = open_map(shard)
-    index = si.open_index(shard, buf=buf, write=False, cache=False, records=N)
+    from recordkit.format.index_open import open_index
+
+    index = open_index(shard, buf=buf, write=False, cache=False, records=N)
     assert not index.complete  # parsed as needed
     offsets, _ = index.locate(np.arange(0, N, 997), buf, path=str(shard))
     whole = parse_bounds((tmp_path / "ds" / (shard.name + ".idx")).read_bytes(), len(buf))

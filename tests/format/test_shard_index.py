@@ -20,9 +20,18 @@ import recordkit as rk
 import recordkit.format._index_text as text_mod
 import recordkit.format.shard_index as si
 from recordkit.errors import InvalidIndexError, ShardChangedError
-from recordkit.format import frame, index_cache, index_path, open_map, scan_index, write_index
+from recordkit.format import (
+    frame,
+    index_cache,
+    index_open,
+    index_path,
+    open_map,
+    scan_index,
+    write_index,
+)
 from recordkit.format.index import format_index
-from recordkit.format.shard_index import ShardIndex, open_index, parse_bounds, run_shift
+from recordkit.format.index_open import open_index
+from recordkit.format.shard_index import ShardIndex, parse_bounds, run_shift
 
 PATHS = [pytest.param(True, id="c"), pytest.param(False, id="numpy")]
 
@@ -36,6 +45,7 @@ def native(request, monkeypatch):
             pytest.skip("recordkit._native is not built")
     else:
         monkeypatch.setattr(si, "_c", None)  # the loads: whole texts, read
+        monkeypatch.setattr(index_open, "_c", None)
         monkeypatch.setattr(text_mod, "_c", None)  # the parse: NumPy's
     return request.param
 
@@ -486,7 +496,8 @@ def test_a_process_that_exits_at_once_still_leaves_its_binary_copy(tmp_path):
     code = (
         "import sys, recordkit.format.shard_index as si\n"
         "si.BINARY_MIN_TEXT = 0\n"
-        "si.open_index(sys.argv[1])\n"
+        "from recordkit.format.index_open import open_index\n"
+        "open_index(sys.argv[1])\n"
     )
     subprocess.run([sys.executable, "-c", code, path], check=True, timeout=120, env=os.environ)
     (bnd,) = _bnd_files()

@@ -197,13 +197,13 @@ def test_verify_under_ulimit(many):
 
 def test_open_reads_no_index(many, monkeypatch):
     """Opening takes counts from the manifest: no shard is mapped, no index read."""
+    import recordkit.reader.finding as rkf  # counting a folder's shards (out of shards.py)
     import recordkit.reader.mapped as rkm  # MappedShard (issue 17: out of shards.py)
-    import recordkit.reader.shards as rks
 
     def refuse(*args, **kwargs):
         raise AssertionError("an index was read at open time")
 
-    monkeypatch.setattr(rks, "ensure_index", refuse)
+    monkeypatch.setattr(rkf, "ensure_index", refuse)
     monkeypatch.setattr(rkm, "open_index", refuse)
     shards = open_shards(many)
     assert shards.open_count == 0
