@@ -97,15 +97,16 @@ def chunk_samples(chunk: Chunk, stats: ReaderStats) -> Iterator[tuple[int, dict[
 
 
 def chunk_sequences(
-    chunk: Chunk, batched: bool, stats: ReaderStats
+    chunk: Chunk, batched: bool, stats: ReaderStats, *, raw: bool = False
 ) -> Iterator[tuple[int, Any, Rows]]:
-    """SequenceExample samples (dicts of tensors), one by one or as lists per unit."""
+    """Whole samples (dicts of tensors), one by one or as lists per unit: SequenceExamples,
+    or (``raw``) Examples as stored."""
     samples = chunk.columns.get(SAMPLE, [])
     units = chunk.units.tolist()
     out: list[dict[str, Any]] = []
     lo = 0
     for i, sample in enumerate(samples):
-        item = sequence_sample(sample)
+        item = {k: to_torch(v) for k, v in sample.items()} if raw else sequence_sample(sample)
         if not batched:
             stats.add(records=1, batches=1)
             yield units[i], item, (i, i + 1)

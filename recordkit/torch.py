@@ -66,7 +66,7 @@ from .reader.position import (  # noqa: E402
 )
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
 from .reader.select import take_split  # noqa: E402
-from .reader.sequence import SequenceBatchDecoder, read_whole  # noqa: E402
+from .reader.sequence import RawBatchDecoder, SequenceBatchDecoder, read_whole  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
 
 if TYPE_CHECKING:
@@ -208,6 +208,14 @@ class RecordDataset(Positioned):
             SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
             never its context alone. Implied when the manifest says the records
             are SequenceExamples (``recordkit convert`` of them).
+        raw: read each Example record as it is stored, as ``rk.Dataset(raw=True)``
+            does: its own features (records may differ: optional keys, a key of
+            different kinds), ``bytes`` lists as ``list[bytes]``, number lists as
+            1-d tensors typed as stored, a feature with no list set as ``[]``. For
+            foreign data no schema fits whole (Beam's, TFX's). Without
+            ``batch_size`` one sample at a time; with it, a batch is a ``list`` of
+            such samples (pad them in ``transform``). No schema, columns or
+            ``reader_process``; decoded on the reader threads.
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -259,6 +267,7 @@ class RecordDataset(Positioned):
         split: str | None = None,
         decode_images: bool = False,
         sequence_example: bool = False,
+        raw: bool = False,
         records: slice | str | Sequence[slice | str | None] | None = None,
         weights: Sequence[float] | None = None,
         epoch_records: int | None = None,
@@ -277,8 +286,9 @@ class RecordDataset(Positioned):
         self.split = split
         self.decode_images = read.decode_images
         self.sequence_example = read.sequence_example
+        self.raw = read.raw
         schema = read.schema
-        if read.sequence_example:
+        if read.sequence_example or read.raw:
             schema = Schema({})  # opens foreign data without inferring an Example schema
         given = schema
         self.options = PlanOptions(
@@ -357,6 +367,8 @@ class RecordDataset(Positioned):
     def _decoder(self) -> BatchDecoder:
         if self.sequence_example:
             return SequenceBatchDecoder(verify=self.verify)
+        if self.raw:
+            return RawBatchDecoder(verify=self.verify)
         view = self._view()
         if view is not None:
             return TFDSBatchDecoder(
@@ -456,8 +468,11 @@ class RecordDataset(Positioned):
         threads = self.num_threads or max(1, cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
         if self.reader_process:
-            if self.sequence_example:
-                raise ValueError("reader_process=True does not read SequenceExamples yet")
+            if self.sequence_example or self.raw:
+                raise ValueError(
+                    "reader_process=True does not read records whole (SequenceExamples, "
+                    "raw=True) yet; read them with threads"
+                )
             if self._view() is not None:
                 raise ValueError(
                     "reader_process=True does not read tensorflow-datasets folders yet; "
@@ -570,12 +585,15 @@ class RecordDataset(Positioned):
         """``(unit, item, (lo, hi))``: the chunk's batches or samples and their rows."""
         if self.sequence_example:
             return chunk_sequences(chunk, batched, self.stats)
+        if self.raw:
+            return chunk_sequences(chunk, batched, self.stats, raw=True)
         return (chunk_batches if batched else chunk_samples)(chunk, self.stats)
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
         """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
-        that batches its samples as ``batch_size=N`` would (SequenceExamples: a list)."""
-        if self.sequence_example:
+        that batches its samples as ``batch_size=N`` would (SequenceExamples and
+        ``raw=True``: a list)."""
+        if self.sequence_example or self.raw:
             return list(samples)
         view = self._view()
         schema = view.output_schema if view is not None else self.schema

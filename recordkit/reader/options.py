@@ -72,6 +72,7 @@ class ReadOptions:
     split: str | None = None
     decode_images: bool = False
     sequence_example: bool = False
+    raw: bool = False
     records: slice | str | Sequence[slice | str | None] | None = None
     weights: Sequence[float] | None = None
     epoch_records: int | None = None
@@ -87,12 +88,11 @@ class ReadOptions:
             raise ValueError(f"transform_threads must be >= 0, got {self.transform_threads}")
         if self.loader_timeout is not None and not self.loader_timeout > 0:
             raise ValueError(f"loader_timeout must be > 0 or None, got {self.loader_timeout!r}")
-        if self.sequence_example and (
+        if (self.sequence_example or self.raw) and (
             self.schema is not None or self.columns is not None or self.decode_images
         ):
-            raise ValueError(
-                "sequence_example=True reads records whole: no schema, columns or decode_images"
-            )
+            what = "sequence_example=True" if self.sequence_example else "raw=True"
+            raise ValueError(f"{what} reads records whole: no schema, columns or decode_images")
         if self.columns is not None:
             if isinstance(self.columns, str):
                 raise TypeError(f"columns must be a sequence of names, got {self.columns!r}")

@@ -14,15 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from ..codec.example import decode_example
 from ..codec.schema import Schema
-from ..codec.sequence import sequence_example_values
+from ..codec.sequence import as_stored, sequence_example_values
 from ..errors import CorruptRecordError
 from ..format import guard
 from ..format.framing import read_record
 from .decode import Alloc, BatchDecoder, DecodedBatch
 from .shards import ShardSet
 
-__all__ = ["SAMPLE", "SequenceBatchDecoder", "read_whole"]
+__all__ = ["SAMPLE", "RawBatchDecoder", "SequenceBatchDecoder", "read_whole"]
 
 #: The one column a sequence batch holds: a list of samples (dicts).
 SAMPLE = "sample"
@@ -41,6 +42,11 @@ class SequenceBatchDecoder(BatchDecoder):
     def runner(self) -> Any | None:
         """``None``: decoded record by record on the threaded path."""
         return None
+
+    @staticmethod
+    def values(payload: bytes | memoryview) -> dict[str, Any]:
+        """One record whole (a SequenceExample's context and feature lists)."""
+        return sequence_example_values(payload)
 
     def decode(
         self,
@@ -62,10 +68,22 @@ class SequenceBatchDecoder(BatchDecoder):
             framed = guard.read(buf, offset, size, path=path, offset=offset, record=record)
             try:
                 payload = read_record(framed, 0, expected_size=size, verify=self.verify)
-                samples.append(sequence_example_values(payload))
+                samples.append(self.values(payload))
             except CorruptRecordError as exc:
                 bad.append((pos, exc))
         return DecodedBatch({SAMPLE: samples}, bad, len(samples), nbytes)
+
+
+class RawBatchDecoder(SequenceBatchDecoder):
+    """Decodes Example records whole, as stored (``raw=True``): each record's own
+    features, ``bytes`` lists as ``list[bytes]``, numbers as 1-d arrays typed as
+    stored, a feature with no list set as ``[]``; a record that is not an Example
+    read whole (a SequenceExample, unknown fields) is a bad record, never a part.
+    """
+
+    @staticmethod
+    def values(payload: bytes | memoryview) -> dict[str, Any]:
+        return {n: as_stored(k, v) for n, (k, v) in decode_example(payload).items()}
 
 
 def read_whole(path: str, told: bool, shards: ShardSet, *refused: Any) -> bool:
