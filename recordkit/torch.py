@@ -208,14 +208,10 @@ class RecordDataset(Positioned):
             SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
             never its context alone. Implied when the manifest says the records
             are SequenceExamples (``recordkit convert`` of them).
-        raw: read each Example record as it is stored, as ``rk.Dataset(raw=True)``
-            does: its own features (records may differ: optional keys, a key of
-            different kinds), ``bytes`` lists as ``list[bytes]``, number lists as
-            1-d tensors typed as stored, a feature with no list set as ``[]``. For
-            foreign data no schema fits whole (Beam's, TFX's). Without
-            ``batch_size`` one sample at a time; with it, a batch is a ``list`` of
-            such samples (pad them in ``transform``). No schema, columns or
-            ``reader_process``; decoded on the reader threads.
+        raw: read each Example as stored, as ``rk.Dataset(raw=True)`` does (its own
+            keys, ``bytes`` lists as ``list[bytes]``, number lists as 1-d tensors),
+            for foreign data no schema fits; with ``batch_size`` a batch is a
+            ``list`` of such samples. No schema, columns or ``reader_process``.
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
@@ -444,14 +440,10 @@ class RecordDataset(Positioned):
         return p
 
     def _finish(self, p: Pass, split: Split) -> None:
-        """This process handed over its last unit of the epoch (or had none).
-
-        The epoch is over then, not when one more item is asked for: a loop that
-        takes exactly ``len(ds)`` items (Lightning's, Keras') never asks. In a
-        worker the last of the pass's workers advances the shared epoch; in the
-        training process the next iteration reads the next epoch, and the state
-        says so, unless :meth:`set_epoch` chose another meanwhile.
-        """
+        """This process handed over its last unit of the epoch (or had none): the epoch
+        is over (a loop that takes exactly ``len(ds)`` items never asks for one more).
+        A worker marks the shared epoch (the pass's last advances it); the training
+        process reads the next epoch next, unless :meth:`set_epoch` chose another."""
         if p.finished:
             return
         p.finished = True
@@ -468,11 +460,8 @@ class RecordDataset(Positioned):
         threads = self.num_threads or max(1, cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
         if self.reader_process:
-            if self.sequence_example or self.raw:
-                raise ValueError(
-                    "reader_process=True does not read records whole (SequenceExamples, "
-                    "raw=True) yet; read them with threads"
-                )
+            if self.sequence_example or self.raw:  # records read whole: on the threads
+                raise ValueError("raw=True and sequence_example=True need reader_process=False")
             if self._view() is not None:
                 raise ValueError(
                     "reader_process=True does not read tensorflow-datasets folders yet; "
