@@ -111,6 +111,21 @@ def main() -> None:
         path.write_text("".join(json.dumps(s) + "\n" for s in steps))
     acc.wait_for_everyone()
     acc.end_training()  # destroys the process group
+    if acc.num_processes > 1:
+        leave()
+
+
+def leave() -> None:
+    """Exit without Python's shutdown. DDP keeps the gloo group (and its C++ threads)
+    alive past ``destroy_process_group`` (torch 2.13), and those threads can meet the
+    interpreter's shutdown and abort a rank whose work is done (SIGABRT, "terminate
+    called without an active exception"; once in a CI run here). See examples/pytorch/ddp.py.
+    """
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

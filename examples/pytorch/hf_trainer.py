@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,15 @@ def main() -> None:
     if args.labels:
         path = args.labels if world == 1 else Path(f"{args.labels}.rank{rank}")
         path.write_text("".join(json.dumps(s) + "\n" for s in model.steps))
+    if world > 1 and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # leave together: gloo aborts a rank whose peer hangs up
+        torch.distributed.destroy_process_group()
+        # DDP keeps the gloo group's C++ threads alive past destroy_process_group (torch
+        # 2.13), and they can meet Python's shutdown and abort a finished rank (SIGABRT,
+        # "terminate called without an active exception"): leave without that shutdown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,9 @@ _PREPARED = textwrap.dedent(
         json.dump(seen, f)
     acc.wait_for_everyone()
     acc.end_training()
+    import os
+    sys.stdout.flush()
+    os._exit(0)  # not Python's shutdown under gloo's threads (examples/pytorch/ddp.py)
     """
 )
 
