@@ -28,6 +28,7 @@ Options:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -75,6 +76,7 @@ class ArrayRecordSource(Source):
     def claims(cls, rel: str) -> bool:
         """``*.array_record`` and sharded ``*.array_record-00000-of-00010``."""
         return ".array_record" in rel.rsplit("/", 1)[-1].lower()
+
     defaults: ClassVar[Mapping[str, Any]] = {
         "records": "auto",
         "range_records": 65536,
@@ -198,7 +200,11 @@ class ArrayRecordSource(Source):
                 break
         if not examples:
             raise SourceNotFoundError(f"arrayrecord: no records in {self.location.url}")
-        return Schema.infer(examples, where=where)
+        notes: list[str] = []
+        schema = Schema.infer(examples, where=where, notes=notes)
+        for note in notes:  # said by `recordkit convert` as its own lines
+            logging.getLogger("recordkit.convert.infer").info("%s", note)
+        return schema
 
     def resolve_schema(self, items: Sequence[Item]) -> Schema:
         if self.schema is None:

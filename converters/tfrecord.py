@@ -50,6 +50,7 @@ Options:
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO, ClassVar
@@ -63,6 +64,9 @@ from recordkit.reader.tfds import TFDSView, tfds_folder
 from recordkit.storage import strip_file_scheme
 
 from .base import Item, Source, SourceError, source_errors
+
+# What inference decided (a feature some records lack): said by `recordkit convert`.
+said = logging.getLogger("recordkit.convert.infer")
 
 __all__ = ["TFRecordSource", "read_records"]
 
@@ -133,6 +137,7 @@ class TFRecordSource(Source):
                 "give no schema"
             )
         return view
+
     suffixes: ClassVar[tuple[str, ...]] = (".tfrecord", ".tfrecords", ".tfrec")
 
     @classmethod
@@ -253,7 +258,11 @@ class TFRecordSource(Source):
             except CorruptRecordError as exc:
                 path, offset, record = where.rsplit(":", 2)
                 raise exc.located(path, int(offset), int(record)) from exc
-        return Schema.infer(examples, where=[w for w, _ in leading])
+        notes: list[str] = []
+        schema = Schema.infer(examples, where=[w for w, _ in leading], notes=notes)
+        for note in notes:
+            said.info("%s", note)
+        return schema
 
     def records(self, item: Item, schema: Schema) -> Iterator[bytes]:
         view = self._tfds()

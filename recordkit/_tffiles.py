@@ -67,16 +67,26 @@ def feature_spec(schema: Schema, columns: Sequence[str] | None = None) -> dict[s
     spec: dict[str, Any] = {}
     for name in column_names(schema, columns):
         ftype = schema[name]
+        # A feature with a default: a record without it parses as the default (a fixed
+        # shape), or as no values (None dims: a RaggedFeature reads absence so anyway).
+        default = None if ftype.required else ftype.default_value()[1]
         if isinstance(ftype, Tensor):
-            spec[name] = tf.io.FixedLenFeature([], tf.string)
+            value = None if default is None else bytes(default[0])
+            spec[name] = tf.io.FixedLenFeature([], tf.string, default_value=value)
         else:
             dtype = {Bytes: tf.string, Int64: tf.int64, Float32: tf.float32}[type(ftype)]
             if None in ftype.shape:
                 spec[name] = tf.io.RaggedFeature(dtype, row_splits_dtype=tf.int64)
             else:
-                spec[name] = tf.io.FixedLenFeature(list(ftype.shape), dtype)
+                if default is not None and not isinstance(ftype, Bytes):
+                    default = np.asarray(default).reshape(ftype.shape)  # type: ignore[arg-type]
+                elif default is not None:
+                    default = [bytes(v) for v in default] if ftype.shape else bytes(default[0])
+                spec[name] = tf.io.FixedLenFeature(list(ftype.shape), dtype, default)
         if ftype.shape_feature:
-            spec[name + _COMPANION] = tf.io.FixedLenFeature([len(ftype.shape)], tf.int64)
+            rank = len(ftype.shape)
+            zeros = None if ftype.required else [0] * rank  # absent: an empty value
+            spec[name + _COMPANION] = tf.io.FixedLenFeature([rank], tf.int64, zeros)
     return spec
 
 

@@ -14,6 +14,7 @@ import torch
 from .codec.features import Bytes
 from .codec.schema import Schema
 from .reader.pipeline import Chunk, ReaderStats
+from .reader.ragged import check_ragged_as, ragged_axes, trim, widest
 from .reader.sequence import SAMPLE
 
 __all__ = [
@@ -53,8 +54,15 @@ def sequence_sample(sample: dict[str, Any]) -> dict[str, Any]:
 Rows = tuple[int, int]
 
 
-def chunk_batches(chunk: Chunk, stats: ReaderStats) -> Iterator[tuple[int, dict[str, Any], Rows]]:
-    """The batches (``(unit, batch, rows)``) of a decoded chunk: views of its tensors."""
+def chunk_batches(
+    chunk: Chunk, stats: ReaderStats, ragged: Mapping[str, tuple[int, ...]] | None = None
+) -> Iterator[tuple[int, dict[str, Any], Rows]]:
+    """The batches (``(unit, batch, rows)``) of a decoded chunk: views of its tensors.
+
+    ``ragged``: the padded ragged features (name -> their ``None`` dims), each cut
+    to its batch's widest record as padded bytes are.
+    """
+    ragged = ragged or {}
     if not chunk.rows:
         return
     # Per-chunk work is done once, vectorised: the consuming thread shares the
@@ -64,17 +72,17 @@ def chunk_batches(chunk: Chunk, stats: ReaderStats) -> Iterator[tuple[int, dict[
     ends = np.concatenate((edges, [chunk.rows])).tolist()
     tensors = {name: to_torch(value) for name, value in chunk.columns.items()}
     widths = {
-        name: np.maximum.reduceat(lengths, starts).tolist()
+        name: widest(lengths, starts)
         for name, value in chunk.columns.items()
         if isinstance(value, np.ndarray)
-        and value.ndim == 2
+        and value.ndim >= 2
         and isinstance(lengths := chunk.columns.get(name + "/lengths"), np.ndarray)
     }
     unit_ids = chunk.units[starts].tolist()
     for b, (lo, hi) in enumerate(zip(starts.tolist(), ends)):
         batch = {name: t[lo:hi] for name, t in tensors.items()}
-        for name, w in widths.items():
-            batch[name] = batch[name][:, : w[b]]  # trim to this batch's longest value
+        for name, w in widths.items():  # trim to this batch's longest value
+            batch[name] = trim(batch[name], ragged.get(name, (0,)), w[b])
         stats.add(records=hi - lo, batches=1)
         yield unit_ids[b], batch, (lo, hi)
 
@@ -138,21 +146,35 @@ def _bytes(values: list[Any], name: str, bytes_as: str, out: dict[str, Any]) -> 
     out[name + "/lengths"] = torch.from_numpy(lengths)
 
 
+def _pad(tensors: list[Any], name: str, axes: tuple[int, ...], out: dict[str, Any]) -> None:
+    """Ragged tensors as one zero-padded tensor and their lengths (recordkit.reader.ragged)."""
+    shapes = torch.tensor([tuple(t.shape) for t in tensors], dtype=torch.int64)
+    top = shapes.amax(dim=0).tolist()
+    padded = tensors[0].new_zeros((len(tensors), *top))
+    for row, t in enumerate(tensors):
+        padded[(row, *(slice(0, d) for d in t.shape))] = t
+    lengths = shapes[:, list(axes)]
+    out[name] = padded
+    out[name + "/lengths"] = lengths[:, 0].contiguous() if len(axes) == 1 else lengths
+
+
 def collate(
     samples: Sequence[Mapping[str, Any]],
     *,
     schema: Schema | None = None,
     bytes_as: Literal["padded", "list"] = "padded",
+    ragged_as: Literal["padded", "list"] = "padded",
 ) -> dict[str, Any]:
     """Collate samples of ``RecordDataset(batch_size=None)`` into one batch.
 
     The batch has the layout ``RecordDataset(batch_size=N)`` yields (the table in
     ``docs/pytorch.md``): fixed-shape numbers stacked ``(N, *shape)``; ``Bytes()``
     zero-padded ``uint8 (N, longest)`` plus ``"{name}/lengths"`` (or a list of
-    ``bytes`` with ``bytes_as="list"``); features with a ``None`` dim, and
-    ``Bytes`` lists, as a list of N values. Use it as a ``DataLoader``'s
-    ``collate_fn``; ``RecordDataset.collate`` is this function with the
-    dataset's schema and ``bytes_as`` bound.
+    ``bytes`` with ``bytes_as="list"``); numbers with a ``None`` dim zero-padded
+    plus ``"{name}/lengths"`` (``recordkit.reader.ragged``; a list of N tensors
+    with ``ragged_as="list"``); ``Bytes`` lists as a list of N values. Use it as
+    a ``DataLoader``'s ``collate_fn``; ``RecordDataset.collate`` is this function
+    with the dataset's schema, ``bytes_as`` and ``ragged_as`` bound.
 
     Args:
         samples: dicts with the same keys.
@@ -160,12 +182,17 @@ def collate(
             whose tensors differ in shape within this batch comes as a list and
             one whose tensors agree is stacked, so give it where lengths vary.
         bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features.
+        ragged_as: ``"padded"`` or ``"list"``, for number features with ``None``
+            dims (those the schema says; without one, lists).
 
     Raises:
-        ValueError: the samples do not have the same keys, or a bad ``bytes_as``.
+        ValueError: the samples do not have the same keys, or a bad ``bytes_as``
+            or ``ragged_as``.
     """
     if bytes_as not in ("padded", "list"):
         raise ValueError(f"bytes_as must be 'padded' or 'list', got {bytes_as!r}")
+    check_ragged_as(ragged_as)
+    axes = ragged_axes(schema) if schema and ragged_as == "padded" else {}
     if not samples:
         return {}
     names = list(samples[0])
@@ -188,5 +215,8 @@ def collate(
             variable = _variable(schema, name)
             if variable is None:
                 variable = len({tuple(t.shape) for t in tensors}) > 1
-            out[name] = tensors if variable else torch.stack(tensors)
+            if variable and name in axes:
+                _pad(tensors, name, axes[name], out)
+            else:
+                out[name] = tensors if variable else torch.stack(tensors)
     return out

@@ -7,22 +7,15 @@ of (seed, epoch, rank, world size, shard set) — see :mod:`recordkit.reader.pla
 and, with ``batch_size`` set, does not depend on the number of ``DataLoader``
 workers or reader threads.
 
-Batch layout (``batch_size`` set): a ``dict`` of ``torch.Tensor``, one per feature:
-
-- fixed-shape ``Int64`` / ``Float32`` / ``Tensor`` features: ``(batch, *shape)``;
-- ``Bytes()``: a zero-padded ``uint8`` tensor ``(batch, longest)`` plus
-  ``"{name}/lengths"`` (``int64``, ``(batch,)``), with ``bytes_as="padded"`` (the
-  default: one copy, no Python objects per record); a ``list`` of ``bytes`` with
-  ``bytes_as="list"``;
-- features with ``None`` in their shape, and ``Bytes`` lists: a ``list`` with one
-  tensor (or list of ``bytes``) per record.
-
-Without ``batch_size`` the dataset yields single samples: every number feature a
-tensor of its shape (0-d for scalars, the record's own shape where it has ``None``
-dims), ``Bytes()`` as ``bytes``, ``Bytes`` lists as lists of ``bytes``. Let recordkit
-batch (faster, and the order is independent of workers), or batch samples with
-``DataLoader(ds, batch_size=N, collate_fn=ds.collate)``, which gives the same layout;
-a plain ``DataLoader`` collates fixed-shape features and ``Bytes()`` (as a list).
+Batch layout (``batch_size`` set; the table in ``docs/pytorch.md``): a ``dict`` of
+tensors, fixed shapes ``(batch, *shape)``; ``Bytes()`` zero-padded ``uint8`` plus
+``"{name}/lengths"`` (``bytes_as="padded"``, the default) or ``bytes`` lists; number
+features with ``None`` dims zero-padded plus ``"{name}/lengths"``
+(``ragged_as="padded"``, the default; ``recordkit.reader.ragged``) or tensor
+lists; ``Bytes`` lists as lists. Without ``batch_size``: one sample at a time, each
+number a tensor of its record's shape, ``Bytes()`` as ``bytes``. Batch in recordkit
+(faster; the order does not depend on workers) or with
+``DataLoader(ds, batch_size=N, collate_fn=ds.collate)``, which gives the same layout.
 """
 
 from __future__ import annotations
@@ -58,13 +51,9 @@ from .reader.mix import make_mix, refuse_cache, sources  # noqa: E402
 from .reader.options import CacheOptions, ReadOptions, accepts_options, merge_options  # noqa: E402
 from .reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
 from .reader.plan import PlanOptions, Split  # noqa: E402
-from .reader.position import (  # noqa: E402
-    EpochCell,
-    Pass,
-    WorkerPosition,
-    pass_key,
-)
+from .reader.position import EpochCell, Pass, WorkerPosition, pass_key  # noqa: E402
 from .reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from .reader.ragged import ragged_axes  # noqa: E402
 from .reader.select import take_split  # noqa: E402
 from .reader.sequence import RawBatchDecoder, SequenceBatchDecoder, read_whole  # noqa: E402
 from .reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
@@ -140,6 +129,8 @@ class RecordDataset(Positioned):
             in the consuming thread). For a transform that releases the GIL,
             such as :class:`DecodeImages`, this takes it off the training thread.
         bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
+        ragged_as: ``"padded"`` (with ``"{name}/lengths"``) or ``"list"``, for number
+            features with ``None`` dims in batches.
         verify: check payload CRCs (length CRCs are always checked).
         limits: the bytes one record's zstd values, and one reader task's, may
             decompress to (default: derived from the schema; see
@@ -243,6 +234,7 @@ class RecordDataset(Positioned):
         transform: Callable[[Any], Any] | None = None,
         transform_threads: int = 0,
         bytes_as: Literal["padded", "list"] = "padded",
+        ragged_as: Literal["padded", "list"] = "padded",
         verify: bool = True,
         limits: DecodeLimits | None = None,
         schema: Schema | None = None,
@@ -300,7 +292,7 @@ class RecordDataset(Positioned):
         self.columns = list(read.columns) if read.columns is not None else None
         self.transform = read.transform
         self.transform_threads = read.transform_threads
-        self.bytes_as = read.bytes_as
+        self.bytes_as, self.ragged_as = read.bytes_as, read.ragged_as
         self.verify = read.verify
         self.limits = read.limits
         self.prefetch = read.prefetch
@@ -380,7 +372,11 @@ class RecordDataset(Positioned):
             verify=self.verify,
             bytes_as=self.bytes_as,
             limits=self.limits,
+            ragged_as=self._ragged_mode(),
         )
+
+    def _ragged_mode(self) -> Literal["padded", "list"]:
+        return self.ragged_as if self.options.batch_size and self._view() is None else "list"
 
     # -- public API --------------------------------------------------------------------
 
@@ -482,6 +478,7 @@ class RecordDataset(Positioned):
                     "verify": self.verify,
                     "bytes_as": self.bytes_as,
                     "limits": self.limits,
+                    "ragged_as": self._ragged_mode(),
                 },
                 num_threads=threads,
                 prefetch=self.prefetch or 2 * threads,
@@ -576,17 +573,21 @@ class RecordDataset(Positioned):
             return chunk_sequences(chunk, batched, self.stats)
         if self.raw:
             return chunk_sequences(chunk, batched, self.stats, raw=True)
-        return (chunk_batches if batched else chunk_samples)(chunk, self.stats)
+        if not batched:
+            return chunk_samples(chunk, self.stats)
+        padded = self._ragged_mode() == "padded"
+        return chunk_batches(
+            chunk, self.stats, ragged_axes(self.schema, self.columns) if padded else {}
+        )
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
-        """:func:`collate` with this dataset's schema and ``bytes_as``: a ``collate_fn``
-        that batches its samples as ``batch_size=N`` would (SequenceExamples and
-        ``raw=True``: a list)."""
+        """:func:`collate` with this dataset's schema and layout: a ``collate_fn`` batching
+        as ``batch_size=N`` would (SequenceExamples and ``raw=True``: a list)."""
         if self.sequence_example or self.raw:
             return list(samples)
         view = self._view()
         schema = view.output_schema if view is not None else self.schema
-        return collate(samples, schema=schema, bytes_as=self.bytes_as)
+        return collate(samples, schema=schema, bytes_as=self.bytes_as, ragged_as=self.ragged_as)
 
     @property
     def tfds(self) -> TFDSInfo | None:

@@ -20,6 +20,13 @@ is recovered by this rule:
   ``f"{name}/shape"`` holding its full shape. A schema in which another
   feature is named like a companion is refused.
 
+Every feature is required unless it has a ``default=``: a record without it
+(no key, or a key with no list set) then reads as the default, and a sample
+without it (or with ``None``) is written without it. A fixed shape takes any
+default of that shape (a scalar is broadcast); a shape with ``None`` dims only
+an empty one (``default=[]``: absent reads as no values, as TensorFlow's
+``RaggedFeature`` reads it).
+
 Encoding validates a sample against the schema and raises
 :class:`~recordkit.errors.SchemaError` naming the feature. Decoding a record
 that does not fit raises :class:`~recordkit.errors.CorruptRecordError` without
@@ -29,8 +36,8 @@ a location; the caller adds it with ``err.located(path, offset, record)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -38,10 +45,25 @@ from numpy.typing import DTypeLike
 
 from ..errors import CorruptRecordError, SchemaError
 from .compression import zstd_compress
-from .example import as_int64
+from .example import as_int64, decode_example, encode_example
 from .limits import DecodeBudget
 
-__all__ = ["Bytes", "FeatureType", "Float32", "Int64", "Tensor"]
+__all__ = ["REQUIRED", "Bytes", "FeatureType", "Float32", "Int64", "Tensor"]
+
+
+class _Required:
+    """The ``default`` of a feature every record must hold (the default ``default``)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+    def __reduce__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
 
 Shape = tuple[int | None, ...]
 Features = dict[str, tuple[str | None, Any]]
@@ -88,6 +110,100 @@ class _Feature:
     __slots__ = ()
     type_name: ClassVar[str]  # the "type" in the JSON form
     shape: Shape
+    default: Any
+    _key: bytes | None  # the default as an Example holding it: what eq and hash compare
+
+    @property
+    def required(self) -> bool:
+        """Whether every record must hold this feature (no ``default=``)."""
+        return self.default is REQUIRED
+
+    def _set_default(self) -> None:
+        """Check ``default`` against the type and shape; keep it as a decoded value."""
+        if self.default is REQUIRED:
+            object.__setattr__(self, "_key", None)
+            return
+        value = self.default
+        what = f"{type(self).__name__}({_fmt(self.shape) if self.shape else ''})"
+        if value is None:
+            raise SchemaError(f"{what}: default=None; leave default out for a required feature")
+        if isinstance(self, Tensor) and np.dtype(self.dtype).kind == "c":
+            raise SchemaError(f"{what}: a complex tensor has no default (JSON has no complex)")
+        if None in self.shape and not isinstance(value, (str, *_BYTES_LIKE)) and not np.size(value):
+            # default=[]: the empty value of the shape (its None dims 0), in the feature's dtype
+            empty = tuple(0 if d is None else d for d in self.shape)
+            kind = {Int64: np.int64, Float32: np.float32}.get(type(self))  # type: ignore[call-overload]
+            value = [] if isinstance(self, Bytes) else np.zeros(empty, kind or self.dtype)
+        elif self.shape and None not in self.shape and np.ndim(value) == 0:
+            if isinstance(self, Bytes):
+                value = [value] * self.shape[0]
+            elif not isinstance(value, (str, *_BYTES_LIKE)):
+                full = np.full(cast("tuple[int, ...]", self.shape), value)
+                value = full if isinstance(value, np.generic) else full.tolist()  # weak ints
+        out: Features = {}
+        try:
+            self._encode("default", value, out)
+        except SchemaError as exc:
+            why = str(exc).removeprefix("feature 'default': ")
+            raise SchemaError(f"{what}: default {self.default!r} does not fit: {why}") from None
+        key = encode_example(out)  # the default as a record holds it, read back as one would
+        budget = DecodeBudget(1 << 62, 1 << 62)
+        decoded = self._decode_present("default", decode_example(key), True, budget)
+        size = len(decoded) if isinstance(decoded, list) else np.size(decoded)
+        if None in self.shape and size:
+            raise SchemaError(
+                f"{what}: a feature with None dims can only default to an empty value "
+                f"(default=[]: a record without it reads as no values), got {self.default!r}"
+            )
+        if isinstance(decoded, np.ndarray):
+            decoded.flags.writeable = False
+        elif isinstance(decoded, list):
+            decoded = tuple(decoded)
+        object.__setattr__(self, "default", decoded)
+        object.__setattr__(self, "_key", key)
+
+    def default_value(self) -> tuple[str, Any]:
+        """The default as stored in a record: ``(kind, values)`` (``decode_example``'s form)."""
+        if self.default is REQUIRED:
+            raise SchemaError(f"{self!r} is required: it has no default")
+        out: Features = {}
+        self._encode("default", self._given(True), out)
+        return out["default"]
+
+    def _given(self, copy: bool) -> Any:
+        """The default, as decoding a record without the feature returns it."""
+        value = self.default
+        if isinstance(value, tuple):
+            return list(value)
+        if isinstance(value, np.ndarray) and copy:
+            return value.copy()
+        return value
+
+    def _absent(self, name: str, record: Features) -> bool:
+        """Whether ``record`` lacks the feature (or holds no list) and the default answers."""
+        return self.default is not REQUIRED and record.get(name, _NO_LIST)[0] is None
+
+    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
+        if self._absent(name, record):
+            return self._given(copy)
+        return self._decode_present(name, record, copy, budget)
+
+    def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
+        raise NotImplementedError
+
+    def _repr_default(self) -> str:
+        if self.default is REQUIRED:
+            return ""
+        value = self._given(False)
+        shown = value.tolist() if isinstance(value, np.ndarray) else value
+        return f"default={shown!r}"
+
+    def _json_default(self, entry: dict[str, Any]) -> dict[str, Any]:
+        if self.default is not REQUIRED:
+            from .schema_json import default_to_json  # the JSON rules, kept with the parser
+
+            entry["default"] = default_to_json(self._given(False))
+        return entry
 
     @property
     def shape_feature(self) -> bool:
@@ -96,7 +212,7 @@ class _Feature:
 
     def to_json(self, name: str) -> dict[str, Any]:
         """This feature's entry in :meth:`Schema.to_json`."""
-        return {"name": name, "type": self.type_name, "shape": list(self.shape)}
+        return self._json_default({"name": name, "type": self.type_name, "shape": list(self.shape)})
 
     def min_record_bytes(self) -> int:
         """The fewest bytes a record holding a non-empty value of this feature needs.
@@ -140,6 +256,14 @@ class _Feature:
                 f"feature {name!r}: {count} elements do not fit shape {_fmt(shape)}"
             )
         return tuple(count // known if d is None else d for d in shape)
+
+
+_NO_LIST: tuple[None, None] = (None, None)
+
+
+def _repr(ftype: _Feature, *args: str) -> str:
+    parts = [a for a in (*args, ftype._repr_default()) if a]
+    return f"{type(ftype).__name__}({', '.join(parts)})"
 
 
 def _companion(name: str, shape: Shape, record: Features) -> tuple[int, ...]:
@@ -193,15 +317,18 @@ class Bytes(_Feature):
 
     type_name: ClassVar[str] = "bytes"
     shape: Shape = ()
+    default: Any = field(default=REQUIRED, compare=False)
+    _key: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         shape = _check_shape(self, self.shape)
         if len(shape) > 1:
             raise SchemaError(f"Bytes: shape must be (), (n,) or (None,), got {shape!r}")
         object.__setattr__(self, "shape", shape)
+        self._set_default()
 
     def __repr__(self) -> str:
-        return f"Bytes({_fmt(self.shape)})" if self.shape else "Bytes()"
+        return _repr(self, _fmt(self.shape) if self.shape else "")
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         if not self.shape:
@@ -216,7 +343,7 @@ class Bytes(_Feature):
         self._check_given(name, (len(items),))
         out[name] = ("bytes", items)
 
-    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
+    def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "bytes", record)
         if self.shape:
             self._resolve(name, len(values), record)
@@ -240,12 +367,15 @@ class Int64(_Feature):
 
     type_name: ClassVar[str] = "int64"
     shape: Shape = ()
+    default: Any = field(default=REQUIRED, compare=False)
+    _key: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _check_shape(self, self.shape))
+        self._set_default()
 
     def __repr__(self) -> str:
-        return f"Int64({_fmt(self.shape)})" if self.shape else "Int64()"
+        return _repr(self, _fmt(self.shape) if self.shape else "")
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         if type(value) is int and not self.shape:  # a plain label: skip numpy
@@ -256,7 +386,7 @@ class Int64(_Feature):
         out[name] = ("int64", as_int64(arr, name))
         _put_shape(self, name, arr.shape, out)
 
-    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
+    def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "int64", record)
         # Decoded varints are always a fresh array, so there is nothing to copy.
         return values.reshape(self._resolve(name, len(values), record))
@@ -275,12 +405,15 @@ class Float32(_Feature):
 
     type_name: ClassVar[str] = "float32"
     shape: Shape = ()
+    default: Any = field(default=REQUIRED, compare=False)
+    _key: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", _check_shape(self, self.shape))
+        self._set_default()
 
     def __repr__(self) -> str:
-        return f"Float32({_fmt(self.shape)})" if self.shape else "Float32()"
+        return _repr(self, _fmt(self.shape) if self.shape else "")
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
@@ -300,7 +433,7 @@ class Float32(_Feature):
         out[name] = ("float", flat)
         _put_shape(self, name, arr.shape, out)
 
-    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
+    def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "float", record)
         values = values.reshape(self._resolve(name, len(values), record))
         if copy:
@@ -335,6 +468,8 @@ class Tensor(_Feature):
     dtype: DTypeLike
     shape: Shape
     compression: str | None = None
+    default: Any = field(default=REQUIRED, compare=False)
+    _key: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
@@ -351,20 +486,22 @@ class Tensor(_Feature):
             )
         object.__setattr__(self, "dtype", dtype.newbyteorder("<"))
         object.__setattr__(self, "shape", _check_shape(self, self.shape))
+        self._set_default()
 
     def __repr__(self) -> str:
-        extra = f", compression={self.compression!r}" if self.compression else ""
-        return f"Tensor({np.dtype(self.dtype).name!r}, {_fmt(self.shape)}{extra})"
+        extra = f"compression={self.compression!r}" if self.compression else ""
+        return _repr(self, repr(np.dtype(self.dtype).name), _fmt(self.shape), extra)
 
     def to_json(self, name: str) -> dict[str, Any]:
         """This feature's entry in :meth:`Schema.to_json`."""
-        return {
+        entry = {
             "name": name,
             "type": self.type_name,
             "dtype": np.dtype(self.dtype).name,
             "shape": list(self.shape),
             "compression": self.compression,
         }
+        return self._json_default(entry)
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         dtype = np.dtype(self.dtype)
@@ -397,7 +534,7 @@ class Tensor(_Feature):
         out[name] = ("bytes", [zstd_compress(data) if self.compression else data])
         _put_shape(self, name, arr.shape, out)
 
-    def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
+    def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         values = _values(name, "bytes", record)
         if len(values) != 1:
             raise CorruptRecordError(
@@ -437,31 +574,3 @@ _INFERRED: dict[str, type[Bytes | Int64 | Float32]] = {
     "float": Float32,
 }
 _TYPES: dict[str, type[FeatureType]] = {t.type_name: t for t in (Bytes, Int64, Float32, Tensor)}
-
-
-def _feature_from_json(entry: Any) -> tuple[str, FeatureType]:
-    if not isinstance(entry, Mapping):
-        raise SchemaError(f"schema JSON: each feature must be an object, got {entry!r}")
-    name, type_name = entry.get("name"), entry.get("type")
-    if not isinstance(name, str) or not name:
-        raise SchemaError(f"schema JSON: feature names must be non-empty strings, got {name!r}")
-    cls = _TYPES.get(type_name) if isinstance(type_name, str) else None
-    if cls is None:
-        raise SchemaError(
-            f"schema JSON: feature {name!r} has unknown type {type_name!r} "
-            f"(expected one of {sorted(_TYPES)})"
-        )
-    allowed = {"name", "type", "shape"} | ({"dtype", "compression"} if cls is Tensor else set())
-    unknown = set(entry) - allowed
-    if unknown:
-        raise SchemaError(f"schema JSON: feature {name!r} has unknown keys {sorted(unknown)}")
-    shape = entry.get("shape", [])
-    if not isinstance(shape, list):
-        raise SchemaError(f"schema JSON: feature {name!r} has shape {shape!r}, not a list")
-    if cls is Tensor:
-        if not isinstance(entry.get("dtype"), str):
-            raise SchemaError(f"schema JSON: tensor {name!r} needs a dtype name")
-        ftype: FeatureType = Tensor(entry["dtype"], tuple(shape), entry.get("compression"))
-    else:
-        ftype = cls(tuple(shape))  # type: ignore[call-arg]  # Tensor is handled above
-    return name, ftype

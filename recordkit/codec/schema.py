@@ -18,6 +18,7 @@ from ..format.framing import DEFAULT_MAX_RECORD_BYTES
 from .example import decode_example, encode_example
 from .features import (
     _INFERRED,
+    REQUIRED,
     Bytes,
     Features,
     FeatureType,
@@ -26,10 +27,10 @@ from .features import (
     Shape,
     Tensor,
     _Feature,
-    _feature_from_json,
     _fmt,
 )
 from .limits import DecodeBudget, DecodeLimits
+from .schema_json import feature_from_json
 
 __all__ = ["Bytes", "FeatureType", "Float32", "Int64", "Schema", "Tensor"]
 
@@ -125,20 +126,28 @@ class Schema:
             sample: feature name -> value (numpy arrays, Python scalars and lists,
                 bytes-like or str for :class:`Bytes`).
 
+        A feature with a ``default`` may be left out of ``sample`` (or be ``None``):
+        the record then lacks it, and reads back as the default.
+
         Raises:
-            SchemaError: a missing or extra feature, a wrong shape, or a value
-                that does not convert to its type without loss.
+            SchemaError: a missing required or an extra feature, a wrong shape, or
+                a value that does not convert to its type without loss.
         """
         if not isinstance(sample, Mapping):
             raise SchemaError(f"a sample must be a mapping, got {type(sample).__name__}")
         out: Features = {}
+        given = 0
         for name, ftype in self._features.items():
-            try:
-                value = sample[name]
-            except KeyError:
-                raise SchemaError(f"sample is missing feature {name!r}") from None
+            value = sample.get(name, REQUIRED)
+            if value is REQUIRED or value is None:
+                if ftype.default is REQUIRED:
+                    why = "is missing feature" if value is REQUIRED else "has None for feature"
+                    raise SchemaError(f"sample {why} {name!r}, which has no default")
+                given += value is None
+                continue  # an optional feature the sample lacks: the record lacks it too
+            given += 1
             ftype._encode(name, value, out)
-        if len(sample) != len(self._features):
+        if len(sample) != given:
             extra = [name for name in sample if name not in self._features]
             raise SchemaError(f"sample has features not in the schema: {extra}")
         return encode_example(out)
@@ -217,7 +226,7 @@ class Schema:
             raise SchemaError(f"schema JSON must be {{'features': [...]}}, got {data!r}")
         features: dict[str, FeatureType] = {}
         for entry in data["features"]:
-            name, ftype = _feature_from_json(entry)
+            name, ftype = feature_from_json(entry)
             if name in features:
                 raise SchemaError(f"schema JSON: feature {name!r} appears twice")
             features[name] = ftype
@@ -229,21 +238,27 @@ class Schema:
         examples: Iterable[Mapping[str, tuple[str | None, Any]]],
         *,
         where: Sequence[str] | None = None,
+        notes: list[str] | None = None,
     ) -> Schema:
         """Guess a schema from decoded records (:func:`decode_example` output).
 
         For TFRecords written without one. Per key: the kind it holds; a length
         that is always 1 gives shape ``()``, always ``n > 1`` gives ``(n,)``, and
-        anything else ``(None,)``. Keys never set in any record are dropped.
+        anything else ``(None,)``. A key that some records lack is
+        ``(None,)`` with ``default=[]`` (as TFX and ``tf.io.VarLenFeature`` read
+        such features): a record without it reads as no values, one with it as
+        its values, so every value is kept and batches (padded, or ragged in
+        TensorFlow). Keys never set in any record are dropped.
 
         Args:
             examples: the decoded records.
             where: each record's ``file:offset:record``, for the error message.
+            notes: where to say each feature made optional (a list to append to).
 
         Raises:
-            SchemaError: a key missing from some records, or holding different
-                kinds; the message says it whole (how many records of each kind,
-                and where the first record that disagrees is).
+            SchemaError: a key holding different kinds in different records; the
+                message says it whole (how many records of each kind, and where
+                the first record that disagrees is).
         """
         seen: dict[str, list[Any]] = {}  # name -> [min length, max length, records, first]
         kinds: dict[str, dict[str, list[int]]] = {}  # name -> kind -> [records, first]
@@ -283,13 +298,18 @@ class Schema:
             held = kinds.get(name)
             if not held:
                 continue
-            if present != count:
-                raise SchemaError(
-                    f"feature {name!r} is in {present} of {count} records (first without "
-                    f"it: {at(missing_first[name])}); {advice}"
-                )
             kind = next(iter(held))
-            shape: Shape = () if low == high == 1 else (low,) if low == high > 1 else (None,)
             ftype_cls: type[Bytes | Int64 | Float32] = _INFERRED[kind]
+            if present != count:
+                features[name] = ftype_cls((None,), default=[])
+                if notes is not None:
+                    notes.append(
+                        f"feature {name!r} is in {present} of {count} records (first without "
+                        f"it: {at(missing_first[name])}): {features[name]!r}, a record "
+                        "without it reads as no values (give a schema with another default "
+                        "to read it otherwise)"
+                    )
+                continue
+            shape: Shape = () if low == high == 1 else (low,) if low == high > 1 else (None,)
             features[name] = ftype_cls(shape)
         return cls(features)

@@ -37,7 +37,9 @@ without a fill value does: stop with an error, leave its row out, or become 0/em
 A killed or failed conversion resumes when rerun with the same arguments.
 """
 
-_SPEC = re.compile(r"^\s*([^:\s]+)\s*:\s*(tensor:)?([a-z0-9]+)\s*(?:\[([^\]]*)\])?\s*$")
+_SPEC = re.compile(
+    r"^\s*([^:\s]+)\s*:\s*(tensor:)?([a-z0-9]+)\s*(?:\[([^\]]*)\])?\s*(?:=\s*(.*?))?\s*$"
+)
 
 
 def parse_schema(text: str) -> Any:
@@ -46,9 +48,12 @@ def parse_schema(text: str) -> Any:
     The compact spec is ``name:type[shape],...``: ``bytes``, ``int64`` and
     ``float32`` are Example features (``int64[3]``, ``float32[None]``, ``bytes[]``
     for a list of any length); any other numpy dtype (``uint8[32,32,3]``,
-    ``float64``) is a ``Tensor``; ``tensor:int64[4]`` forces a ``Tensor``.
+    ``float64``) is a ``Tensor``; ``tensor:int64[4]`` forces a ``Tensor``. ``=VALUE``
+    (JSON) makes a feature optional with that default: ``label:int64=-1``,
+    ``tokens:int64[None]=[]``, ``lang:bytes="en"``.
     """
     from ..codec import Bytes, Float32, Int64, Schema, Tensor
+    from ..codec.features import REQUIRED
     from ..errors import SchemaError
 
     text = text.strip()
@@ -67,18 +72,32 @@ def parse_schema(text: str) -> Any:
     for part in _split_top(text):
         match = _SPEC.match(part)
         if not match:
-            raise SchemaError(f"--schema: cannot parse {part!r}; expected name:type[shape]")
-        name, forced, kind, dims = match.groups()
+            raise SchemaError(
+                f"--schema: cannot parse {part!r}; expected name:type[shape][=default]"
+            )
+        name, forced, kind, dims, default_text = match.groups()
+        default: Any = REQUIRED
+        if default_text is not None:
+            try:
+                default = json.loads(default_text)
+            except json.JSONDecodeError:
+                raise SchemaError(
+                    f'--schema: the default in {part!r} is not JSON (text is quoted: "en")'
+                ) from None
         shape: tuple[int | None, ...] = ()
         if dims is not None:
             shape = tuple(
                 None if d.strip() in ("", "None", "none", "?") else int(d)
                 for d in (dims.split(",") if dims.strip() else [""])
             )
-        if not forced and kind in ("bytes", "int64", "float32"):
-            features[name] = {"bytes": Bytes, "int64": Int64, "float32": Float32}[kind](shape)
-        else:
-            features[name] = Tensor(kind, shape)
+        try:
+            if not forced and kind in ("bytes", "int64", "float32"):
+                example = {"bytes": Bytes, "int64": Int64, "float32": Float32}[kind]
+                features[name] = example(shape, default=default)
+            else:
+                features[name] = Tensor(kind, shape, default=default)
+        except SchemaError as exc:
+            raise SchemaError(f"--schema: feature {name!r}: {exc}") from None
     if not features:
         raise SchemaError("--schema is empty")
     return Schema(features)

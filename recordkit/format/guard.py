@@ -35,6 +35,7 @@ __all__ = [
     "GUARDED",
     "MapFault",
     "changed",
+    "changed_in_batch",
     "check_size",
     "crc32c",
     "current_size",
@@ -217,3 +218,31 @@ def crc32c(
         return int(_native.crc32c(data, value))
     except MapFault:
         raise changed(data, path=path, offset=offset, record=record) from None
+
+
+def changed_in_batch(
+    buf: Any,
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    path: str | None,
+    records: np.ndarray | None,
+    exc: BaseException,
+) -> ShardChangedError:
+    """The error naming the record a change of the shard under ``buf`` hit.
+
+    That is the record holding the faulting byte (a native ``MapFault``), or the
+    one a ``ShardChangedError`` from a per-record read names; failing those, the
+    first record the file's new size cuts off, or the batch's first record.
+    """
+    size = current_size(buf)
+    ends = offsets + sizes
+    if isinstance(exc, ShardChangedError):
+        hits = np.flatnonzero(offsets == exc.offset)
+    else:
+        at = int(exc.args[2]) if len(exc.args) > 2 else -1
+        hits = np.flatnonzero((offsets <= at) & (at < ends)) if at >= 0 else offsets[:0]
+    if not len(hits) and size is not None:
+        hits = np.flatnonzero(ends > size)
+    pos = int(hits[0]) if len(hits) else 0
+    record = None if records is None else int(records[pos])
+    return changed(buf, path=path, offset=int(offsets[pos]), record=record)

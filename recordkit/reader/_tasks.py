@@ -118,14 +118,14 @@ def concat(
     for key, first in parts[0][0].items():
         pieces = [cols[key] for cols, _ in parts]
         if isinstance(first, np.ndarray):
-            if first.ndim == 2 and any(p.shape[1] != first.shape[1] for p in pieces):
-                # padded bytes of different widths: pad to the widest, with zeros
-                width = max(p.shape[1] for p in pieces)
-                joined = alloc((rows, width), first.dtype)
+            if any(p.shape[1:] != first.shape[1:] for p in pieces):
+                # padded bytes or ragged numbers of different widths: pad to the widest
+                top = tuple(max(d) for d in zip(*(p.shape[1:] for p in pieces), strict=True))
+                joined = alloc((rows, *top), first.dtype)
+                joined[...] = 0
                 row = 0
                 for p in pieces:
-                    joined[row : row + len(p), : p.shape[1]] = p
-                    joined[row : row + len(p), p.shape[1] :] = 0
+                    joined[(slice(row, row + len(p)), *(slice(0, d) for d in p.shape[1:]))] = p
                     row += len(p)
             else:
                 joined = alloc((rows, *first.shape[1:]), first.dtype)

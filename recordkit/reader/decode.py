@@ -51,6 +51,7 @@ from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD, re
 from . import _contract, _fallback
 from ._contract import Alloc, FeaturePlan
 from ._contract import allocate as _alloc
+from .ragged import check_ragged_as, number_dtype, pad, ragged_axes
 
 __all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch"]
 
@@ -81,7 +82,7 @@ class DecodedBatch:
     Attributes:
         columns: feature name -> one row per good record, in input order: an
             array for fixed-shape features (``name + "/lengths"`` too for padded
-            bytes), else a list of per-record values.
+            bytes and ragged numbers), else a list of per-record values.
         bad: ``(position in the batch, error)`` for every record that failed;
             the error has no location yet (``err.located(path, offset, record)``).
         n: the number of good records (rows).
@@ -106,6 +107,9 @@ class BatchDecoder:
         bytes_as: a scalar :class:`~recordkit.codec.Bytes` feature becomes a
             zero-padded ``uint8`` array ``(n, max_len)`` plus ``name + "/lengths"``
             (``"padded"``), or a list of ``bytes`` (``"list"``).
+        ragged_as: a number feature with ``None`` dims becomes a list of arrays
+            (``"list"``), or a zero-padded array plus ``name + "/lengths"``
+            (``"padded"``, ``recordkit.reader.ragged``).
         limits: the bytes one record, and one call of :meth:`decode`, may
             decompress to (default: derived from the schema, see
             :class:`~recordkit.codec.DecodeLimits`).
@@ -125,9 +129,11 @@ class BatchDecoder:
         bytes_as: Literal["padded", "list"] = "padded",
         limits: DecodeLimits | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        ragged_as: Literal["padded", "list"] = "list",
     ) -> None:
         if bytes_as not in ("padded", "list"):
             raise ValueError(f"bytes_as must be 'padded' or 'list', got {bytes_as!r}")
+        check_ragged_as(ragged_as)
         if max_record_bytes < 0:
             raise ValueError(f"max_record_bytes must be >= 0, got {max_record_bytes}")
         if limits is not None and not isinstance(limits, DecodeLimits):
@@ -146,6 +152,8 @@ class BatchDecoder:
         wanted = set(schema.names if columns is None else columns)
         self.columns: tuple[str, ...] = tuple(n for n in schema.names if n in wanted)
         self._columns_arg = None if columns is None else list(self.columns)
+        self.ragged_as = ragged_as
+        self._ragged = ragged_axes(schema, self.columns) if ragged_as == "padded" else {}
         self._plans, keys = self._plan()
         # surrogatepass: a name no record can hold (a lone surrogate) still gets a key
         self._keys = tuple(k.encode("utf-8", "surrogatepass") for k in keys)
@@ -302,7 +310,7 @@ class BatchDecoder:
             if batch.bad:  # bad bytes from a map whose file shrank since are that change
                 guard.check_size(buf)
         except (guard.MapFault, ShardChangedError) as exc:
-            err = _changed(buf, offsets, sizes, path, records, exc)
+            err = guard.changed_in_batch(buf, offsets, sizes, path, records, exc)
         else:
             return batch
         # Raised here, with no context: the failed call's frames hold views of buf.
@@ -342,34 +350,6 @@ class BatchDecoder:
         if run.crc_failed:
             return None
         return DecodedBatch(columns, run.bad, rows, nbytes)
-
-
-def _changed(
-    buf: Any,
-    offsets: np.ndarray,
-    sizes: np.ndarray,
-    path: str | None,
-    records: np.ndarray | None,
-    exc: BaseException,
-) -> ShardChangedError:
-    """The error naming the record a change of the shard under ``buf`` hit.
-
-    That is the record holding the faulting byte (a native ``MapFault``), or the
-    one a ``ShardChangedError`` from a per-record read names; failing those, the
-    first record the file's new size cuts off, or the batch's first record.
-    """
-    size = guard.current_size(buf)
-    ends = offsets + sizes
-    if isinstance(exc, ShardChangedError):
-        hits = np.flatnonzero(offsets == exc.offset)
-    else:
-        at = int(exc.args[2]) if len(exc.args) > 2 else -1
-        hits = np.flatnonzero((offsets <= at) & (at < ends)) if at >= 0 else offsets[:0]
-    if not len(hits) and size is not None:
-        hits = np.flatnonzero(ends > size)
-    pos = int(hits[0]) if len(hits) else 0
-    record = None if records is None else int(records[pos])
-    return guard.changed(buf, path=path, offset=int(offsets[pos]), record=record)
 
 
 def _ints(shape: tuple[int | None, ...]) -> tuple[int, ...]:
@@ -516,7 +496,12 @@ class _Run:
         name, mode, k = plan.name, plan.mode, plan.key
         order = range(len(self.fast)) if good is None else good.tolist()
         if mode == "list" or (mode == "bytes" and self.dec.bytes_as == "list"):
-            columns[name] = [self._value(i, plan) for i in order]
+            values = [self._value(i, plan) for i in order]
+            if name not in self.dec._ragged:
+                columns[name] = values
+            else:
+                dtype, shape = number_dtype(plan.ftype), plan.ftype.shape
+                columns[name], columns[name + "/lengths"] = pad(values, shape, dtype, alloc)
             return
         if mode == "bytes":
             lengths = _alloc(alloc, (n,), _I64)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from .._keywords import accepts_options, given, refuse
 from ..codec.limits import DecodeLimits
 from ..codec.schema import Schema
+from .ragged import check_ragged_as
 
 if TYPE_CHECKING:
     from ..cache import ShardCache
@@ -57,6 +58,7 @@ class ReadOptions:
     transform: Callable[[Any], Any] | None = None
     transform_threads: int = 0
     bytes_as: Literal["padded", "list"] = "padded"
+    ragged_as: Literal["padded", "list"] = "padded"
     verify: bool = True
     limits: DecodeLimits | None = None
     schema: Schema | None = None
@@ -82,6 +84,7 @@ class ReadOptions:
             raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {self.on_error!r}")
         if self.bytes_as not in ("padded", "list"):
             raise ValueError(f"bytes_as must be 'padded' or 'list', got {self.bytes_as!r}")
+        check_ragged_as(self.ragged_as)
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}")
         if self.transform_threads < 0:

@@ -186,8 +186,11 @@ class ShardSet:
                     where.append(f"{shard.path}:{offset}:{j}")
         if not examples:
             raise RecordkitError(f"cannot infer a schema from {self.root}: it has no records")
-        schema = Schema.infer(examples, where=where)
+        notes: list[str] = []
+        schema = Schema.infer(examples, where=where, notes=notes)
         log.info("inferred schema from %d records: %r", len(examples), schema)
+        for note in notes:
+            log.info("%s: %s", self.root, note)
         return schema
 
     def __len__(self) -> int:

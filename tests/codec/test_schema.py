@@ -397,14 +397,17 @@ def test_infer():
         }
     )
     assert Schema.infer([]) == Schema()
-    with pytest.raises(
-        SchemaError, match=r"feature 'label' is in 1 of 2 records \(first without it: record 1\)"
-    ):
-        Schema.infer([{"label": ("int64", [1])}, {}])
-    with pytest.raises(
-        SchemaError, match=r"feature 'late' is in 1 of 2 records \(first without it: record 0\)"
-    ):
-        Schema.infer([{}, {"late": ("int64", [1])}])
+    # A key some records lack is optional: (None,), absent reads as no values.
+    notes: list[str] = []
+    got = Schema.infer([{"label": ("int64", [1])}, {}], notes=notes)
+    assert got == Schema(label=Int64((None,), default=[]))
+    assert notes[0].startswith(
+        "feature 'label' is in 1 of 2 records (first without it: record 1): "
+        "Int64((None,), default=[])"
+    )
+    late = Schema.infer([{}, {"late": ("bytes", [b"x", b"y"])}], notes=notes)
+    assert late == Schema(late=Bytes((None,), default=[]))
+    assert "feature 'late' is in 1 of 2 records (first without it: record 0)" in notes[1]
     many = [{"x": ("int64", [1])}] * 3 + [{"x": ("float", [1.0])}, {"x": ("int64", [2])}]
     with pytest.raises(SchemaError) as info:
         Schema.infer(many, where=[f"f.tfrecord:{10 * i}:{i}" for i in range(5)])

@@ -8,7 +8,9 @@ Reading a foreign folder writes nothing into it: indexes go to the per-user cach
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -327,20 +329,65 @@ def _tf_payload(tf: ModuleType, path: Path, i: int) -> bytes:
     return [r.numpy() for r in tf.data.TFRecordDataset(str(path))][i]
 
 
-def test_inference_names_an_optional_key(tf: ModuleType, tmp_path: Path):
+def _only_int_v(tf: ModuleType, tmp_path: Path) -> tuple[Path, list[bytes]]:
+    """The varying records whose 'v' is int64: 'opt' (0 to 4 floats) in 10 of 30."""
     path = _write_varying(tf, tmp_path / "meta.tfrecord")
-    schema_without_v = tmp_path / "nov"
-    schema_without_v.mkdir()
-    # Keep only records whose 'v' is int64, so 'opt' is the first disagreement.
-    with tf.io.TFRecordWriter(str(schema_without_v / "a.tfrecord")) as w:
-        for payload in [r.numpy() for r in tf.data.TFRecordDataset(str(path))][::2]:
+    folder = tmp_path / "nov"
+    folder.mkdir()
+    payloads = [r.numpy() for r in tf.data.TFRecordDataset(str(path))][::2]
+    with tf.io.TFRecordWriter(str(folder / "a.tfrecord")) as w:
+        for payload in payloads:
             w.write(payload)
-    with pytest.raises(
-        rk.errors.SchemaError,
-        match=r"feature 'opt' is in 10 of 30 records "
-        r"\(first without it: .*a\.tfrecord:\d+:1\); read it raw",
-    ):
-        rk.Dataset(schema_without_v)
+    return folder, payloads
+
+
+def _opt_values(tf: ModuleType, payloads: list[bytes]) -> list[list[float]]:
+    out = []
+    for payload in payloads:
+        feature = tf.train.Example.FromString(payload).features.feature
+        out.append(list(feature["opt"].float_list.value) if "opt" in feature else [])
+    return out
+
+
+def test_a_key_some_records_lack_is_inferred_optional_and_batches(
+    tf: ModuleType, tmp_path: Path, caplog
+):
+    folder, payloads = _only_int_v(tf, tmp_path)
+    want = _opt_values(tf, payloads)
+    assert sum(1 for v in want if v) < 10 < len(want)  # some present with no values, too
+    with caplog.at_level(logging.INFO, logger="recordkit"):
+        ds = rk.Dataset(folder)
+    assert ds.schema["opt"] == rk.Float32((None,), default=[])
+    assert re.search(
+        r"feature 'opt' is in 10 of 30 records \(first without it: .*a\.tfrecord:\d+:1\): "
+        r"Float32\(\(None,\), default=\[\]\)",
+        caplog.text,
+    )
+    assert [s["opt"].tolist() for s in ds] == want
+    from recordkit.torch import RecordDataset
+
+    got: dict[int, list[float]] = {}
+    for batch in RecordDataset(folder, batch_size=8, shuffle=True, seed=1):
+        lengths = batch["opt/lengths"].tolist()
+        assert batch["opt"].shape[1] == max(lengths)
+        for row, i in enumerate(batch["id"].tolist()):
+            got[i] = batch["opt"][row, : lengths[row]].tolist()
+    assert [got[2 * k] for k in range(30)] == want  # each record once, value for value
+    import recordkit.tf as rtf
+
+    ragged = [b["opt"] for b in rtf.dataset(folder, batch_size=8)]
+    assert [row for r in ragged for row in r.to_list()] == want
+
+
+def test_convert_keeps_a_key_some_records_lack(tf: ModuleType, tmp_path: Path, capsys):
+    folder, payloads = _only_int_v(tf, tmp_path)
+    code = main(["convert", "--from", "tfrecord", str(folder), str(tmp_path / "dst")])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "feature 'opt' is in 10 of 30 records" in err
+    out = rk.Dataset(tmp_path / "dst")
+    assert out.schema["opt"] == rk.Float32((None,), default=[])
+    assert [s["opt"].tolist() for s in out] == _opt_values(tf, payloads)
 
 
 def test_convert_stops_with_the_whole_conflict(tf: ModuleType, tmp_path: Path, capsys):

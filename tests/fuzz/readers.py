@@ -142,9 +142,23 @@ class NotComparable(Exception):
     """This reader's output cannot be compared with the reference's for this dataset."""
 
 
-def _unbatch(batch: dict[str, Any]) -> list[dict[str, Any]]:
+def _unbatch(batch: dict[str, Any], ragged: dict[str, tuple[int, ...]]) -> list[dict[str, Any]]:
+    """Rows of a batch; a padded ragged feature cut to each row's lengths (checking the
+    padding is zeros), its ``/lengths`` column dropped."""
     n = len(next(iter(batch.values())))
-    return [{k: v[i] for k, v in batch.items()} for i in range(n)]
+    lengths = {name + "/lengths" for name in ragged}
+    rows = [{k: v[i] for k, v in batch.items() if k not in lengths} for i in range(n)]
+    for name, axes in ragged.items():
+        lengths = batch[name + "/lengths"].reshape(n, len(axes))
+        for row, value, sizes in zip(rows, batch[name], lengths.tolist()):
+            cut = [slice(None)] * value.dim()
+            for axis, size in zip(axes, sizes):
+                cut[axis] = slice(0, size)
+            row[name] = value[tuple(cut)]
+            pad = value.clone()
+            pad[tuple(cut)] = 0
+            assert not pad.any(), f"{name}: padding that is not zeros"
+    return rows
 
 
 def _record_dataset(
@@ -155,6 +169,7 @@ def _record_dataset(
     native: bool,
     on_error: str = "raise",
 ) -> list[Any]:
+    from recordkit.reader.ragged import ragged_axes
     from recordkit.torch import RecordDataset
 
     with environ(RECORDKIT_NATIVE_TASKS="1" if native else "0"):
@@ -172,7 +187,8 @@ def _record_dataset(
             for item in ds:
                 if batch_size and not item:  # a schema of no features: batches of {}
                     raise NotComparable("batches of no features do not say their size")
-                for sample in _unbatch(item) if batch_size else [item]:
+                ragged = ragged_axes(ds.schema, ds.columns) if batch_size else {}
+                for sample in _unbatch(item, ragged) if batch_size else [item]:
                     out.append(canon(sample))
             return out
         finally:

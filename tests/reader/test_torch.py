@@ -66,7 +66,9 @@ def test_batches_equal_written_values(ds_path):
             assert not b["data"][j, n:].any()
             assert torch.equal(b["vec"][j], torch.from_numpy(want["vec"]))
             assert torch.equal(b["img"][j], torch.from_numpy(want["img"]))
-            assert torch.equal(b["var"][j], torch.from_numpy(want["var"]))
+            k = int(b["var/lengths"][j])  # ragged: padded, with lengths
+            assert torch.equal(b["var"][j, :k], torch.from_numpy(want["var"]))
+            assert not b["var"][j, k:].any()
     assert ds.stats.records == N and ds.stats.batches == 10 and ds.stats.bytes > 0
 
 

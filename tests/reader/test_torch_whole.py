@@ -64,8 +64,8 @@ def _epoch(ds) -> list[int]:
     ids = []
     for batch in ds:
         ids.extend(batch["i"].tolist())
-        for i, x in zip(batch["i"].tolist(), batch["x"]):
-            check_sample({"i": i, "x": x.numpy()})
+        for i, x, n in zip(batch["i"].tolist(), batch["x"], batch["x/lengths"].tolist()):
+            check_sample({"i": i, "x": x[:n].numpy()})  # ragged: padded, with lengths
     return ids
 
 
