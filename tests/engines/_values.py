@@ -48,25 +48,37 @@ def items(n: int = N) -> list[dict[str, Any]]:
     return out
 
 
+# Each column's kind, as Ray's writer reads it from the Arrow type.
+KINDS = {
+    "id": "int64",
+    "i": "int64",
+    "f": "float",
+    "b": "bytes",
+    "s": "text",
+    "l": "int64",
+    "fl": "float",
+    "n": "int64",
+    "a": "tensor",
+}
+
+
 def stored(item: Mapping[str, Any], tensor: Any) -> dict[str, Any]:
     """What an engine that writes ``tf.train.Example``s the way Ray Data does stores for
     ``item``: a scalar as a one-value list, a float as float32, text as UTF-8, None as
-    an empty list (of the column's kind), an array as ``tensor(array)`` bytes (Ray:
+    an empty list of the column's kind, an array as ``tensor(array)`` bytes (Ray:
     ``tf.io.serialize_tensor``)."""
     out: dict[str, Any] = {}
     for name, value in item.items():
-        if isinstance(value, np.ndarray):
+        kind = KINDS[name]
+        if kind == "tensor":
             out[name] = [tensor(value)]
-        elif isinstance(value, bytes):
+        elif kind == "bytes":
             out[name] = [value]
-        elif isinstance(value, str):
+        elif kind == "text":
             out[name] = [value.encode()]
-        elif name == "n" and value is None:
-            out[name] = np.array([], np.int64)
-        elif isinstance(value, float) or name == "fl":
-            out[name] = np.array(value if name == "fl" else [value], np.float32)
         else:
-            out[name] = np.array(value if isinstance(value, list) else [value], np.int64)
+            values = [] if value is None else value if isinstance(value, list) else [value]
+            out[name] = np.array(values, np.int64 if kind == "int64" else np.float32)
     return out
 
 
@@ -84,13 +96,11 @@ def bits(value: Any) -> Any:
 
 
 def assert_same_record(got: Mapping[str, Any], want: Mapping[str, Any], where: str) -> None:
-    """Every feature of ``want``, value for value (bits for floats); no other feature.
-    An empty bytes list and an empty number list are the same empty feature."""
+    """Every feature of ``want``, value for value (bits for floats) and kind for kind
+    (an empty int64 list is not an empty float list); no other feature."""
     assert sorted(got) == sorted(want), f"{where}: features {sorted(got)} != {sorted(want)}"
     for name, value in want.items():
         g, w = bits(got[name]), bits(value)
-        if g in ([], ("float32", []), ("int64", [])) and w in ([], ("float32", []), ("int64", [])):
-            continue
         assert g == w, f"{where}: feature {name!r}: {g} != {w}"
 
 
