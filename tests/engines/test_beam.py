@@ -6,8 +6,9 @@ Beam runs in its own venv (``bash scripts/beam_env.sh`` builds ``.beam-venv``: B
 
 Beam → recordkit: ``tf.train.Example``s serialized here, written by
 ``beam.io.WriteToTFRecord`` with its default names (``data-00000-of-00002``), TFX-style
-``*.tfrecord.gz``, and compression GZIP, DEFLATE (TensorFlow's ZLIB) and ZSTD; read value
-for value by every recordkit reader (the compressed ones through ``recordkit convert``).
+``*.tfrecord.gz``, and compression GZIP and DEFLATE (TensorFlow's ZLIB); read value for
+value by every recordkit reader (the compressed ones through ``recordkit convert``).
+Beam's ZSTD, BZIP2 and LZMA, no TFRecord compressions, are named, not called corrupt.
 recordkit → Beam: a dataset written by ``rk.Writer`` read by
 ``beam.io.ReadFromTFRecord("dir/*.tfrecord")``, each record parsed in the pipeline by
 ``recordkit.codec.decode_example``: the payloads byte for byte, the features value for
@@ -89,6 +90,8 @@ WRITES = {
     "gzip": (["--compression", "GZIP"], ["data-00000-of-00001"]),
     "deflate": (["--compression", "DEFLATE"], ["data-00000-of-00001"]),
     "zstd": (["--compression", "ZSTD"], ["data-00000-of-00001"]),
+    "bzip2": (["--compression", "BZIP2"], ["data-00000-of-00001"]),
+    "lzma": (["--compression", "LZMA"], ["data-00000-of-00001"]),
 }
 
 
@@ -110,7 +113,14 @@ def test_beam_names_and_compressions(written):
     root, _ = written
     for variant, (_, names) in WRITES.items():
         assert sorted(os.listdir(root / variant)) == names, variant
-    magic = {"tfx-gz": b"\x1f\x8b", "gzip": b"\x1f\x8b", "deflate": b"\x78", "zstd": b"(\xb5/\xfd"}
+    magic = {
+        "tfx-gz": b"\x1f\x8b",
+        "gzip": b"\x1f\x8b",
+        "deflate": b"\x78",
+        "zstd": b"(\xb5/\xfd",
+        "bzip2": b"BZh",
+        "lzma": b"\xfd7zXZ\x00",
+    }
     for variant, head in magic.items():
         first = root / variant / WRITES[variant][1][0]
         assert first.read_bytes()[: len(head)] == head, variant
@@ -144,10 +154,13 @@ def test_beams_compressed_writes_are_named_verified_and_converted(written, tmp_p
         assert_same_record(got[k], w, f"{variant} converted id={k}")
 
 
-def test_beams_zstd_is_named_not_called_corrupt(written):
+@pytest.mark.parametrize(
+    ("variant", "named"), [("zstd", "a Zstandard"), ("bzip2", "a bzip2"), ("lzma", "an XZ")]
+)
+def test_beams_other_compressions_are_named_not_called_corrupt(written, variant, named):
     root, _ = written
-    with pytest.raises(rk.errors.ShardNotFoundError, match="looks like a Zstandard-compressed"):
-        rk.Dataset(root / "zstd")
+    with pytest.raises(rk.errors.ShardNotFoundError, match=f"looks like {named}-compressed file"):
+        rk.Dataset(root / variant)
 
 
 # -- recordkit -> Beam -----------------------------------------------------------------------
