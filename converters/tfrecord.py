@@ -60,6 +60,7 @@ from recordkit.codec import decode_example, decode_sequence_example
 from recordkit.codec.sequence import SequenceSchema, has_feature_lists
 from recordkit.errors import CorruptRecordError, SequenceExampleError
 from recordkit.format import OVERHEAD, open_stream, read_stream, sniff_compression
+from recordkit.reader.finding import compressed_names, find_shards
 from recordkit.reader.tfds import TFDSView, tfds_folder
 from recordkit.storage import strip_file_scheme
 
@@ -154,8 +155,21 @@ class TFRecordSource(Source):
                 name = os.path.basename(root)
                 return [Item(name, i.bytes, ("",)) for i in infos if i.path == name]
             return [Item(i.path, i.bytes, (i.path,)) for i in infos]
-        files = self.matching_files(_is_tfrecord_name, "TFRecord")
+        found = self._found_by_readers()
+        files = self.matching_files(lambda r: _is_tfrecord_name(r) or r in found, "TFRecord")
         return [Item(self.item_key(r), s, (r,)) for r, s in files]
+
+    def _found_by_readers(self) -> frozenset[str]:
+        """The files of a local folder the readers take as TFRecords that these suffixes
+        miss: Apache Beam's ``data-00000-of-00004``, ``*.tfr``, Ray Data's
+        ``{uuid}_{task}.tar`` (by their content, compressed or not). So every folder
+        ``rk.Dataset`` reads converts. The top level only, as the readers look."""
+        if self.location.remote:
+            return frozenset()
+        root = strip_file_scheme(self.location.url)
+        if not os.path.isdir(root):
+            return frozenset()
+        return frozenset(find_shards(root)) | frozenset(compressed_names(root))
 
     def resolve_schema(self, items: Sequence[Item]) -> Schema:
         view = self._tfds()

@@ -40,7 +40,7 @@ from .format.index import (
     write_index,
 )
 from .format.manifest import MANIFEST_NAME, ShardInfo, read_manifest
-from .reader.finding import expand, find_shards, has_glob, what_it_is
+from .reader.finding import compressed_names, expand, find_shards, has_glob, what_it_is
 from .storage import strip_file_scheme
 
 __all__ = ["Problem", "VerifyReport", "build_index", "verify"]
@@ -160,7 +160,10 @@ def _size(root: str, info: ShardInfo) -> int:
 def _shard_list(root: str) -> tuple[list[ShardInfo], Decoder | None, list[Problem]]:
     manifest_path = os.path.join(root, MANIFEST_NAME)
     if not os.path.lexists(manifest_path):  # a broken link there is a problem, not "none"
-        return [ShardInfo(p, 0, 0) for p in find_shards(root)], None, []
+        # A folder of compressed TFRecords only (Beam's *.tfrecord.gz, Ray's GZIP .tar)
+        # is verified as streams, as the readers name it.
+        names = find_shards(root) or compressed_names(root)
+        return [ShardInfo(p, 0, 0) for p in names], None, []
     try:
         manifest = read_manifest(root)
     except (ManifestError, ShardNotFoundError) as exc:

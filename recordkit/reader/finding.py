@@ -10,8 +10,9 @@ Names taken as shards (:func:`find_shards`):
   CRC matches), whatever its name: Ray Data's ``write_tfrecords`` names its files
   ``{uuid}_{task}.tar``. Only files that no rule above takes are opened, 12 bytes each.
 
-Compressed TFRecords (``*.gz``, ``*.zlib`` of such names, or a sharded name whose
-first bytes are GZIP or ZLIB) are found too, and named as compressed by the readers
+Compressed TFRecords (``*.gz``, ``*.zlib`` of such names, a sharded name whose first
+bytes are GZIP or ZLIB, or any file whose GZIP or ZLIB stream begins with a valid
+frame header: Ray's ``.tar`` again) are found too, and named as compressed by the readers
 with the ``recordkit convert`` command that makes an indexed copy. A folder where
 nothing is found gets a message listing what was skipped (:func:`nothing_found`).
 A path with glob characters (``out/data-*-of-*``) is expanded (:func:`expand`).
@@ -29,7 +30,7 @@ import stat
 import struct
 from collections.abc import Sequence
 
-from ..errors import ManifestError, ShardNotFoundError
+from ..errors import CorruptRecordError, ManifestError, ShardNotFoundError
 from ..format.crc import masked_crc32c
 from ..format.index import INDEX_SUFFIX, ensure_index, open_map
 from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo, read_manifest
@@ -118,22 +119,38 @@ def _compressed_name(name: str) -> bool:
 
 def compressed_names(root: str) -> list[str]:
     """The compressed TFRecord files of a folder: by name (``x.tfrecord.gz``,
-    ``data-00000-of-00004.gz``), or a sharded name whose first bytes are GZIP or ZLIB."""
+    ``data-00000-of-00004.gz``), a sharded name whose first bytes are GZIP or ZLIB, or
+    any other file that is one GZIP or ZLIB stream of TFRecord frames (Ray Data's
+    ``write_tfrecords`` with ``compression="gzip"`` still names its files ``.tar``)."""
     from ..format.compressed import sniff_compression
 
     out = []
     for name in _files(root):
         if _compressed_name(name):
             out.append(name)
-        elif _SHARDED.match(name) and not name.endswith(_NOT_RECORDS):
-            try:
+        elif not name.endswith(_NOT_RECORDS) and (_SHARDED.match(name) or not _named(name)):
+            try:  # (a *.tfrecord is a shard by name: not opened here)
                 with open(os.path.join(root, name), "rb") as f:
-                    head = f.read(12)
+                    head = f.read(4096)
             except OSError:
                 continue
-            if sniff_compression(head) is not None:
+            kind = sniff_compression(head)
+            if kind is not None and (_SHARDED.match(name) or _inflates_to_frame(head, kind)):
                 out.append(name)
     return out
+
+
+def _inflates_to_frame(head: bytes, kind: str) -> bool:
+    """Whether a GZIP or ZLIB stream's first 12 inflated bytes are a valid TFRecord
+    frame header: a content check as strong as :func:`_frames`, where the two magic
+    bytes alone would take any gzipped file."""
+    import zlib
+
+    try:
+        out = zlib.decompressobj(31 if kind == "GZIP" else 15).decompress(head, 12)
+    except zlib.error:
+        return False
+    return len(out) == 12 and masked_crc32c(out[:8]) == struct.unpack("<I", out[8:])[0]
 
 
 def nothing_found(root: str) -> str:
@@ -181,6 +198,12 @@ _MAGIC = (
     (b"PK\x03\x04", "a ZIP archive (a .npz?)", "numpy"),
     (b"\x93NUMPY", "a NumPy .npy array", "numpy"),
     (b"ARROW1", "an Arrow file", None),
+    # Other whole-file compressions (Ray Data writes them when asked, still named .tar):
+    # TFRecord readers know only GZIP and ZLIB, so these are named, not called corrupt.
+    (b"(\xb5/\xfd", "a Zstandard-compressed file (TFRecords compress as GZIP or ZLIB only)", None),
+    (b"BZh", "a bzip2-compressed file (TFRecords compress as GZIP or ZLIB only)", None),
+    (b"\x04\x22\x4d\x18", "an LZ4-compressed file (TFRecords compress as GZIP or ZLIB only)", None),
+    (b"\xfd7zXZ\x00", "an XZ-compressed file (TFRecords compress as GZIP or ZLIB only)", None),
 )
 
 
@@ -234,7 +257,17 @@ def count_shards(root: str, names: Sequence[str], *, write_index: bool = False) 
         path = os.path.join(root, name)
         buf = open_map(path)
         try:
-            entries = ensure_index(path, buf=buf, write=write_index)
+            try:
+                entries = ensure_index(path, buf=buf, write=write_index)
+            except CorruptRecordError as exc:
+                # Beam's data-00000-of-00004 written with compression_type=ZSTD is no
+                # corrupt TFRecord: say what the file is, as for a file given by path.
+                looks = what_it_is(path) if exc.offset == 0 else None
+                if looks is None:
+                    raise
+                raise ShardNotFoundError(
+                    f"{path} is not a TFRecord file: it looks like {looks}"
+                ) from None
             infos.append(ShardInfo(name, len(entries), len(buf)))
         finally:
             if isinstance(buf, mmap.mmap):

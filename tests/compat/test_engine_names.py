@@ -4,7 +4,9 @@ such; and a folder with nothing to read says what it skipped."""
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 import os
 import shutil
 import subprocess
@@ -13,6 +15,7 @@ import sys
 import pytest
 
 import recordkit as rk
+from recordkit.codec import zstd_compress
 from recordkit.errors import CompressedTFRecordError, ShardNotFoundError
 
 NAMES = {
@@ -89,3 +92,80 @@ def test_the_cli_reads_an_engines_folder(shards):
         [sys.executable, "-m", "recordkit", "info", str(folder)], capture_output=True, text=True
     )
     assert run.returncode == 0 and "100" in run.stdout, run.stderr
+
+
+@pytest.mark.parametrize("engine", sorted(NAMES))
+def test_convert_takes_every_folder_the_readers_read(shards, engine, tmp_path):
+    folder = _folder(*shards, engine)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recordkit",
+            "convert",
+            "--from",
+            "tfrecord",
+            str(folder),
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert sorted(int(s["i"]) for s in rk.Dataset(tmp_path / "out")) == list(range(100))
+
+
+def test_a_gzip_stream_of_records_is_found_by_its_content(shards, tmp_path):
+    """Ray's write_tfrecords(arrow_open_stream_args={"compression": "gzip"}) names its
+    GZIP files {uuid}_{task}.tar: found (by inflating their first bytes), named as
+    compressed, verified and converted as streams; another gzip there is not taken."""
+    _, files = shards
+    folder = tmp_path / "ray-gzip"
+    folder.mkdir()
+    for k, f in enumerate(files):
+        (folder / NAMES["ray"].format(k=k, u=0xC0FFEE + k)).write_bytes(
+            gzip.compress(f.read_bytes())
+        )
+    (folder / "notes.tar").write_bytes(gzip.compress(b"not records, gzipped"))
+    with pytest.raises(CompressedTFRecordError, match="GZIP-compressed") as info:
+        rk.Dataset(folder)
+    assert "4 compressed TFRecord file(s) there" in "".join(getattr(info.value, "__notes__", []))
+    report = rk.verify(folder)
+    assert report.ok and report.shards == 4 and report.records == 100
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recordkit",
+            "convert",
+            "--from",
+            "tfrecord",
+            str(folder),
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert sorted(int(s["i"]) for s in rk.Dataset(tmp_path / "out")) == list(range(100))
+
+
+@pytest.mark.parametrize(
+    ("compress", "named"),
+    [(zstd_compress, "Zstandard"), (bz2.compress, "bzip2"), (lzma.compress, "XZ")],
+)
+def test_other_whole_file_compressions_are_named_not_called_corrupt(
+    shards, tmp_path, compress, named
+):
+    """Beam's compression_type=ZSTD/BZIP2 (data-00000-of-00001), Ray's
+    arrow_open_stream_args={"compression": "zstd"} ({uuid}_{task}.tar): by path, and in
+    a folder where the sharded name makes it a shard by name."""
+    _, files = shards
+    for name in ("0123_000000.tar", "beam/data-00000-of-00001"):
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(compress(files[0].read_bytes()))
+        with pytest.raises(ShardNotFoundError, match=f"looks like an? {named}-compressed file"):
+            rk.Dataset(path)
+    with pytest.raises(ShardNotFoundError, match=f"looks like an? {named}-compressed file"):
+        rk.Dataset(tmp_path / "beam")
