@@ -49,6 +49,12 @@ __all__ = ["NativeTasks", "strings_op", "takes"]
 
 log = logging.getLogger(__name__)
 
+# Bytes() values from this size up become views into the task's buffer, smaller ones are
+# copied (recordkit/_tfop.cc says why). W1/W2 (256 KiB / 1 KiB values) read at the same
+# speed with 0 and 4096 here; a view keeps the whole task buffer alive.
+_VIEW_MIN = 4096
+# The text that recordkit/_tfop.cc embeds before the TensorFlow version it was built for.
+_BUILT_FOR = b"recordkit-tfop-built-for-tensorflow "
 _NO_OP = object()
 _op: Any = None  # the loaded op library, _NO_OP once it failed to load
 
@@ -60,23 +66,46 @@ def strings_op() -> Any | None:
     if os.environ.get("RECORDKIT_NO_TFOP", "") not in ("", "0"):
         return None
     if _op is None:
-        here = os.path.dirname(os.path.abspath(__file__))
-        found = sorted(glob.glob(os.path.join(here, "_tfop*.so")))
-        _op = _NO_OP
-        if found:
-            try:
-                _op = tf.load_op_library(found[0])
-            except Exception as exc:  # any failure to load means the fallback
-                log.info(
-                    "recordkit.tf: %s does not load (%s); tf.string values take the substr path",
-                    found[0],
-                    exc,
-                )
+        _op = _load() or _NO_OP
     return None if _op is _NO_OP else _op
 
 
+def _load() -> Any | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_tfop*.so")))
+    if not found:
+        return None
+    path = found[0]
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    at = data.find(_BUILT_FOR)
+    built = data[at + len(_BUILT_FOR) : data.find(b"\0", at)].decode() if at >= 0 else "?"
+    if built != tf.__version__:  # another TensorFlow's ABI: never loaded
+        log.info(
+            "recordkit.tf: %s was built for TensorFlow %s, this is %s; tf.string values take "
+            "the substr path (reinstall recordkit to rebuild it)",
+            path,
+            built,
+            tf.__version__,
+        )
+        return None
+    try:
+        return tf.load_op_library(path)
+    except Exception as exc:  # any failure to load means the fallback
+        log.info(
+            "recordkit.tf: %s does not load (%s); tf.string values take the substr path", path, exc
+        )
+        return None
+
+
 def takes(schema: Schema, names: Sequence[str]) -> bool:
-    """Whether every feature in ``names`` decodes natively into a dense tensor."""
+    """Whether every feature in ``names`` decodes natively into a dense tensor
+    (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then)."""
+    if os.environ.get("RECORDKIT_TF_NATIVE", "") == "0":
+        return False
     if _decode.IMPLEMENTATION != "native" or not names:
         return False
     for name in names:
@@ -298,7 +327,9 @@ class NativeTasks:
                 values, starts, lengths = flat[k : k + 3]
                 k += 3
                 if self.op is not None:
-                    value = self.op.recordkit_strings(values, starts, lengths)
+                    value = self.op.recordkit_strings(
+                        values, starts, lengths, view_min_bytes=_VIEW_MIN
+                    )
                 else:
                     value = tf.strings.substr(tf.reshape(values, []), starts, lengths)
                 value.set_shape([None])

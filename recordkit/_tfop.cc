@@ -16,9 +16,18 @@
 // page fault per 4 KiB (most of the time of a copy on the VMs measured).
 //
 // Built against the installed TensorFlow when one is importable at build time
-// (setup.py); recordkit/_tfnative.py loads it with tf.load_op_library and falls back
-// to the two copies when it is absent or does not load (another TensorFlow).
+// (setup.py); recordkit/_tfnative.py loads it with tf.load_op_library when the
+// TensorFlow it was built for (embedded below) is the one imported, and falls back
+// to the two copies when it is absent, built for another TensorFlow, or does not load.
 #include <cstdint>
+
+#ifndef RECORDKIT_TF_VERSION
+#define RECORDKIT_TF_VERSION "unknown"
+#endif
+
+// Read from the file's bytes by recordkit/_tfnative.py before it loads the library.
+extern "C" __attribute__((visibility("default"), used)) const char recordkit_tfop_built_for[] =
+    "recordkit-tfop-built-for-tensorflow " RECORDKIT_TF_VERSION;
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
