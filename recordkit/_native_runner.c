@@ -15,6 +15,9 @@
  * So a reader thread needs the GIL neither per record nor per task, and a
  * finished task needs it only when the consumer takes it.
  *
+ * run() is the same task run by the calling thread instead (recordkit.tf's native
+ * path, where TensorFlow's threads call in: one GIL release per task).
+ *
  * The task's contract with Python (the column specs, the output slots and their
  * sizes, what a record must look like to be taken) is spelled out once, in
  * recordkit/reader/_contract.py.

@@ -150,10 +150,10 @@ class NativeTasks:
         self.tasks = tasks
         self.names = list(names)
         self.decoder = BatchDecoder(schema, columns=self.names, bytes_as="padded", limits=limits)
-        # Free slabs kept: a few tasks' worth (tasks in flight come back as TensorFlow
-        # lets go of them), at least 64 MiB.
+        # Free slabs kept: three tasks' worth. Tasks in flight come back to the pool as
+        # TensorFlow lets go of them; more kept is anonymous memory held for nothing.
         task = tasks.task_units * (tasks.options.batch_size or 1) * tasks.shards.avg_record_bytes
-        self.pool = BufferPool(max(64 << 20, int(4 * task)), allocate=_aligned)
+        self.pool = BufferPool(max(8 << 20, int(3 * task)), allocate=_aligned)
         self.op = strings_op()
         self.bytes = [n for n in self.names if isinstance(schema[n], Bytes)]
         # The whole task in one native call (GIL released once), where the build has it.
