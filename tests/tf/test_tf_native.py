@@ -266,3 +266,23 @@ def test_a_corrupt_record_names_file_offset_and_record(
         text = str(info.value)
         assert "CorruptRecordError" in text and f"{shard}:{_offset(shard, 5)}:5:" in text
         assert "CRC" in text or "crc" in text
+
+
+def test_a_string_view_outlives_its_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values of 4 KiB or more are views into a task's buffer: a tensor (or an element
+    TensorFlow sliced from it) kept while later tasks reuse the pool keeps its values."""
+    monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
+    monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
+    schema = Schema(i=Int64(), b=Bytes())
+    value = lambda k: bytes([k % 251]) * (20_000 + k)  # noqa: E731 (tasks over 64 KiB: pooled)
+    with rk.Writer(tmp_path / "d", schema) as w:
+        for k in range(64):
+            w.write({"i": k, "b": value(k)})
+    kept = []
+    for n, batch in enumerate(rtf.dataset(tmp_path / "d", batch_size=4, epochs=3)):
+        if n < 3:
+            kept.append(batch["b"])  # the whole batch
+            kept.append(batch["b"][1])  # an element TensorFlow copied out of it
+    got = [kept[0].numpy().tolist(), kept[2].numpy().tolist(), kept[4].numpy().tolist()]
+    assert got == [[value(k) for k in range(4 * n, 4 * n + 4)] for n in range(3)]
+    assert [kept[j].numpy() for j in (1, 3, 5)] == [value(1), value(5), value(9)]
