@@ -216,7 +216,8 @@ class NativeTasks:
     ) -> tuple[np.ndarray, dict[str, Any]] | None:
         """The runner's columns for the records of ``piece`` (their shards' groups), in
         stream order, with the GIL released once; ``None`` if it refused a record."""
-        shards = self.tasks.shards
+        runner, shards = self.runner, self.tasks.shards
+        assert runner is not None  # _read calls this only with a runner
         pos = piece[0][1] if len(piece) == 1 else np.sort(np.concatenate([i for _, i in piece]))
         table = np.empty((len(pos), 3), np.int64)  # (shard slot, offset, framed size)
         held = shards.acquire_many([s for s, _ in piece])
@@ -229,7 +230,7 @@ class NativeTasks:
             widest = int(table[:, 2].max()) - OVERHEAD
             widths = [min(widest, w) if w else widest for w in self._widths]
             outs = self.decoder.runner_outputs(len(pos), widths, self.pool.alloc)
-            ok, got = self.runner.run(tuple(m.buf for m in held), table, outs)
+            ok, got = runner.run(tuple(m.buf for m in held), table, outs)
         finally:
             for m in held:
                 shards.release(m)

@@ -286,3 +286,24 @@ def test_a_string_view_outlives_its_task(tmp_path: Path, monkeypatch: pytest.Mon
     got = [kept[0].numpy().tolist(), kept[2].numpy().tolist(), kept[4].numpy().tolist()]
     assert got == [[value(k) for k in range(4 * n, 4 * n + 4)] for n in range(3)]
     assert [kept[j].numpy() for j in (1, 3, 5)] == [value(1), value(5), value(9)]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_checkpoint_resumes_the_native_path(
+    parsed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shuffle: bool
+) -> None:
+    monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
+
+    def build():  # type: ignore[no-untyped-def]
+        return rtf.dataset(parsed, batch_size=8, shuffle=shuffle, seed=2, epochs=2)
+
+    it = iter(build())
+    ckpt = tf.train.Checkpoint(iterator=it)
+    for _ in range(11):  # 9 batches an epoch: inside the second
+        next(it)
+    saved = ckpt.write(str(tmp_path / "ckpt"))
+    want = [(b["i"].numpy().tolist(), b["b"].numpy().tolist()) for b in it]
+    again = iter(build())
+    tf.train.Checkpoint(iterator=again).read(saved).assert_consumed()
+    assert [(b["i"].numpy().tolist(), b["b"].numpy().tolist()) for b in again] == want
+    assert len(want) == 7
