@@ -2,8 +2,17 @@
 
 ``optional=True``: without a C compiler the install still succeeds and recordkit
 uses the pure Python/NumPy decoder (``recordkit/reader/_fallback.py``) instead.
+
+``recordkit/_tfop.cc`` (a TensorFlow op for ``recordkit.tf``'s native path) is built
+too when TensorFlow is importable here, against that TensorFlow (its
+``tf.sysconfig`` flags): a build with pip's default isolation has no TensorFlow and
+skips it, ``pip install --no-build-isolation`` (TensorFlow installed first) builds
+it, ``RECORDKIT_NO_TFOP=1`` skips it. Without it, or under another TensorFlow
+version, ``recordkit.tf`` reads the same values with two more copies of each
+``Bytes()`` value (``recordkit/_tfnative.py``).
 """
 
+import os
 import sys
 
 from setuptools import Extension, setup
@@ -16,6 +25,36 @@ else:
 # recordkit._native: one module from several units, one subject each (recordkit/_native.h
 # maps them); depends= rebuilds every unit when the shared header changes.
 NATIVE_UNITS = ["", "_crc", "_guard", "_example", "_batch", "_runner", "_index"]
+
+
+
+def _tf_op() -> list[Extension]:
+    """recordkit._tfop, for the TensorFlow importable here (none: nothing to build)."""
+    if sys.platform == "win32" or os.environ.get("RECORDKIT_NO_TFOP", "") not in ("", "0"):
+        return []
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        import tensorflow as tf
+    except Exception:  # not installed, or broken: recordkit.tf (if used) falls back
+        return []
+    version = tf.__version__
+    return [
+        Extension(
+            "recordkit._tfop",
+            ["recordkit/_tfop.cc"],
+            optional=True,
+            language="c++",
+            extra_compile_args=[
+                *tf.sysconfig.get_compile_flags(),
+                "-O2",
+                "-fvisibility=hidden",
+                "-Wno-deprecated-declarations",
+                f'-DRECORDKIT_TF_VERSION="{version}"',
+            ],
+            extra_link_args=tf.sysconfig.get_link_flags(),
+        )
+    ]
+
 
 setup(
     ext_modules=[
@@ -30,5 +69,6 @@ setup(
         Extension(
             "recordkit._order", ["recordkit/_order.c"], optional=True, extra_compile_args=args
         ),
+        *_tf_op(),
     ]
 )

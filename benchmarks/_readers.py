@@ -173,6 +173,33 @@ def _recordkit_tf(wl: Workload, files: Files) -> Iterator[int]:
     return _count(arrays, lambda a: a["label"])
 
 
+def _recordkit_tf_shuffle(wl: Workload, files: Files) -> Iterator[int]:
+    """``recordkit.tf.dataset(shuffle=True)``: the plan's order (the target: >= 0.9x plain)."""
+    import recordkit.tf as rktf
+
+    ds = rktf.dataset(files.tfrecord_dir, batch_size=BATCH, shuffle=True, seed=0)
+    arrays = ({k: v.numpy() for k, v in batch.items()} for batch in ds)
+    return _count(arrays, lambda a: a["label"])
+
+
+def _tf_ceiling(wl: Workload, files: Files) -> Iterator[int]:
+    """No reading at all: one batch of the workload's shapes, made once and repeated, through
+    the same ``.numpy()`` loop: what a Python loop over any tf.data pipeline gets at most
+    here (TensorFlow's per-element cost and the conversion of every tensor)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    batch = {
+        "data": tf.constant([rng.bytes(wl.payload) for _ in range(BATCH)]),
+        "label": tf.zeros([BATCH], tf.int64),
+    }
+    if wl.vec:
+        batch["vec"] = tf.zeros([BATCH, wl.vec], tf.float32)
+    ds = tf.data.Dataset.from_tensors(batch).repeat(wl.records // BATCH).prefetch(2)
+    arrays = ({k: v.numpy() for k, v in b.items()} for b in ds)
+    return _count(arrays, lambda a: a["label"])
+
+
 def _tfr_transform(sample: dict[str, Any]) -> dict[str, Any]:
     # The package yields a single bytes value as ``bytes``; make it an array so the
     # default collate stacks it into a uint8 tensor.
@@ -266,6 +293,8 @@ READERS: dict[str, Reader] = {
     "recordkit-pool": _recordkit_pool,
     "tf.data": _tfdata,
     "recordkit.tf": _recordkit_tf,
+    "recordkit.tf-shuffle": _recordkit_tf_shuffle,
+    "tf-ceiling": _tf_ceiling,
     "tfrecord-dl0": _tfrecord_pkg(0),
     "tfrecord-dl2": _tfrecord_pkg(2),
     "webdataset": _webdataset,

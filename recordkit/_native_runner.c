@@ -15,6 +15,9 @@
  * So a reader thread needs the GIL neither per record nor per task, and a
  * finished task needs it only when the consumer takes it.
  *
+ * run() is the same task run by the calling thread instead (recordkit.tf's native
+ * path, where TensorFlow's threads call in: one GIL release per task).
+ *
  * The task's contract with Python (the column specs, the output slots and their
  * sizes, what a record must look like to be taken) is spelled out once, in
  * recordkit/reader/_contract.py.
@@ -413,12 +416,8 @@ static int Runner_init(Runner *r, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-/* submit(bufs, rec, outs) -> id; rec: n*3 int64 (buffer index, offset, framed size). */
-static PyObject *Runner_submit(Runner *r, PyObject *args) {
-    PyObject *bufs_obj, *rec_obj, *outs_obj;
-    if (!PyArg_ParseTuple(args, "O!OO!:submit", &PyTuple_Type, &bufs_obj, &rec_obj, &PyTuple_Type,
-                          &outs_obj))
-        return NULL;
+/* A task from (bufs, rec, outs), its buffers exported and checked; NULL with an error set. */
+static Task *task_make(const Runner *r, PyObject *bufs_obj, PyObject *rec_obj, PyObject *outs_obj) {
     if (!r->sync_ok) {
         PyErr_SetString(PyExc_RuntimeError, "Runner is not initialised");
         return NULL;
@@ -428,7 +427,10 @@ static PyObject *Runner_submit(Runner *r, PyObject *args) {
         return NULL;
     }
     Task *t = PyMem_Calloc(1, sizeof(Task));
-    if (!t) return PyErr_NoMemory();
+    if (!t) {
+        PyErr_NoMemory();
+        return NULL;
+    }
     t->nbufs = PyTuple_GET_SIZE(bufs_obj);
     t->nouts = r->nslots;
     t->bufs = PyMem_Calloc((size_t)t->nbufs + 1, sizeof(Py_buffer));
@@ -488,6 +490,20 @@ static PyObject *Runner_submit(Runner *r, PyObject *args) {
             }
         }
     }
+    return t;
+fail:
+    task_free(t);
+    return NULL;
+}
+
+/* submit(bufs, rec, outs) -> id; rec: n*3 int64 (buffer index, offset, framed size). */
+static PyObject *Runner_submit(Runner *r, PyObject *args) {
+    PyObject *bufs_obj, *rec_obj, *outs_obj;
+    if (!PyArg_ParseTuple(args, "O!OO!:submit", &PyTuple_Type, &bufs_obj, &rec_obj, &PyTuple_Type,
+                          &outs_obj))
+        return NULL;
+    Task *t = task_make(r, bufs_obj, rec_obj, outs_obj);
+    if (!t) return NULL;
     if (r->nall == r->capall) {
         Py_ssize_t cap = r->capall ? 2 * r->capall : 16;
         Task **all = PyMem_Realloc(r->all, (size_t)cap * sizeof(Task *));
@@ -515,6 +531,37 @@ static PyObject *Runner_submit(Runner *r, PyObject *args) {
 fail:
     task_free(t);
     return NULL;
+}
+
+/* run(bufs, rec, outs) -> (ok, widths): one task run by the calling thread, the GIL
+ * released once for all of it (recordkit.tf's native path: a tf.numpy_function per
+ * task, where each reacquisition of the GIL can wait out a switch interval). */
+static PyObject *Runner_run(Runner *r, PyObject *args) {
+    PyObject *bufs_obj, *rec_obj, *outs_obj;
+    if (!PyArg_ParseTuple(args, "O!OO!:run", &PyTuple_Type, &bufs_obj, &rec_obj, &PyTuple_Type,
+                          &outs_obj))
+        return NULL;
+    Task *t = task_make(r, bufs_obj, rec_obj, outs_obj);
+    if (!t) return NULL;
+    KeyState *st = PyMem_RawCalloc((size_t)r->keys.n + 1, sizeof(KeyState));
+    if (!st) {
+        task_free(t);
+        return PyErr_NoMemory();
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = run_task(r, t, st);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(st);
+    PyObject *widths = PyTuple_New(r->ncols);
+    for (Py_ssize_t c = 0; widths && c < r->ncols; c++) {
+        PyObject *w = PyLong_FromLongLong(t->widths[c]);
+        if (!w) Py_CLEAR(widths);
+        else PyTuple_SET_ITEM(widths, c, w);
+    }
+    task_free(t);
+    if (!widths) return NULL;
+    return Py_BuildValue("(ON)", ok ? Py_True : Py_False, widths);
 }
 
 /* work(): run tasks with the GIL released until close(); returns the tasks run. */
@@ -637,6 +684,8 @@ static PyObject *Runner_drop(Runner *r, PyObject *Py_UNUSED(ignored)) {
 static PyMethodDef Runner_methods[] = {
     {"submit", (PyCFunction)Runner_submit, METH_VARARGS,
      "submit(bufs, rec, outs, /) -> int: queue a task, return its id."},
+    {"run", (PyCFunction)Runner_run, METH_VARARGS,
+     "run(bufs, rec, outs, /) -> (ok, widths): run one task here, the GIL released once."},
     {"work", (PyCFunction)Runner_work, METH_NOARGS,
      "work() -> int: run tasks with the GIL released until close()."},
     {"wait", (PyCFunction)Runner_wait, METH_O,

@@ -44,11 +44,13 @@ from ._tffiles import (
     shard_files,
 )
 from ._tfimages import file_locator, images_step, task_locator
+from ._tfnative import NativeTasks, takes
 from ._tfpipes import Passes, native, planned
 from ._tftasks import PlanTasks
 from .codec import Schema
 from .codec.limits import DecodeLimits
 from .errors import ShardNotFoundError
+from .format.index import INDEX_SUFFIX
 from .images import ImageOptions
 from .reader.epochs import CacheEpochs, TaskFeed, WholeEpochs
 from .reader.mix import make_mix, open_sources
@@ -185,7 +187,10 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
         rank=pipeline,
         world_size=pipelines,
     )
-    ds, passes = planned(tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.limits)
+    dense = NativeTasks(tasks, schema, names, req.limits) if takes(schema, names) else None
+    ds, passes = planned(
+        tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.limits, dense=dense
+    )
     return numbered(ds, passes)
 
 
@@ -278,6 +283,9 @@ def _plan_ordered_local(req: Request) -> Any:
     pipelines, pipeline = req.pipelines
     tasks = PlanTasks(shards, options, pipeline, pipelines, feature_spec(shards.schema, names))
     images = images_step(req.named_images, shards.schema, names, task_locator(tasks))
+    dense = None
+    if images is None and finish is None and takes(shards.schema, names):
+        dense = NativeTasks(tasks, shards.schema, names, req.limits)
     ds, passes = planned(
         tasks,
         shards.schema,
@@ -288,6 +296,7 @@ def _plan_ordered_local(req: Request) -> Any:
         req.limits,
         images,
         finish,
+        dense,
     )
     return numbered(ds, passes)
 
@@ -372,4 +381,18 @@ def choose(req: Request, source: WholeEpochs | CacheEpochs | None) -> Any:
         return tfds_split(req)
     if req.mixing or (req.local and (req.shuffle or req.pipelines[0] > 1)):
         return plan_ordered(req)
+    if req.local and req.num_parallel_reads is None and not req.decode_images and dense(req):
+        return plan_ordered(req)
     return tfrecord_files(req)
+
+
+def dense(req: Request) -> bool:
+    """Whether one unshuffled local pipeline reads natively into dense tensors, in the
+    plan's order (dataset order), rather than through ``TFRecordDataset``: every feature
+    read is one :mod:`recordkit._tfnative` takes, and the shards are indexed (a foreign
+    folder without ``.idx`` sidecars is streamed by TensorFlow, never scanned first)."""
+    check_finished(req.path, req.partial)
+    files, schema, manifest = locate(req.path_or_url, req.schema)
+    if not takes(schema, column_names(schema, req.columns)):
+        return False
+    return manifest is not None or all(os.path.exists(f + INDEX_SUFFIX) for f in files)

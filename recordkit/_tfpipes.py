@@ -22,6 +22,7 @@ from ._tfdecode import decoder as _decoder
 from ._tfdecode import fast as _fast
 from ._tffiles import avg_record_bytes, feature_spec
 from ._tfimages import ImagesStep
+from ._tfnative import NativeTasks
 from ._tftasks import PlanTasks
 from .codec import Schema
 from .codec.limits import DecodeLimits
@@ -105,12 +106,15 @@ def planned(
     limits: DecodeLimits | None,
     images: ImagesStep | None = None,
     finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    dense: NativeTasks | None = None,
 ) -> tuple[Any, Passes]:
     """Passes of epochs of the plan: epoch and task numbers from ``Dataset.range``,
     records per task; and the :class:`Passes` that numbers each pass's epochs.
 
     ``finish`` (a tensorflow-datasets split's) maps each decoded record, and
     ``images`` decodes its images; either makes the path record by record.
+    ``dense`` (:mod:`recordkit._tfnative`) decodes each task into its tensors in
+    C, with no ``parse_example``.
 
     The only iterator state is positions in ``range`` datasets (the pass's first
     epoch among them, and the records already split off a task), which
@@ -120,7 +124,7 @@ def planned(
     """
     autotune = tf.data.AUTOTUNE
     spec = feature_spec(schema, names)
-    fast = _fast(schema, names) and images is None and finish is None
+    fast = _fast(schema, names) and images is None and finish is None and dense is None
     per_pass = 0 if not tasks.tasks else epochs  # nothing to read: endless would never yield
     passes = Passes(epoch, per_pass)
 
@@ -148,6 +152,18 @@ def planned(
         ds = tf.data.Dataset.range(tasks.tasks)
         if tasks.feed is not None:  # in stream order: where a pass starts (whole epochs)
             ds = ds.map(lambda t: announced(e, t))
+        if dense is not None:
+            read_dense = dense.element
+            ds = ds.map(
+                lambda t: read_dense(e, t, passes.saw),
+                num_parallel_calls=autotune,
+                deterministic=True,
+            )
+            if batch_size is None:
+                return ds.unbatch()
+            # A task of one batch is that batch: rebatch would copy it (every string too).
+            # Tasks are whole units: only an epoch's last batch can be short.
+            return ds.rebatch(batch_size) if tasks.task_units > 1 else ds
         ds = ds.map(lambda t: read(e, t), num_parallel_calls=autotune, deterministic=True)
         if fast:
             # tasks are whole units: only an epoch's last batch can be short

@@ -2,16 +2,20 @@
 
 :func:`dataset` builds a ``tf.data.Dataset`` from a dataset's manifest (or a
 folder of foreign TFRecords plus a schema) with no Python in the per-record
-path. Shuffled, or split over input pipelines, the records come in the order of
+path. Shuffled, split over input pipelines, or (local, indexed) of a schema the
+native path takes, the records come in the order of
 :class:`~recordkit.reader.plan.EpochPlan` (the one ``recordkit.torch`` reads):
 epoch and task numbers from ``Dataset.range`` (positions that
-``tf.train.Checkpoint`` saves), one stateless ``tf.numpy_function`` per task of
-thousands of records that verifies and gathers them natively
-(:mod:`recordkit._tftasks`), and ``tf.strings.substr`` to split them. One
-unshuffled pipeline (and the shard cache, and ``gs://``) reads with
-``TFRecordDataset`` over the shard list with a parallel interleave. Then
-``tf.io.parse_example`` with a feature spec derived from the schema,
-``tf.io.decode_raw`` for :class:`~recordkit.codec.Tensor` features, and
+``tf.train.Checkpoint`` saves) and one stateless ``tf.numpy_function`` per task of
+thousands of records. For fixed-shape, uncompressed features it decodes the task
+natively into dense tensors (:mod:`recordkit._tfnative`: the torch reader's C
+decoder, no ``parse_example``); otherwise it verifies and gathers the records
+natively (:mod:`recordkit._tftasks`) and ``tf.strings.substr`` splits them. An
+unshuffled pipeline of other schemas (and the growing shard cache, and ``gs://``)
+reads with ``TFRecordDataset`` over the shard list with a parallel interleave.
+Serialized records then go through ``tf.io.parse_example`` with a feature spec
+derived from the schema and ``tf.io.decode_raw`` for
+:class:`~recordkit.codec.Tensor` features; every path ends in
 ``prefetch(AUTOTUNE)``. :func:`feature_spec` gives that spec to users who build
 their own pipeline. :func:`dataset` checks its arguments and hands them to one
 builder per pipeline shape (:mod:`recordkit._tfbuild` lists them).
@@ -102,7 +106,8 @@ def dataset(
     never of TensorFlow's random state, so ``tf.random.set_seed`` does not
     change it, and an iterator saved with ``tf.train.Checkpoint(iterator=it)``
     continues the same stream, mid-epoch and across epochs, in a new process.
-    One unshuffled pipeline reads through TensorFlow's own ``TFRecordDataset``;
+    One unshuffled pipeline of a schema the native path does not take (or given
+    ``num_parallel_reads``) reads through TensorFlow's own ``TFRecordDataset``;
     ``docs/tensorflow.md`` says which path reads what.
 
     Args:
@@ -178,10 +183,12 @@ def dataset(
             not the plan's. See ``docs/cache.md``.
         cache_timeout: seconds a reader waits for one shard (whole epochs), or
             an epoch start for a first complete shard (growing epochs).
-        num_parallel_reads: on the native path, shards read at once (default
-            4), in parallel; their records (small records: chunks of up to 1024
-            records or 1 MiB) alternate, so the order is fixed but not the
-            dataset order. ``1`` reads shard after shard, in the manifest's order.
+        num_parallel_reads: given, an unshuffled pipeline reads through
+            TensorFlow's ``TFRecordDataset``: this many shards at once (default
+            4, for the schemas the native path does not take), in parallel;
+            their records (small records: chunks of up to 1024 records or
+            1 MiB) alternate, so the order is fixed but not the dataset order.
+            ``1`` reads shard after shard, in the manifest's order.
         partial: read a directory where a write of ours did not finish (the
             shards it published, with a WARNING) instead of raising
             :class:`~recordkit.errors.IncompleteDatasetError`.

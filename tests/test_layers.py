@@ -55,6 +55,7 @@ FLOORS: list[set[str]] = [
         "_tfdecode",
         "_tffiles",
         "_tfimages",
+        "_tfnative",
         "_tfpipes",
         "_tfbuild",
         "_tfsequence",

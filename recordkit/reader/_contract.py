@@ -32,7 +32,9 @@ twins (:mod:`recordkit.reader._fallback`) take their constants from here too.
 - ``wait(id) -> (ok, widths, seconds)``: ``ok`` false means a record the fast path
   does not take (the task is then decoded the reference way); ``widths`` the row
   width of each column as written (a bytes column: its widest value, the rows
-  closed up to it; :func:`task_columns` reads the slots back).
+  closed up to it; :func:`task_columns` reads the slots back);
+- ``run(bufs, rec, outs) -> (ok, widths)``: the same task run by the calling thread,
+  the GIL released once for all of it (``recordkit.tf``'s native path).
 
 A bytes column's width is guessed before the task runs (:class:`WidthGuess`): a
 value wider than the guess sends its task to the reference path, which is exact.
