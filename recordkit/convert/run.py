@@ -482,6 +482,8 @@ def _publish(dest: Destination, plan: Plan, results: dict[int, PartitionResult])
         created_by=f"recordkit {__version__}",
         payload=plan.payload,
     )
+    # What a task's attempt left when its worker died and Dask or Ray ran it again.
+    clean(dest, plan, results)
     dest.target.write_bytes(KEPT_LISTING, listing(plan))  # what it was made from
     dest.target.write_bytes(MANIFEST_NAME, manifest.dumps())
     mark_finished(dest.target)  # after the manifest: never a moment unmarked
