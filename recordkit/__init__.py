@@ -1,7 +1,7 @@
 """recordkit: indexed, TFRecord-compatible datasets, read fast from PyTorch and TensorFlow.
 
-``import recordkit`` is light: it never imports torch, tensorflow, fsspec or
-dask. The framework integrations and the heavier parts are submodules imported on
+``import recordkit`` is light: it never imports torch, tensorflow, fsspec, dask
+or ray. The framework integrations and the heavier parts are submodules imported on
 first use (``recordkit.torch``, ``recordkit.tf``, ``recordkit.convert``,
 ``recordkit.cache``, ``recordkit.converters``); the framework ones raise
 :class:`~recordkit.errors.MissingDependencyError` naming the extra to install.

@@ -29,6 +29,7 @@ _OPTIONAL_PACKAGES = (
     "gcsfs",
     "dask",
     "distributed",
+    "ray",
     "tqdm",
 )
 

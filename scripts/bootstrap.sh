@@ -62,7 +62,7 @@ if [ "$level" = demo ]; then
   pip_install -e ".[torch,tf-cpu,progress,images]"
 else
   say "[4/4] recordkit (editable) with every extra, and the test, lint and docs tools"
-  pip_install -e ".[torch,tf-cpu,progress,s3,http,dask,parquet,images,mds,hf,arrayrecord]" \
+  pip_install -e ".[torch,tf-cpu,progress,s3,http,dask,ray,parquet,images,mds,hf,arrayrecord]" \
     --group test --group frameworks --group lint --group docs
 fi
 echo "$want" > "$VENV/.recordkit-$level"

@@ -14,7 +14,7 @@ echo "recordkit: resolving every extra and group in $tmp/venv (several minutes) 
 py="$tmp/venv/bin/python"
 "$py" -m pip install --quiet --upgrade "pip>=25.1"
 "$py" -m pip install --quiet "$TORCH_SPEC"
-"$py" -m pip install --quiet -e ".[torch,tf-cpu,progress,s3,gcs,http,dask,parquet,images,mds,hf,arrayrecord]" --group test --group frameworks --group lint --group docs
+"$py" -m pip install --quiet -e ".[torch,tf-cpu,progress,s3,gcs,http,dask,ray,parquet,images,mds,hf,arrayrecord]" --group test --group frameworks --group lint --group docs
 {
   echo "# Versions pinned for scripts/bootstrap.sh and CI; regenerate with bash scripts/lock.sh."
   echo "# Generated $(date -u +%Y-%m-%d) with $("$py" --version 2>&1) on $(uname -m)."

@@ -4,8 +4,8 @@ The module is itself callable: ``recordkit.convert(src, dst, format="jsonl")``
 is :func:`recordkit.convert.convert`. See ``docs/convert.md``. The same engine
 writes a function's samples: :func:`recordkit.write` (``docs/howto/write.md``).
 
-Importing it is light (no fsspec, no dask): filesystems are built when a
-conversion starts, Dask only when ``engine="dask"`` runs.
+Importing it is light (no fsspec, no dask, no ray): filesystems are built when a
+conversion starts, Dask or Ray only when ``engine="dask"`` or ``"ray"`` runs.
 """
 
 from __future__ import annotations

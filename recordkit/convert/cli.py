@@ -27,6 +27,7 @@ examples:
   recordkit convert s3://bucket/rows/ data/rows --from jsonl --schema 'id:int64,text:bytes'
   recordkit convert arrays.npz s3://bucket/ds --from numpy --compress zstd --workers 8
   recordkit convert shards/ out/ --from webdataset --engine dask --scheduler tcp://h:8786
+  recordkit convert s3://raw/rows/ s3://ds/rows --from parquet --engine ray --scheduler auto
   recordkit convert t.parquet data/t --from parquet -o drop=notes -o nulls=skip
   recordkit convert rows.csv data/rows --from csv -o columns=id,score -o 'fill={"score": 0}'
 
@@ -245,7 +246,7 @@ def add_parser(sub: Any) -> None:
         "convert",
         help="convert a dataset in another format into a recordkit dataset",
         description="Convert SRC (a local path or fsspec URL) into a recordkit dataset at DST, "
-        "in writer subprocesses (or on a Dask cluster). A rerun resumes a killed or failed "
+        "in writer subprocesses (or on a Dask or Ray cluster). A rerun resumes a killed or failed "
         "conversion and ends byte-identical to an uninterrupted one.",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -282,8 +283,20 @@ def add_parser(sub: Any) -> None:
         help="source bytes per partition, the unit of work and resume (default: shard size)",
     )
     p.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
-    p.add_argument("--engine", choices=["local", "dask"], default="local")
-    p.add_argument("--scheduler", default=None, help="Dask scheduler address (default: local)")
+    p.add_argument(
+        "--engine",
+        choices=["local", "dask", "ray"],
+        default="local",
+        help="where partitions run: writer processes here (default), Dask or Ray",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="the cluster: a Dask scheduler (tcp://host:8786) or a Ray cluster "
+        "(ray://head:10001, auto); default: a local one started for the run (Ray: "
+        "$RAY_ADDRESS when set)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",

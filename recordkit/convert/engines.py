@@ -1,4 +1,4 @@
-"""Engines run partition tasks: in this process, in local writer processes, or on Dask.
+"""Engines run partition tasks: in this process, in local writer processes, on Dask or Ray.
 
 Every engine runs the same :func:`~recordkit.convert.partition.run_partition`
 on the same tasks, so their output is byte-identical. An engine yields
@@ -13,21 +13,36 @@ partition (a :class:`ConvertError` that says so), never a hang.
   on this machine.
 - :class:`DaskEngine` (``engine="dask"``): a ``dask.distributed`` cluster, or a
   ``LocalCluster`` on 127.0.0.1 started for the run.
+- :class:`~recordkit.convert.ray_engine.RayEngine` (``engine="ray"``): Ray tasks on
+  a Ray cluster, the Ray this process is connected to, or a local Ray started for
+  the run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .partition import PartitionTask, Reporter, run_partition
 from .pool import LocalEngine
+from .ray_engine import RayEngine, check_address
 
-__all__ = ["ENGINES", "DaskEngine", "Engine", "InlineEngine", "LocalEngine", "make_engine"]
+__all__ = [
+    "ENGINES",
+    "DaskEngine",
+    "Engine",
+    "InlineEngine",
+    "LocalEngine",
+    "RayEngine",
+    "make_engine",
+]
 
 #: The engine names :func:`recordkit.convert` takes.
-ENGINES = ("local", "dask")
+ENGINES = ("local", "dask", "ray")
+#: The engines whose workers run in other processes, maybe on other machines.
+CLUSTERS = ("dask", "ray")
 
 Outcome = tuple[PartitionTask, Any]
 
@@ -127,18 +142,39 @@ def make_engine(
     """The engine for ``convert(engine=name, workers=..., ...)``.
 
     ``"dask"`` is a :class:`DaskEngine` (``workers`` sizes a LocalCluster when
-    no scheduler is given); ``"local"`` is an :class:`InlineEngine` for
-    ``workers=0`` and a :class:`LocalEngine` otherwise, with no more writer
-    processes than ``partitions``.
+    no scheduler is given); ``"ray"`` a :class:`RayEngine` whose address is
+    ``scheduler`` (``workers`` sizes a local Ray when it starts one);
+    ``"local"`` is an :class:`InlineEngine` for ``workers=0`` and a
+    :class:`LocalEngine` otherwise, with no more writer processes than ``partitions``.
     """
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    if scheduler is not None:
+        if name not in CLUSTERS:
+            raise ValueError(
+                f"scheduler={scheduler!r} is a cluster's address; it needs engine='dask' "
+                f"or engine='ray', not {name!r}"
+            )
+        check_address(name, scheduler)
+    if name in CLUSTERS:  # a missing extra is said before anything is written
+        _installed(*{"dask": ("distributed", "dask"), "ray": ("ray", "ray")}[name])
     if name == "dask":
         return DaskEngine(scheduler=scheduler, workers=max(1, workers))
+    if name == "ray":
+        return RayEngine(address=scheduler, workers=max(1, workers))
     if workers == 0:
         return InlineEngine()
     if partitions is not None:
         workers = max(1, min(workers, partitions))
     return LocalEngine(workers=workers, inactivity_timeout=inactivity_timeout)
+
+
+def _installed(module: str, extra: str) -> None:
+    """Raise :class:`MissingDependencyError` naming ``extra`` unless ``module`` can be
+    imported (found, not imported: the engine imports it when it runs)."""
+    from .._deps import require
+
+    if importlib.util.find_spec(module) is None:
+        require(module, extra=extra)

@@ -2,8 +2,8 @@
 
 ``write(fn, inputs, out, schema=...)`` is a conversion whose source is a function:
 each input (a URL, a path, an id) is an item, ``fn(input)`` returns or yields its
-samples, and the items are cut into partitions that writer processes (or Dask
-workers) convert exactly as ``recordkit convert`` does. So the output is
+samples, and the items are cut into partitions that writer processes (or Dask or
+Ray workers) convert exactly as ``recordkit convert`` does. So the output is
 deterministic (shard names and bytes depend on the inputs, the schema and the
 options, never on the workers), a rerun after a kill resumes and ends
 byte-identical, failures come back together, each naming the input that
@@ -30,7 +30,7 @@ from .._keywords import accepts_options, given, refuse
 from .._procs import can_load_main, check_not_loading_main
 from ..codec.schema import Schema
 from ..errors import SchemaError
-from .engines import LocalEngine, make_engine
+from .engines import CLUSTERS, LocalEngine, make_engine
 from .plan import ConvertOptions, make_plan
 from .progress import Progress
 from .run import ConvertResult, run_plan
@@ -304,8 +304,8 @@ def write(
     an instance of a top-level class with ``__call__``, or the string
     ``"package.module:function"``. Lambdas and functions defined inside other
     functions are refused (``TypeError``), whatever the engine; so is a function
-    from an interactive session, unless ``workers=0`` or ``engine="dask"`` (Dask
-    ships it by value). Each call may return a
+    from an interactive session, unless ``workers=0``, ``engine="dask"`` or
+    ``engine="ray"`` (they ship it by value). Each call may return a
     sample (a mapping of feature name to value), ``None``, or an iterable of
     samples (a generator: ``yield`` them).
 
@@ -316,8 +316,9 @@ def write(
             records them, so a rerun recognises its own partial output.
         out: the dataset directory: a local path or fsspec URL.
         schema: the :class:`~recordkit.Schema` every sample must fit.
-        workers: writer processes (``engine="local"``) or LocalCluster workers
-            (Dask); default ``os.cpu_count()``; ``0`` calls ``fn`` in this process.
+        workers: writer processes (``engine="local"``), LocalCluster workers
+            (Dask) or the CPUs of a local Ray started for the run; default
+            ``os.cpu_count()``; ``0`` calls ``fn`` in this process.
         shard_size: roll over to a new shard before one passes this size.
         compress: ``"zstd"`` compresses every ``Tensor`` feature (per value).
         inputs_per_partition: inputs per partition; ``None`` cuts the inputs into
@@ -326,8 +327,10 @@ def write(
             published.
         metadata: JSON-ready metadata for the manifest (``"write"`` and
             ``"convert"`` are taken: they record the function and the plan).
-        engine: ``"local"`` (writer processes) or ``"dask"``.
-        scheduler: the Dask scheduler address; ``None`` starts a LocalCluster.
+        engine: ``"local"`` (writer processes), ``"dask"`` or ``"ray"``.
+        scheduler: the cluster's address, as :func:`recordkit.convert` takes it
+            (Dask: ``None`` starts a LocalCluster; Ray: ``None`` runs on this
+            process's Ray, else at ``RAY_ADDRESS``, else on a local Ray).
         resume: ``None`` resumes a partial run of the same plan found at ``out``;
             ``True`` says so explicitly; ``False`` refuses to touch one.
         overwrite: replace whatever dataset or partial run is at ``out``.
@@ -379,8 +382,10 @@ def write(
         raise ValueError(f"workers must be >= 0, got {workers}")
     out = os.fspath(out)
     if out.startswith("memory://"):
-        if engine == "dask":
-            raise ValueError(f"{out} lives in this process; Dask workers cannot see it")
+        if engine in CLUSTERS:
+            raise ValueError(
+                f"{out} lives in this process; {engine.capitalize()} workers cannot see it"
+            )
         workers = 0
     runner = make_engine(
         engine, workers=workers, scheduler=scheduler, inactivity_timeout=inactivity_timeout

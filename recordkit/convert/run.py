@@ -12,7 +12,7 @@
    without ``partial=True``), temp files and the shards of unfinished
    partitions are removed, and ``plan.json`` is written;
 3. **run partitions** on an engine (:mod:`~recordkit.convert.engines`: inline,
-   local writer processes, Dask); each publishes its shards, then its
+   local writer processes, Dask, Ray); each publishes its shards, then its
    done-marker (a partition without a marker is redone from scratch, producing
    the same names and bytes);
 4. **publish the manifest**: the markers merged into ``recordkit.json``
@@ -52,7 +52,7 @@ from .destination import (
     published_from_manifest,
     write_plan,
 )
-from .engines import Engine, make_engine
+from .engines import CLUSTERS, Engine, make_engine
 from .identity import KEPT_LISTING, listing
 from .partition import PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
@@ -237,13 +237,17 @@ def convert(
         format: the converter (``recordkit.converters.available()``): ``imagefolder``,
             ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``, ``tfrecord``.
         schema: the schema to write; ``None`` infers one from the source.
-        workers: writer processes (local engine) or LocalCluster workers (Dask);
-            default ``os.cpu_count()``; ``0`` runs everything in this process (as
-            does any ``memory://`` URL, which other processes cannot see).
+        workers: writer processes (local engine), LocalCluster workers (Dask) or
+            the CPUs of a local Ray started for the run; default ``os.cpu_count()``;
+            ``0`` runs everything in this process (as does any ``memory://`` URL,
+            which other processes cannot see).
         shard_size: roll-over size of shards (``"256MiB"``).
         compress: ``"zstd"`` compresses every ``Tensor`` feature (per value).
-        engine: ``"local"`` (writer processes on this machine) or ``"dask"``.
-        scheduler: the Dask scheduler address; ``None`` starts a LocalCluster.
+        engine: ``"local"`` (writer processes on this machine), ``"dask"`` or ``"ray"``.
+        scheduler: the cluster's address: a Dask scheduler's (``tcp://host:8786``;
+            ``None`` starts a LocalCluster) or a Ray cluster's (``ray://head:10001``,
+            ``auto``; ``None`` runs on the Ray this process is connected to, else
+            at ``RAY_ADDRESS``, else on a local Ray started for the run).
         resume: ``None`` resumes a partial run of the same plan found at ``dst``;
             ``True`` says so explicitly; ``False`` refuses to touch one.
         overwrite: replace whatever dataset or partial run is at ``dst``.
@@ -282,8 +286,10 @@ def convert(
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
     in_memory = [u for u in (os.fspath(src), os.fspath(dst)) if u.startswith("memory://")]
-    if in_memory and engine == "dask":
-        raise ValueError(f"{in_memory[0]} lives in this process; Dask workers cannot see it")
+    if in_memory and engine in CLUSTERS:
+        raise ValueError(
+            f"{in_memory[0]} lives in this process; {engine.capitalize()} workers cannot see it"
+        )
     if in_memory and workers:
         log.info("%s lives in this process: converting in it (workers=0)", in_memory[0])
         workers = 0
@@ -482,6 +488,8 @@ def _publish(dest: Destination, plan: Plan, results: dict[int, PartitionResult])
         created_by=f"recordkit {__version__}",
         payload=plan.payload,
     )
+    # What a task's attempt left when its worker died and Dask or Ray ran it again.
+    clean(dest, plan, results)
     dest.target.write_bytes(KEPT_LISTING, listing(plan))  # what it was made from
     dest.target.write_bytes(MANIFEST_NAME, manifest.dumps())
     mark_finished(dest.target)  # after the manifest: never a moment unmarked

@@ -22,6 +22,7 @@ examples:
   recordkit write mypackage.samples:make urls.txt data/train --schema 'image:bytes,label:int64'
   recordkit write make_samples:make range:100000 s3://bucket/ds --schema @schema.json --workers 8
   recordkit write mymod:make ids.jsonl out/ --schema 'x:float32[16]' --engine dask
+  recordkit write mymod:make ids.jsonl s3://b/ds --schema 'x:float32[16]' --engine ray
 
 FUNCTION is module:function, imported from the current directory or the Python path;
 it is called on each input and returns (or yields) samples: mappings of feature name
@@ -121,7 +122,7 @@ def add_parser(sub: Any) -> None:
         "write",
         help="write the samples a Python function makes from each input, in parallel",
         description="Call FUNCTION on each of INPUTS in writer subprocesses (or on a Dask "
-        "cluster) and write the samples it returns or yields into one dataset at OUT. The "
+        "or Ray cluster) and write the samples it returns or yields into one dataset at OUT. The "
         "output depends on the inputs, schema and options only; a rerun resumes a killed "
         "or failed run and ends byte-identical to an uninterrupted one.",
         epilog=_EXAMPLES,
@@ -143,8 +144,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shard-size", default="256MiB", help="shard roll-over size (default 256MiB)")
     p.add_argument("--max-records", type=int, default=None, help="also roll over after N records")
     p.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
-    p.add_argument("--engine", choices=["local", "dask"], default="local")
-    p.add_argument("--scheduler", default=None, help="Dask scheduler address (default: local)")
+    p.add_argument(
+        "--engine",
+        choices=["local", "dask", "ray"],
+        default="local",
+        help="where partitions run: writer processes here (default), Dask or Ray",
+    )
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="the cluster: a Dask scheduler (tcp://host:8786) or a Ray cluster "
+        "(ray://head:10001, auto); default: a local one started for the run (Ray: "
+        "$RAY_ADDRESS when set)",
+    )
     p.add_argument(
         "--resume",
         action="store_true",

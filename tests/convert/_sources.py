@@ -64,3 +64,19 @@ class PickyJsonl(_InWriter):
 
     def misbehave(self) -> None:
         raise PickyError(2, "no good")
+
+
+class DyingOnceJsonl(_InWriter):
+    """Its writer process is SIGKILLed on item ``at`` the first time only (the file
+    ``once`` records it): a worker lost mid-partition, whose task a cluster runs again."""
+
+    name: ClassVar[str] = "dying-once-jsonl"
+    defaults: ClassVar[Mapping[str, Any]] = {**_InWriter.defaults, "once": ""}
+
+    def misbehave(self) -> None:
+        try:
+            with open(self.options["once"], "x"):
+                pass
+        except FileExistsError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)

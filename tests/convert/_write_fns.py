@@ -38,6 +38,14 @@ def fails_where_told(n: int) -> Iterator[dict[str, Any]]:
     yield from squares(n)
 
 
+def fails_in(folder: str, n: int) -> Iterator[dict[str, Any]]:
+    """``squares``, but raises for each input with a file in ``folder``; bound with
+    ``functools.partial`` (a cluster's workers do not see this process's environment)."""
+    if os.path.exists(os.path.join(folder, str(n))):
+        raise ValueError(f"input {n} is unlucky")
+    yield from squares(n)
+
+
 def one(n: int) -> dict[str, Any] | None:
     """One sample, returned (not yielded); none for odd inputs."""
     return None if n % 2 else {"n": n, "k": 0, "text": str(n)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 
 import pytest
 
@@ -13,7 +14,8 @@ import recordkit as rk
 from recordkit import converters
 from recordkit._procs import RemoteTraceback
 from recordkit.convert import ConvertError, PartitionsFailedError
-from recordkit.convert.engines import InlineEngine, LocalEngine, make_engine
+from recordkit.convert.engines import InlineEngine, LocalEngine, RayEngine, make_engine
+from recordkit.errors import MissingDependencyError
 
 from ._sources import HangingJsonl, KillingJsonl, PickyJsonl
 from .test_convert import _rows, tree
@@ -105,12 +107,45 @@ def test_make_engine():
     assert make_engine("local", workers=0) == InlineEngine()
     assert make_engine("local", workers=3, inactivity_timeout=None) == LocalEngine(3, None)
     assert make_engine("dask", workers=0).workers == 1
-    with pytest.raises(ValueError, match="engine must be one of"):
-        make_engine("ray", workers=1)
+    assert make_engine("ray", workers=0) == RayEngine(address=None, workers=1)
+    assert make_engine("ray", workers=3, scheduler="auto") == RayEngine("auto", 3)
+    with pytest.raises(ValueError, match=r"engine must be one of \('local', 'dask', 'ray'\)"):
+        make_engine("spark", workers=1)
     with pytest.raises(ValueError, match="workers must be >= 0"):
         make_engine("local", workers=-1)
     with pytest.raises(ValueError, match="inactivity timeout must be > 0"):
         make_engine("local", workers=1, inactivity_timeout=0)
+
+
+def test_a_cluster_address_for_the_wrong_engine_is_refused():
+    with pytest.raises(ValueError, match=r"scheduler='tcp://h:8786' is a cluster's address; "):
+        make_engine("local", workers=2, scheduler="tcp://h:8786")
+    with pytest.raises(ValueError, match=r"'tcp://h:8786' is a Dask scheduler's address; a Ray"):
+        make_engine("ray", workers=2, scheduler="tcp://h:8786")
+    with pytest.raises(ValueError, match=r"'ray://h:10001' is a Ray cluster's address; a Dask"):
+        make_engine("dask", workers=2, scheduler="ray://h:10001")
+    with pytest.raises(ValueError, match="workers must be >= 1 for the Ray engine, got 0"):
+        RayEngine(workers=0)
+    with pytest.raises(ValueError, match="task_retries must be >= 0, got -1"):
+        RayEngine(task_retries=-1)
+
+
+def test_ray_engine_without_ray_names_its_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(MissingDependencyError, match=r"'ray' is required .*\[ray\]"):
+        next(RayEngine().run([], lambda *_: None))
+    _rows(tmp_path / "src", files=1)
+    with pytest.raises(MissingDependencyError, match=r"\[ray\]"):
+        rk.convert(tmp_path / "src", tmp_path / "out", format="jsonl", engine="ray")
+    assert not (tmp_path / "out").exists()  # said before anything was written
+
+
+def test_in_memory_urls_are_refused_on_clusters(tmp_path):
+    for engine, name in (("dask", "Dask"), ("ray", "Ray")):
+        with pytest.raises(ValueError, match=f"memory://nowhere lives in this process; {name}"):
+            rk.convert("memory://nowhere", tmp_path / "o", format="jsonl", engine=engine)
+        with pytest.raises(ValueError, match=f"memory://nowhere lives in this process; {name}"):
+            rk.write(str, [1], "memory://nowhere", schema=rk.Schema(x=rk.Int64()), engine=engine)
 
 
 def test_the_engine_s_floors():
