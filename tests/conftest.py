@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Ray's driver installs its own SIGBUS/SIGSEGV handler (absl's failure handler) over
+# recordkit's map guard when a test calls ray.init in this process: a file truncated
+# under a reader then goes through Ray's handler first (the error loses its offset, or
+# the process dies). The engine tests run Ray in-process; the rest of the suite must
+# keep the guard (docs/howto/clusters.md says the same to users).
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
 
 
 @pytest.fixture(autouse=True)
