@@ -16,7 +16,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .._args import add_progress_options, count, positive, progress_mode
+from .._args import add_engine_options, add_progress_options, count, positive, progress_mode
+from .engines import ENGINES
 
 __all__ = ["add_parser", "parse_schema"]
 
@@ -283,20 +284,7 @@ def add_parser(sub: Any) -> None:
         help="source bytes per partition, the unit of work and resume (default: shard size)",
     )
     p.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
-    p.add_argument(
-        "--engine",
-        choices=["local", "dask", "ray"],
-        default="local",
-        help="where partitions run: writer processes here (default), Dask or Ray",
-    )
-    p.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="the cluster: a Dask scheduler (tcp://host:8786) or a Ray cluster "
-        "(ray://head:10001, auto); default: a local one started for the run (Ray: "
-        "$RAY_ADDRESS when set)",
-    )
+    add_engine_options(p, ENGINES)
     p.add_argument(
         "--resume",
         action="store_true",

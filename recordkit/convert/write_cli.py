@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Any
 
-from .._args import add_progress_options, progress_mode
+from .._args import add_engine_options, add_progress_options, progress_mode
+from .engines import ENGINES
 
 __all__ = ["add_parser", "read_inputs"]
 
@@ -144,20 +145,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shard-size", default="256MiB", help="shard roll-over size (default 256MiB)")
     p.add_argument("--max-records", type=int, default=None, help="also roll over after N records")
     p.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
-    p.add_argument(
-        "--engine",
-        choices=["local", "dask", "ray"],
-        default="local",
-        help="where partitions run: writer processes here (default), Dask or Ray",
-    )
-    p.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="the cluster: a Dask scheduler (tcp://host:8786) or a Ray cluster "
-        "(ray://head:10001, auto); default: a local one started for the run (Ray: "
-        "$RAY_ADDRESS when set)",
-    )
+    add_engine_options(p, ENGINES)
     p.add_argument(
         "--resume",
         action="store_true",
