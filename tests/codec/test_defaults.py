@@ -240,13 +240,17 @@ def test_readers_name_the_record_that_lacks_a_required_feature(tmp_path):
     assert where in str(info.value) and info.value.record == 4
 
 
-def test_every_reader_gives_the_default_for_an_absent_feature(tmp_path):
-    samples = _samples(12)
-    path = tmp_path / "d"
+def _written(path: Path, n: int) -> tuple[Path, list[dict]]:
+    """``n`` of :func:`_samples` written with FULL, and what each reads back as."""
+    samples = _samples(n)
     with rk.Writer(path, FULL, max_records=5) as w:
         for s in samples:
             w.write(s)
-    want = [FULL.decode(FULL.encode(s), copy=True) for s in samples]
+    return path, [FULL.decode(FULL.encode(s), copy=True) for s in samples]
+
+
+def test_every_reader_gives_the_default_for_an_absent_feature(tmp_path):
+    path, want = _written(tmp_path / "d", 12)
     got = list(rk.Dataset(path))
     assert [g["label"] for g in got] == [w["label"] for w in want]
     assert [g["lang"] for g in got] == [w["lang"] for w in want]
@@ -271,12 +275,7 @@ def test_tensorflow_reads_the_same_defaults(tmp_path):
         pytest.importorskip("tensorflow")
     import recordkit.tf as rtf
 
-    samples = _samples(12)
-    path = tmp_path / "d"
-    with rk.Writer(path, FULL, max_records=5) as w:
-        for s in samples:
-            w.write(s)
-    want = [FULL.decode(FULL.encode(s), copy=True) for s in samples]
+    path, want = _written(tmp_path / "d", 12)
     got = [b for batch in rtf.dataset(path, batch_size=4) for b in _rows(batch, 4)]
     assert [g["id"] for g in got] == list(range(12))
     for g, w in zip(got, want):
