@@ -8,7 +8,7 @@ process (process CPU seconds, the median), with the bytes a record it keeps:
   then ``validate_index`` (every length field read): two int64 columns kept.
 - ``text, lines counted``: ``load_index_file`` with the per-user cache off: the
   text mapped, its lines counted, its first and last blocks of 32 lines parsed
-  (``recordkit/_native_index.c``), then 16 spread length fields; the other blocks
+  (``recordkit/native/index.c``), then 16 spread length fields; the other blocks
   are parsed (and the other length fields checked per run) as records are read.
   What the first process to map a shard pays at load.
 - ``text, parsed whole in C``: ``parse_bounds`` (one pass, every check that needs

@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     if decode.IMPLEMENTATION != "native":
-        raise SystemExit("recordkit._native is not built: nothing to measure")
+        raise SystemExit("recordkit.native._ext is not built: nothing to measure")
     buf, offsets, sizes = _shard(args.records)
     dec = BatchDecoder(SCHEMA)
     seq = np.arange(args.records)

@@ -27,7 +27,7 @@ case "${1:-}" in
 esac
 
 stamp() {  # what the venv was built from (the constraints only once they exist)
-  local files=(scripts/beam_env.sh pyproject.toml setup.py recordkit/*.c recordkit/*.h)
+  local files=(scripts/beam_env.sh pyproject.toml setup.py recordkit/native/*.c recordkit/native/*.h recordkit/native/*.cc)
   [ -f "$CONSTRAINTS" ] && files+=("$CONSTRAINTS")
   cat "${files[@]}" | sha256sum | cut -d' ' -f1
 }

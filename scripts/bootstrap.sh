@@ -10,7 +10,7 @@
 # scripts/lock.sh, so pip never walks back through releases (an unpinned resolve of the
 # test group took ~5 minutes of backtracking through aiobotocore/s3fs releases).
 # Idempotent: re-running is a no-op unless pyproject.toml, the constraints, the C
-# sources (recordkit/*.c, *.h) or this script changed.
+# sources (recordkit/native/) or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +26,7 @@ VENV=${RECORDKIT_VENV:-.venv}
 TORCH_SPEC=${RECORDKIT_TORCH_SPEC:-torch==2.13.0}
 CONSTRAINTS=.ci/constraints.txt
 
-want=$(cat pyproject.toml setup.py recordkit/*.c recordkit/*.h "$CONSTRAINTS" scripts/bootstrap.sh \
+want=$(cat pyproject.toml setup.py recordkit/native/*.c recordkit/native/*.h recordkit/native/*.cc "$CONSTRAINTS" scripts/bootstrap.sh \
   | sha256sum | cut -d' ' -f1)
 stamp_ok() { [ -f "$VENV/.recordkit-$1" ] && [ "$(cat "$VENV/.recordkit-$1")" = "$want" ]; }
 if stamp_ok "$level" || { [ "$level" = demo ] && stamp_ok test; }; then

@@ -65,9 +65,9 @@ def python_graph(paths: list[Path]) -> tuple[dict[str, set[str]], list[str]]:
                 for a in node.names:
                     full = f"{mod}.{a.name}"
                     targets.append(full if full in modules else mod)
-                    if a.name.startswith("_") and not a.name.startswith("__"):
-                        if mod != name and mod.startswith("recordkit"):
-                            private.append(f"{path.relative_to(ROOT)}:{node.lineno}: {full}")
+                    private_name = a.name.startswith("_") and not a.name.startswith("__")
+                    if private_name and mod != name and mod.startswith("recordkit"):
+                        private.append(f"{path.relative_to(ROOT)}:{node.lineno}: {full}")
             for t in targets:
                 while t and t not in modules:
                     t = t.rpartition(".")[0]

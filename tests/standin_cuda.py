@@ -135,9 +135,9 @@ class FakeCuda:
 
 
 def install(fake: FakeCuda, setattr_: Any = setattr) -> None:
-    """Make ``recordkit._devcopy`` use ``fake`` for the ``cuda`` device (``setattr_``:
+    """Make ``recordkit.torch.devcopy`` use ``fake`` for the ``cuda`` device (``setattr_``:
     pytest's ``monkeypatch.setattr`` in tests, undone after them)."""
-    from recordkit import _devcopy
+    from recordkit.torch import devcopy as _devcopy
 
     real = _devcopy.device_module
     setattr_(

@@ -23,10 +23,8 @@ FLOORS: list[set[str]] = [
     {
         "_args",
         "_deps",
-        "_index",
         "_keywords",
-        "_native",
-        "_order",
+        "native",
         "_origins",
         "_procs",
         "_progress",
@@ -41,29 +39,7 @@ FLOORS: list[set[str]] = [
     {"dataset", "verify", "images"},
     {"recordkit"},  # the package's front door: re-exports of the floors below
     {"converters"},  # third-party-style sources: recordkit's public API
-    {
-        "_devcopy",
-        "prefetch",
-        "_torch_dist",
-        "_torch_cache",
-        "_torch_state",
-        "_torch_collate",
-        "_torch_images",
-        "_torch_loader",
-        "_torch_map",
-        "torch",
-        "_tfdecode",
-        "_tffiles",
-        "_tfimages",
-        "_tfnative",
-        "_tfpipes",
-        "_tfbuild",
-        "_tfsequence",
-        "_tftasks",
-        "_tftfds",
-        "tf",
-        "grain",
-    },
+    {"torch", "tf"},  # the framework faces; neither imports the other
     {"cli", "__main__"},
 ]
 
@@ -88,7 +64,6 @@ def _floor(unit: str) -> int:
 def _modules(root: Path = ROOT) -> dict[str, Path]:
     out = {}
     for base in ("recordkit", "converters"):
-        # recordkit/converters is a symlink to ../converters: rglob does not follow it.
         for path in (root / base).rglob("*.py"):
             parts = list(path.relative_to(root).with_suffix("").parts)
             if base == "converters":
@@ -119,8 +94,7 @@ def _imports(name: str, path: Path) -> list[tuple[str, int]]:
 
 
 def _units(modules: dict[str, Path]) -> set[str]:
-    # The C extensions (recordkit/_native.c, _order.c) have no .py file.
-    return {name.split(".")[1] for name in modules if "." in name} | {"_native", "_order", "_index"}
+    return {name.split(".")[1] for name in modules if "." in name}
 
 
 def _unit(module: str, units: set[str]) -> str | None:

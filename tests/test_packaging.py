@@ -38,11 +38,10 @@ def test_the_wheel_installs_the_converters_inside_recordkit(tmp_path):
     assert "= converters." not in entry
 
 
-def test_the_source_tree_links_the_converters_into_recordkit():
-    """recordkit/converters is the top-level converters/ folder (a checkout, an editable
-    install and a wheel all import the same files as recordkit.converters)."""
-    link = ROOT / "recordkit" / "converters"
-    assert link.is_symlink() and link.resolve() == (ROOT / "converters").resolve()
+def test_the_converters_folder_installs_as_recordkit_converters():
+    """converters/ is a real folder that setup.py maps to recordkit.converters (no link in
+    the tree): an editable install and a wheel import the same files under that name."""
+    assert not (ROOT / "recordkit" / "converters").exists()
     import recordkit.converters
 
     assert Path(recordkit.converters.__file__).resolve().parent == (ROOT / "converters").resolve()
@@ -50,8 +49,8 @@ def test_the_source_tree_links_the_converters_into_recordkit():
 
 @pytest.mark.slow
 def test_the_sdist_carries_every_c_source_and_header(tmp_path):
-    """recordkit._native is built from several units sharing recordkit/_native.h: an sdist
-    missing one cannot build the extension (and would install the slow fallback)."""
+    """recordkit.native._ext is built from several units sharing recordkit/native/recordkit.h:
+    an sdist missing one cannot build the extension (and would install the slow fallback)."""
     pytest.importorskip("setuptools")
     out = subprocess.run(  # offline, as the wheel test: this environment's setuptools
         [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)],
@@ -63,8 +62,9 @@ def test_the_sdist_carries_every_c_source_and_header(tmp_path):
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
     ours = {
         p.relative_to(ROOT).as_posix()
-        for pattern in ("*.c", "*.h")
-        for p in (ROOT / "recordkit").glob(pattern)
+        for pattern in ("*.c", "*.h", "*.cc")
+        for p in (ROOT / "recordkit" / "native").glob(pattern)
     }
-    assert {"recordkit/_native.c", "recordkit/_native.h", "recordkit/_native_runner.c"} <= ours
+    units = {"module.c", "recordkit.h", "runner.c", "order.c", "tfop.cc"}
+    assert {f"recordkit/native/{name}" for name in units} <= ours
     assert ours <= names, sorted(ours - names)

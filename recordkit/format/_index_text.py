@@ -2,22 +2,22 @@
 block of lines at a time (:mod:`recordkit.format.shard_index` holds the index).
 
 A lazily loaded index (``ShardIndex.from_text``) keeps a map of its text (no file
-descriptor held: ``recordkit._native.map_fd``) and where every block of
+descriptor held: ``recordkit.native._ext.map_fd``) and where every block of
 :data:`FILL_RECORDS` lines starts; a block is parsed and checked the first time one
-of its records is located (``recordkit/_native_index.c`` says what is checked).
+of its records is located (``recordkit/native/index.c`` says what is checked).
 Every read of a map runs in the SIGBUS guard: a file cut short under its map is an
 :class:`~recordkit.errors.InvalidIndexError`, not a crash.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidIndexError, ShardNotFoundError
+from ..native import ext
 from . import guard
 from ._files import map_regular
 from .index import _index_error, check_entries, end_error, entry_error, parse_index
@@ -28,17 +28,8 @@ _WHY = {1: "unexpected byte {byte!r}", 2: "expected 'offset size' per line", 3: 
 _WHY[4] = "number too large"
 
 
-def _native() -> Any:
-    if os.environ.get("RECORDKIT_NO_NATIVE", "") not in ("", "0"):
-        return None
-    try:
-        mod = importlib.import_module("recordkit._native")
-    except ImportError:  # built without a C compiler: NumPy parses the same
-        return None
-    return mod if hasattr(mod, "index_fill") else None  # (a build from before it had them)
-
-
-_c: Any = _native()
+# (a build from before it had the index functions: NumPy parses the same)
+_c: Any = ext if hasattr(ext, "index_fill") else None
 
 
 def parse_bounds(
@@ -93,7 +84,7 @@ def _c_call(fn: Any, where: str | None, *args: Any) -> Any:
 def _status_error(
     status: int, line: int, a: int, b: int, data: Any, shard_size: int, where: str | None
 ) -> InvalidIndexError:
-    """The error a native parse or fill reported (see ``recordkit/_native_index.c``)."""
+    """The error a native parse or fill reported (see ``recordkit/native/index.c``)."""
     if status == _c.INDEX_MALFORMED:
         why = _WHY.get(b, "malformed").format(byte=bytes(memoryview(data)[a : a + 1]))
         return InvalidIndexError(f"malformed index line {line + 1}: {why}", path=where, record=line)
@@ -132,7 +123,7 @@ class _Pending:
         where: str | None,
     ) -> tuple[int, int, int, int, int]:
         """The blocks of ``wanted`` records (``None``: all) not ``filled`` yet, parsed
-        into ``out`` and marked (native; see ``_native_index.c``)."""
+        into ``out`` and marked (native; see ``native/index.c``)."""
         args = (self.data, self.directory, FILL_SHIFT, records, size, out, filled, wanted)
         result: tuple[int, int, int, int, int] = _c_call(_c.index_fill, where, *args)
         return result

@@ -11,7 +11,7 @@ process. Two defences, used by every reader:
   file can still shrink between the check and the read. A file that grew is
   not an error: every page of the map is still there.
 - :func:`read` and :func:`crc32c`: the copy and the CRC made by
-  ``recordkit._native`` inside its SIGBUS guard, where a page that vanishes
+  ``recordkit.native._ext`` inside its SIGBUS guard, where a page that vanishes
   mid-read becomes :class:`~recordkit.errors.ShardChangedError` instead of a
   crash. Without the extension (no C compiler, or ``RECORDKIT_NO_NATIVE=1``)
   they are plain Python reads after a :func:`check_size`.
@@ -22,13 +22,12 @@ process. Two defences, used by every reader:
 from __future__ import annotations
 
 import mmap
-import os
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from ..errors import ShardChangedError
+from ..native import ext
 from .crc import crc32c as _package_crc32c
 
 __all__ = [
@@ -46,21 +45,11 @@ __all__ = [
 ]
 
 
-def _load() -> ModuleType | None:
-    if os.environ.get("RECORDKIT_NO_NATIVE", "") not in ("", "0"):
-        return None
-    try:
-        from .. import _native
-    except ImportError:  # built without a C compiler
-        return None
-    return _native
-
-
 class _NeverRaised(BufferError):
-    """Stands in for ``recordkit._native.MapFault`` without the extension."""
+    """Stands in for ``recordkit.native._ext.MapFault`` without the extension."""
 
 
-_native = _load()
+_native = ext
 GUARDED: bool = _native is not None
 """Whether reads of a map go through the native SIGBUS guard in this process."""
 

@@ -1,7 +1,7 @@
-"""The contract between the reader's Python and its C decoder, ``recordkit._native``.
+"""The contract between the reader's Python and its C decoder, ``recordkit.native._ext``.
 
 Everything that crosses that boundary is defined here, once; the C side
-(``recordkit/_native.h``) holds the same numbers and points here, and
+(``recordkit/native/recordkit.h``) holds the same numbers and points here, and
 :func:`check` compares the two when the extension is loaded. The pure Python
 twins (:mod:`recordkit.reader._fallback`) take their constants from here too.
 
@@ -17,7 +17,7 @@ twins (:mod:`recordkit.reader._fallback`) take their constants from here too.
   ``ANY`` where any value will do; a well-formed record whose spans differ gets
   ``STATUS_UNEXPECTED`` and takes the reference path.
 
-**Runner tasks** (``recordkit._native.Runner``, used by
+**Runner tasks** (``recordkit.native._ext.Runner``, used by
 :class:`~recordkit.reader.pipeline.RecordReader`):
 
 - ``Runner(keys, expect, columns, verify, max_record_bytes, FUSE_MIN_BYTES)``:
@@ -277,7 +277,7 @@ def check(native: ModuleType) -> None:
     wrong = [n for n in names if getattr(native, n, None) != globals()[n]]
     if wrong:
         raise ImportError(
-            f"recordkit._native ({getattr(native, '__file__', '?')}) disagrees with "
+            f"recordkit.native._ext ({getattr(native, '__file__', '?')}) disagrees with "
             f"recordkit/reader/_contract.py on {', '.join(wrong)}: it was built from other "
             "sources; rebuild it (python setup.py build_ext --inplace, or reinstall recordkit)"
         )

@@ -1,4 +1,4 @@
-"""Pure Python/NumPy twins of the functions in ``recordkit._native``.
+"""Pure Python/NumPy twins of the functions in ``recordkit.native._ext``.
 
 Used when the C extension was not built (no compiler at install time) or when
 ``RECORDKIT_NO_NATIVE=1`` is set. Every function gives exactly the results of
@@ -35,7 +35,7 @@ from ..codec.wire import (
 )
 from ..errors import CorruptRecordError
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD
-from ._contract import (  # the constants the native twin defines (recordkit/_native.h)
+from ._contract import (  # the constants the native twin defines (recordkit/native/recordkit.h)
     KIND_ABSENT,
     KIND_BYTES,
     KIND_COMPLEX,
@@ -98,7 +98,7 @@ class MapFault(BufferError):
 
 
 def read(buf: Any, start: int, length: int, /) -> bytes:
-    """A copy of ``buf[start:start + length]``; see ``recordkit._native.read``."""
+    """A copy of ``buf[start:start + length]``; see ``recordkit.native._ext.read``."""
     view = _bytes_view(buf)
     if start < 0 or length < 0 or start > len(view) or length > len(view) - start:
         raise ValueError(
@@ -145,7 +145,7 @@ def parse_batch(
 ) -> tuple[bytearray, bytearray]:
     """Check the framing of n records and locate the features named by ``keys``.
 
-    See ``recordkit._native.parse_batch``: returns ``status`` (n native int32)
+    See ``recordkit.native._ext.parse_batch``: returns ``status`` (n native int32)
     and ``spans`` (n*F*4 native int64, ``(kind, count, start, nbytes)`` per
     record and key, all zero for records whose status is an error). ``expect``:
     ``(kind, count, nbytes)`` int64 triples for the first keys (-1: any); a
@@ -343,7 +343,7 @@ def _out_bytes(out: Any) -> tuple[np.ndarray, memoryview]:
 def gather(buf: Any, starts: Any, lengths: Any, out: Any, row_bytes: int, /) -> None:
     """Copy ``buf[starts[i]:starts[i] + lengths[i]]`` into row i of ``out``, zero the rest.
 
-    See ``recordkit._native.gather``.
+    See ``recordkit.native._ext.gather``.
     """
     src = np.frombuffer(_bytes_view(buf), np.uint8)
     s, ls = _int64s(starts, "starts"), _int64s(lengths, "lengths")
@@ -371,7 +371,7 @@ def gather_verified(
 ) -> bytearray:
     """:func:`gather`, also checking the payload CRC of the record each span lies in.
 
-    See ``recordkit._native.gather_verified``: returns n native int32, 0 or
+    See ``recordkit.native._ext.gather_verified``: returns n native int32, 0 or
     ``STATUS_PAYLOAD_CRC``; a span of nonzero length must lie in its payload.
     """
     view = _bytes_view(buf)
@@ -410,7 +410,7 @@ def gather_verified(
 def varints(buf: Any, starts: Any, nbytes: Any, counts: Any, out: Any, /) -> None:
     """Decode the packed int64 varint spans of n records, in order, into ``out``.
 
-    See ``recordkit._native.varints``.
+    See ``recordkit.native._ext.varints``.
     """
     src = np.frombuffer(_bytes_view(buf), np.uint8)
     s, nb, c = _int64s(starts, "starts"), _int64s(nbytes, "nbytes"), _int64s(counts, "counts")

@@ -1,6 +1,6 @@
 """Decode whole batches of records with no per-record Python on the common path.
 
-One native call (``recordkit._native.parse_batch``) checks the framing and CRCs
+One native call (``recordkit.native._ext.parse_batch``) checks the framing and CRCs
 of every record of a batch, locates each wanted feature's values in the shard,
 and flags the records whose values are not where the fast path wants them (one
 packed run of the right count). A few more calls copy the values into the
@@ -35,7 +35,6 @@ in :mod:`recordkit.reader._fallback` (and leaves only the size checks).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -48,6 +47,7 @@ from ..codec.limits import DecodeBudget, DecodeLimits
 from ..errors import CorruptRecordError, SchemaError, ShardChangedError
 from ..format import guard
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD, read_record
+from ..native import ext
 from . import _contract, _fallback
 from ._contract import Alloc, FeaturePlan
 from ._contract import allocate as _alloc
@@ -57,14 +57,10 @@ __all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch"]
 
 
 def _load() -> tuple[ModuleType, str]:
-    if os.environ.get("RECORDKIT_NO_NATIVE", "") not in ("", "0"):
+    if ext is None:  # no C compiler, or RECORDKIT_NO_NATIVE=1: the pure Python twins
         return _fallback, "fallback"
-    try:
-        from .. import _native
-    except ImportError:  # built without a C compiler: the pure Python twins
-        return _fallback, "fallback"
-    _contract.check(_native)  # built from other sources: refused, never half-trusted
-    return _native, "native"
+    _contract.check(ext)  # built from other sources: refused, never half-trusted
+    return ext, "native"
 
 
 _impl, IMPLEMENTATION = _load()
@@ -210,7 +206,7 @@ class BatchDecoder:
     # ------------------------------------------------------------- whole tasks
 
     def runner(self) -> Any | None:
-        """A native ``recordkit._native.Runner`` that decodes whole tasks with no GIL, or ``None``.
+        """A ``recordkit.native._ext.Runner`` decoding whole tasks with no GIL, or ``None``.
 
         ``None`` when the native extension is not in use, or when a feature needs
         Python per record (zstd tensors, variable shapes, lists, ``bytes_as="list"``):

@@ -18,27 +18,18 @@ Six rounds: four leave visible structure on sorted data (the research notes in
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..native import ext
+
 _Step = Callable[[np.ndarray], np.ndarray]
 
 
-def _native() -> Any:
-    """The C twin of the network below (recordkit/_order.c): same results, ~20x faster."""
-    if os.environ.get("RECORDKIT_NO_NATIVE", "") not in ("", "0"):
-        return None
-    try:
-        return importlib.import_module("recordkit._order")
-    except ImportError:  # built without a C compiler: NumPy computes the same
-        return None
-
-
-_c: Any = _native()
+# The C twin of the network below (recordkit/native/order.c): same results, ~20x faster.
+_c: Any = ext
 
 __all__ = ["Permutation", "mix64", "mixing"]
 
@@ -89,7 +80,7 @@ class Permutation:
 
     @property
     def round_keys(self) -> tuple[int, ...]:
-        """The network's round keys (for ``recordkit/_order.c``'s ``plan_order``)."""
+        """The network's round keys (for ``recordkit/native/order.c``'s ``plan_order``)."""
         return self._ckeys
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ from recordkit.reader import _fallback, decode
 from recordkit.reader.decode import BatchDecoder
 
 try:
-    from recordkit import _native
+    from recordkit.native import _ext as _native
 except ImportError:  # built without a compiler
     _native = None  # type: ignore[assignment]
 
@@ -156,7 +156,7 @@ def _shard(payloads: list[bytes]) -> tuple[bytes, np.ndarray, np.ndarray]:
 def impl(request, monkeypatch):
     module = {"native": _native, "fallback": _fallback}[request.param]
     if module is None:
-        pytest.skip("recordkit._native is not built")
+        pytest.skip("recordkit.native._ext is not built")
     monkeypatch.setattr(decode, "_impl", module)
     return module
 

@@ -1,6 +1,6 @@
 """The compact index readers hold: parsed and checked at load, length fields per run.
 
-``parse_bounds`` has a C path (``recordkit/_native_index.c``) and a NumPy path; both must
+``parse_bounds`` has a C path (``recordkit/native/index.c``) and a NumPy path; both must
 accept and refuse the same texts. The lazy part: a stale index that passes the
 checks made at load is still caught before any record of a run it misplaces is
 returned, as an ``InvalidIndexError`` (never a skippable corrupt record).
@@ -41,8 +41,8 @@ def native(request, monkeypatch):
     if request.param:
         if si._c is None:
             if os.environ.get("RECORDKIT_REQUIRE_NATIVE"):
-                pytest.fail("recordkit._native is not built")
-            pytest.skip("recordkit._native is not built")
+                pytest.fail("recordkit.native._ext is not built")
+            pytest.skip("recordkit.native._ext is not built")
     else:
         monkeypatch.setattr(si, "_c", None)  # the loads: whole texts, read
         monkeypatch.setattr(index_open, "_c", None)

@@ -14,7 +14,7 @@ from recordkit.reader import _contract, _fallback
 from recordkit.reader.decode import BatchDecoder
 
 try:
-    from recordkit import _native
+    from recordkit.native import _ext as _native
 except ImportError:  # built without a compiler
     _native = None  # type: ignore[assignment]
 
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _header_enums() -> dict[str, int]:
-    """The ST_*, KIND_* and COL_* enumerators of recordkit/_native.h, by Python name."""
-    text = (ROOT / "recordkit" / "_native.h").read_text()
+    """The ST_*, KIND_* and COL_* enumerators of recordkit/native/recordkit.h, by Python name."""
+    text = (ROOT / "recordkit" / "native" / "recordkit.h").read_text()
     found = {}
     for prefix, rest, value in re.findall(
         r"\b(ST|KIND|COL)_([A-Z_0-9]+)\s*=\s*(0x[0-9A-Fa-f]+|\d+)", text
@@ -47,13 +47,13 @@ def test_the_fallback_takes_its_constants_from_the_contract():
             assert getattr(_fallback, name) == getattr(_contract, name), name
 
 
-@pytest.mark.skipif(_native is None, reason="recordkit._native is not built")
+@pytest.mark.skipif(_native is None, reason="recordkit.native._ext is not built")
 def test_the_built_extension_agrees():
     _contract.check(_native)  # raises on any difference
 
 
 def test_an_extension_that_disagrees_is_refused():
-    fake = types.ModuleType("recordkit._native")
+    fake = types.ModuleType("recordkit.native._ext")
     for name in _contract.__all__:
         if name.startswith(("STATUS_", "KIND_")):
             setattr(fake, name, getattr(_contract, name))

@@ -278,7 +278,7 @@ def test_a_torchvision_that_does_not_import_falls_back_to_pillow_with_one_info_l
         "import logging, sys\n"
         "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s')\n"
         "from recordkit.torch import DecodeImages, RecordDataset\n"
-        "from recordkit._torch_images import image_backend\n"
+        "from recordkit.torch.images import image_backend\n"
         f"ds = RecordDataset({str(ds_path)!r}, batch_size=8, transform=DecodeImages())\n"
         "print(sum(len(b['image']) for b in ds), image_backend())\n"
         "for _ in range(2): DecodeImages()\n"

@@ -21,7 +21,7 @@ from recordkit.reader.plan import EpochPlan, PlanOptions, Split
 def _need_native() -> None:
     if order._c is None:
         if os.environ.get("RECORDKIT_REQUIRE_NATIVE"):  # CI: the extension must build
-            pytest.fail("recordkit._order is not built")
+            pytest.fail("recordkit.native._ext is not built")
         pytest.skip("the C permutation is not built")
 
 
@@ -129,7 +129,7 @@ def test_mixing_metric():
     ],
 )
 def test_the_c_plan_order_is_the_numpy_one(counts, block, window):
-    """``EpochPlan.order`` in C (``recordkit/_order.c``) equals its NumPy reference."""
+    """``EpochPlan.order`` in C (``recordkit/native/order.c``) equals its NumPy reference."""
     _need_native()
     for seed, epoch in ((0, 0), (11, 3)):
         options = PlanOptions(shuffle=True, seed=seed, block_records=block, window_blocks=window)

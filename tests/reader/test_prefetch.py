@@ -404,7 +404,7 @@ def test_cuda_races(monkeypatch, case):
       then allocates device memory of the same size: only ``record_stream``
       keeps the allocator from handing the dropped block to the next copy.
     """
-    from recordkit import _devcopy
+    from recordkit.torch import devcopy as _devcopy
 
     ms, n = _cycles_per_ms(), 1 << 22
     if case != "record":

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit import _devcopy, prefetch
+from recordkit.torch import devcopy as _devcopy
+from recordkit.torch import prefetch
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
@@ -219,7 +220,7 @@ def test_new_pass_does_not_share_a_stuck_pass_copier(fake, monkeypatch, caplog):
     first = iter(pf)
     next(first)
     assert reached.wait(10)
-    with caplog.at_level(logging.WARNING, "recordkit.prefetch"):
+    with caplog.at_level(logging.WARNING, "recordkit.torch.prefetch"):
         second = list(pf)  # closes the first pass; its thread stays stuck
     assert "still running" in caplog.text
     gate.set()
@@ -267,7 +268,7 @@ def test_pinned_allocation_falls_back_once(monkeypatch, caplog):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(torch, "empty", empty)
-    with caplog.at_level(logging.INFO, "recordkit.prefetch"):
+    with caplog.at_level(logging.INFO, "recordkit.torch.prefetch"):
         a = _devcopy.pinned_slab(1 << 12)
         b = _devcopy.pinned_empty(torch, 10)
     assert a.nbytes == 1 << 12 and b.device.type == "cpu" and b.numel() == 10

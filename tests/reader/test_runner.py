@@ -205,7 +205,7 @@ def test_schemas_the_runner_does_not_take():
 
 
 def test_runner_rejects_bad_submissions():
-    from recordkit import _native
+    from recordkit.native import _ext as _native
 
     dec = BatchDecoder(Schema({"b": Bytes(), "i": Int64()}))
     runner = dec.runner()

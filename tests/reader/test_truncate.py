@@ -30,7 +30,7 @@ import recordkit as rk
 from recordkit.format import guard
 
 try:
-    from recordkit import _native
+    from recordkit.native import _ext as _native
 except ImportError:  # built without a compiler
     _native = None  # type: ignore[assignment]
 
@@ -41,7 +41,7 @@ SCHEMA = rk.Schema(x=rk.Int64(), data=rk.Bytes())
 RECORDS = 40_000
 SHARD = "part-00000.tfrecord"
 
-needs_native = pytest.mark.skipif(_native is None, reason="recordkit._native is not built")
+needs_native = pytest.mark.skipif(_native is None, reason="recordkit.native._ext is not built")
 
 
 @pytest.fixture(scope="module")
@@ -318,7 +318,7 @@ def test_guarded_native_calls_raise_instead_of_sigbus(tmp_path):
     script = f"""
     import mmap, threading
     import numpy as np
-    from recordkit import _native as n
+    from recordkit.native import _ext as n
     from recordkit.format import guard
     f = open({str(path)!r}, "rb")
     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -381,7 +381,7 @@ def test_sigbus_outside_a_guard_still_kills(tmp_path, faulthandler):
     path.write_bytes(os.urandom(1 << 20))
     script = f"""
     import mmap
-    from recordkit import _native  # installs the handler
+    from recordkit.native import _ext as _native  # installs the handler
     f = open({str(path)!r}, "rb")
     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     os.truncate({str(path)!r}, 100)
@@ -455,7 +455,7 @@ def test_faulthandler_enabled_after_import_does_not_defeat_the_guard(tmp_path):
     path.write_bytes(os.urandom(1 << 20))
     script = f"""
     import faulthandler, mmap
-    from recordkit import _native
+    from recordkit.native import _ext as _native
     faulthandler.enable()
     f = open({str(path)!r}, "rb")
     m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

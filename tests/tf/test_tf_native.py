@@ -16,8 +16,8 @@ from recordkit.format.framing import frame
 
 tf = pytest.importorskip("tensorflow")
 rtf = pytest.importorskip("recordkit.tf")
-tfnative = pytest.importorskip("recordkit._tfnative")
-tftasks = pytest.importorskip("recordkit._tftasks")
+tfnative = pytest.importorskip("recordkit.tf.native")
+tftasks = pytest.importorskip("recordkit.tf.tasks")
 
 pytestmark = pytest.mark.tf
 

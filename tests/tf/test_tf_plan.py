@@ -264,9 +264,9 @@ def test_mirrored_strategy_per_replica_drops_only_the_counted_tail(tmp_path):
 def test_tasks_split_into_rows_exactly_and_within_the_map_budget(tmp_path, monkeypatch):
     """Payloads of very different sizes (several rows each, empty ones) come back whole,
     and a task over more shards than the map budget holds one shard at a time."""
-    from recordkit._tftasks import PlanTasks
     from recordkit.reader.plan import PlanOptions
     from recordkit.reader.shards import open_shards
+    from recordkit.tf.tasks import PlanTasks
 
     root = tmp_path / "sizes"
     rng = np.random.default_rng(0)

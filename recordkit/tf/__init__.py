@@ -1,0 +1,358 @@
+"""TensorFlow: read recordkit datasets into ``tf.data``, in the epoch plan's order.
+
+:func:`dataset` builds a ``tf.data.Dataset`` from a dataset's manifest (or a
+folder of foreign TFRecords plus a schema) with no Python in the per-record
+path. Shuffled, split over input pipelines, or (local, indexed) of a schema the
+native path takes, the records come in the order of
+:class:`~recordkit.reader.plan.EpochPlan` (the one ``recordkit.torch`` reads):
+epoch and task numbers from ``Dataset.range`` (positions that
+``tf.train.Checkpoint`` saves) and one stateless ``tf.numpy_function`` per task of
+thousands of records. For fixed-shape, uncompressed features it decodes the task
+natively into dense tensors (:mod:`recordkit.tf.native`: the torch reader's C
+decoder, no ``parse_example``); otherwise it verifies and gathers the records
+natively (:mod:`recordkit.tf.tasks`) and ``tf.strings.substr`` splits them. An
+unshuffled pipeline of other schemas (and the growing shard cache, and ``gs://``)
+reads with ``TFRecordDataset`` over the shard list with a parallel interleave.
+Serialized records then go through ``tf.io.parse_example`` with a feature spec
+derived from the schema and ``tf.io.decode_raw`` for
+:class:`~recordkit.codec.Tensor` features; every path ends in
+``prefetch(AUTOTUNE)``. :func:`feature_spec` gives that spec to users who build
+their own pipeline. :func:`dataset` checks its arguments and hands them to one
+builder per pipeline shape (:mod:`recordkit.tf.build` lists them).
+
+What each feature becomes (``B`` = the batch dimension, absent without ``batch_size``):
+
+=====================================  ==================================================
+schema                                 element
+=====================================  ==================================================
+``Bytes()``                            ``tf.string`` ``[B]``
+``Bytes((n,))``                        ``tf.string`` ``[B, n]``
+``Bytes((None,))``                     ``tf.string`` ragged ``[B, None]``
+``Int64(shape)`` / ``Float32(shape)``  ``tf.int64`` / ``tf.float32`` ``[B, *shape]``
+``Tensor(dtype, shape)``               ``dtype`` ``[B, *shape]``
+=====================================  ==================================================
+
+A shape with ``None`` dims gives, batched, a ``tf.RaggedTensor`` whose ragged
+dims are those ``None`` dims (per-record shapes are honoured: one ``None`` is
+recovered from the element count, two or more from the ``name/shape``
+companion feature). A zstd-compressed ``Tensor`` is decompressed in a
+``tf.numpy_function`` -- the slow path: Python, under the GIL, once per record.
+
+Remote datasets: paths TensorFlow reads natively (local paths and ``gs://``)
+go straight to TensorFlow's file system layer; other URLs (``s3://``,
+``http(s)://``, ...) raise an error naming the local shard cache, through which
+they are read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from .._deps import require
+from ..codec import Schema
+from ..codec.limits import DecodeLimits
+from ..images import ImageOptions
+from ..reader.epochs import open_cache
+from ..reader.mix import refuse_cache, sources
+from ..reader.options import CacheOptions, accepts_options, merge_options
+from ..reader.select import take_split
+from ..storage import strip_file_scheme
+from .build import PASSES, Request, choose
+from .files import feature_spec, says_sequences, shard_files
+
+tf = require("tensorflow", extra="tf")
+
+__all__ = ["EpochCallback", "dataset", "feature_spec", "set_epoch", "shard_files"]
+
+
+@accepts_options
+def dataset(
+    path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    batch_size: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    epochs: int | None = 1,
+    shuffle_buffer: int = 10_000,
+    drop_remainder: bool = False,
+    columns: Sequence[str] | None = None,
+    input_context: Any = None,
+    deterministic: bool = True,
+    schema: Schema | None = None,
+    num_parallel_reads: int | None = None,
+    cache_options: CacheOptions | None = None,
+    cache: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    cache_epochs: Literal["whole", "growing"] = "whole",
+    cache_timeout: float | None = 600.0,
+    partial: bool = False,
+    limits: DecodeLimits | None = None,
+    split: str | None = None,
+    decode_images: bool | str | Sequence[str] | ImageOptions | None = None,
+    sequence_example: bool = False,
+    records: slice | str | Sequence[slice | str | None] | None = None,
+    weights: Sequence[float] | None = None,
+    epoch_records: int | None = None,
+) -> Any:
+    """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
+
+    The order of every epoch is the epoch plan's
+    (:class:`recordkit.reader.plan.EpochPlan`, the one ``recordkit.torch``
+    reads): a pure function of ``seed``, the epoch number and the position,
+    never of TensorFlow's random state, so ``tf.random.set_seed`` does not
+    change it, and an iterator saved with ``tf.train.Checkpoint(iterator=it)``
+    continues the same stream, mid-epoch and across epochs, in a new process.
+    One unshuffled pipeline of a schema the native path does not take (or given
+    ``num_parallel_reads``) reads through TensorFlow's own ``TFRecordDataset``;
+    ``docs/tensorflow.md`` says which path reads what.
+
+    Args:
+        path_or_url: a dataset directory (with ``recordkit.json``), a folder of
+            TFRecord files, one file, or a ``gs://`` URL of any of these; or a
+            list of local ones, read as one (``docs/howto/mixing.md``): every
+            record of each once per epoch, shuffled together; their schemas
+            must agree on the features read (else a
+            :class:`~recordkit.errors.SchemaError` naming the feature).
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset. Read through the epoch plan.
+        weights: with a list of datasets, sample them in these proportions: an
+            epoch of ``epoch_records`` records of which each dataset gives its
+            share, a smaller one repeated (each pass a fresh permutation,
+            without replacement within a pass), a larger one subsampled
+            (different records each epoch); see ``docs/howto/mixing.md``.
+        epoch_records: records per epoch with ``weights`` (default: the datasets'
+            records together); alone, natural proportions.
+        batch_size: batch this many records (``parse_example`` on whole batches);
+            ``None`` yields single records.
+        shuffle: a new order every epoch, mixed like a uniform permutation on
+            sorted data too (blocks of records in a keyed order, then records
+            within windows of many blocks). Every pass over the dataset (each
+            ``iter(ds)`` that is read from) reads the next epoch.
+        seed: the shuffle seed (0 to 2**63 - 1).
+        epoch: the number of the first epoch this dataset yields (the plan's
+            epoch: with ``shuffle``, each epoch number has its own order).
+        epochs: epochs one pass over the dataset (one iterator) yields,
+            numbered ``epoch``, ``epoch + 1``, ...; ``None`` repeats without
+            end. Iterating the same dataset again reads the next epochs: each
+            Keras ``fit`` epoch, or each ``for batch in ds`` of a loop, has a
+            new order (see :func:`set_epoch` and :class:`EpochCallback` to
+            number them yourself).
+        shuffle_buffer: records in TensorFlow's shuffle buffer, used only where
+            the plan is not (a shard cache, ``gs://``).
+        drop_remainder: drop the last, smaller batch; with ``input_context``
+            the shuffled epoch is cut to a multiple of the global batch
+            (``batch_size`` times the number of pipelines), so every pipeline
+            yields the same number of full batches.
+        columns: decode only these features (default: all).
+        input_context: a ``tf.distribute.InputContext``: pipelines split each
+            epoch by global batch, as ``torch.distributed`` ranks do: pipeline
+            *i* takes the *i*-th ``batch_size`` slice of each global batch.
+            Each record is read by exactly one pipeline per epoch (the last,
+            partial global batch is shared evenly unless ``drop_remainder``).
+        deterministic: keep the order fixed; ``False`` lets TensorFlow trade
+            order for speed where it interleaves files (the native path).
+        schema: the schema of a foreign folder (default: inferred from its first
+            records); overrides a manifest's.
+        cache_options: the cache settings below as one
+            ``CacheOptions`` (``from recordkit.reader import CacheOptions``;
+            documented with ``recordkit.torch``); then none of the
+            ``cache*`` keywords: a setting is given one way.
+        cache: read the remote dataset through this
+            :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
+            label. How epochs read it: ``cache_epochs``.
+        cache_dir: instead of ``cache``: cache the remote ``path_or_url`` here,
+            within ``cache_limit`` bytes.
+        cache_limit: the disk budget for ``cache_dir`` (e.g. ``"50GiB"``).
+        cache_epochs: ``"whole"`` (default): every epoch reads every record of
+            the remote dataset in the plan's order (the records of
+            ``recordkit.torch``), the shards fetched ahead of the readers within
+            the budget and evicted once the epoch is done with them; the length
+            is known and ``tf.train.Checkpoint`` resumes mid-epoch. One iterator
+            at a time. ``"growing"``: each time the dataset is iterated (each
+            epoch) it takes every complete shard a started cache holds then,
+            pinned until the next epoch starts, so epochs grow as the cache
+            fills (each says at WARNING how much it reads); ``input_context``
+            then splits by shard only, the length is unknown, and the order is
+            not the plan's. See ``docs/cache.md``.
+        cache_timeout: seconds a reader waits for one shard (whole epochs), or
+            an epoch start for a first complete shard (growing epochs).
+        num_parallel_reads: given, an unshuffled pipeline reads through
+            TensorFlow's ``TFRecordDataset``: this many shards at once (default
+            4, for the schemas the native path does not take), in parallel;
+            their records (small records: chunks of up to 1024 records or
+            1 MiB) alternate, so the order is fixed but not the dataset order.
+            ``1`` reads shard after shard, in the manifest's order.
+        partial: read a directory where a write of ours did not finish (the
+            shards it published, with a WARNING) instead of raising
+            :class:`~recordkit.errors.IncompleteDatasetError`.
+        limits: the bytes a zstd value may decompress to (its
+            :class:`~recordkit.codec.DecodeLimits` ``record_bytes``; default
+            derived from the schema); a value over it fails the pipeline with
+            :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
+        split: the split of a local tensorflow-datasets folder (needed when it
+            has several; or give one of its shards): elements then hold tfds's
+            dtypes and shapes, as ``tfds.load`` gives them (``columns`` names
+            tfds's features). Read through the epoch plan, record by record.
+        decode_images: ``Bytes()`` features holding encoded images (a name, names,
+            or :class:`~recordkit.images.ImageOptions` for the channels and the
+            key feature) to decode with ``tf.io.decode_image``, per record, into
+            ``uint8`` ``[H, W, C]`` (``[B, None, None, C]`` ragged when batched:
+            resize in a ``map`` with ``batch_size=None``, then batch). An image
+            that does not decode fails the pipeline with TensorFlow's
+            ``InvalidArgumentError`` carrying the
+            :class:`~recordkit.errors.ImageDecodeError` message: the record's
+            ``file:offset:record``, the feature, the source key (``path``) and
+            why. Records are then read one by one (no vectorised batch parse).
+            In a tensorflow-datasets folder, ``True`` decodes its ``Image``
+            features with ``tf.io.decode_image`` (as tfds does).
+        sequence_example: the records are ``tf.train.SequenceExample``
+            messages: each element is ``{"context": {name: 1-d tensor},
+            "feature_lists": {name: ragged [steps, None]}}`` from
+            ``tf.io.parse_single_sequence_example``, with specs (each feature's
+            kind) from the first file's leading records; a record holding a
+            feature or kind they lack fails the pipeline by name instead of being
+            read in part. Batches are ragged (``ragged_batch``). Files are read in
+            order (shuffled with ``shuffle``: by file, then in a buffer of
+            ``shuffle_buffer`` records); no ``schema``, ``columns`` or cache.
+            Implied by a manifest that says the records are SequenceExamples
+            (``recordkit convert`` of them): the specs are then its schema,
+            which names every feature each record holds, and TensorFlow parses
+            with no check per record.
+
+    The dataset knows its length (``len(ds)``: batches, or records, of this
+    pipeline, times ``epochs``) where there is a manifest or a local folder, so
+    Keras knows the steps per epoch.
+
+    Raises:
+        ShardNotFoundError: no dataset at the path, or a URL TensorFlow cannot read.
+        SchemaError: a column not in the schema.
+    """
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if shuffle_buffer < 1:
+        raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
+    cached = merge_options(CacheOptions, cache_options, locals(), keyword="cache_options")
+    paths, label = sources(path_or_url)
+    split, records = take_split(split, records)
+    if cached.used:  # a list, a record range or weights: refused with a cache
+        refuse_cache(label, paths, records, weights, epoch_records)
+    if input_context is not None:  # validates the pipeline numbers
+        shard_files([], input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if cached.used and (split is not None or decode_images):
+        raise ValueError(
+            f"{label}: split= and decode_images= are for a local "
+            "tensorflow-datasets folder, not a dataset read through a shard cache"
+        )
+    request = Request(
+        path_or_url=label,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        epochs=epochs,
+        shuffle_buffer=shuffle_buffer,
+        drop_remainder=drop_remainder,
+        columns=columns,
+        input_context=input_context,
+        deterministic=deterministic,
+        schema=schema,
+        num_parallel_reads=num_parallel_reads,
+        partial=partial,
+        limits=limits,
+        split=split,
+        decode_images=decode_images,
+        sequence_example=sequence_example,
+        paths=paths,
+        records=records,
+        weights=weights,
+        epoch_records=epoch_records,
+    )
+    if request.mixing and (sequence_example or says_sequences(strip_file_scheme(paths[0]))):
+        raise ValueError(f"{label}: SequenceExamples are not read as a list, records= or weights=")
+    source = open_cache(
+        request.path_or_url,
+        cache=cached.cache,
+        cache_dir=cached.dir,
+        cache_limit=cached.limit,
+        timeout=cached.timeout,
+        mode=cached.epochs,
+    )
+    ds = choose(request, source)
+    if not hasattr(ds, PASSES):
+        setattr(ds, PASSES, None)  # not in the plan's order: no epoch number to set
+    return ds
+
+
+def set_epoch(ds: Any, epoch: int) -> None:
+    """The next pass over ``ds`` (each ``iter(ds)``) reads epoch ``epoch`` (and the
+    ``epochs - 1`` after it), as ``DistributedSampler.set_epoch`` does in PyTorch.
+
+    Without it, each pass reads the epochs after the last one a pass over ``ds``
+    began, which is a new order every pass; call it to tie the epochs to your own
+    count (a run resumed at epoch ``k`` reads epoch ``k``'s order). A dataset whose
+    order is not the plan's (unshuffled, through ``TFRecordDataset``: the same every
+    pass; or shuffled by TensorFlow: new every pass) has no epoch to set: nothing
+    changes.
+
+    Args:
+        ds: a dataset :func:`dataset` returned (not one made from it).
+        epoch: the plan's epoch number (>= 0).
+
+    Raises:
+        TypeError: ``ds`` is not a dataset :func:`dataset` returned.
+    """
+    if not hasattr(ds, PASSES):
+        raise TypeError(
+            "set_epoch takes the dataset recordkit.tf.dataset() returned; a dataset made "
+            "from it (ds.map(...), ds.take(...)) does not carry its epochs"
+        )
+    passes = getattr(ds, PASSES)
+    if passes is not None:
+        passes.set(epoch)
+
+
+class EpochCallback(tf.keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+    """A Keras callback that makes ``fit``'s epoch ``e`` read the dataset's epoch
+    ``epoch + e * epochs`` (the ``epoch`` and ``epochs`` it was built with).
+
+    Keras ``fit`` already reads a new order every epoch without it (each of its
+    epochs is a new pass). With it the order also follows Keras' own epoch number,
+    so a run that ``BackupAndRestore`` (or ``initial_epoch``) resumes at epoch ``k``
+    reads epoch ``k``'s order, as the uninterrupted run did::
+
+        ds = recordkit.tf.dataset(path, batch_size=32, shuffle=True, seed=0)
+        model.fit(ds.map(to_xy), epochs=5, callbacks=[recordkit.tf.EpochCallback(ds)])
+
+    Args:
+        ds: a dataset :func:`dataset` returned (the one given to ``fit``, or the one
+            it was made from with ``map``: they share its epochs).
+
+    Raises:
+        TypeError: ``ds`` is not a dataset :func:`dataset` returned.
+    """
+
+    def __init__(self, ds: Any) -> None:
+        super().__init__()
+        if not hasattr(ds, PASSES):
+            raise TypeError(
+                "EpochCallback takes the dataset recordkit.tf.dataset() returned; a "
+                "dataset made from it (ds.map(...)) does not carry its epochs"
+            )
+        self.ds = ds
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        """Keras starts epoch ``epoch``: its pass reads the plan's matching epoch."""
+        passes = getattr(self.ds, PASSES)
+        if passes is not None:
+            passes.set(passes.first + epoch * (passes.per_pass or 1))

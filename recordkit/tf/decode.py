@@ -1,0 +1,98 @@
+"""Turning parsed ``tf.train.Example`` features into ``recordkit.tf``'s elements.
+
+Used by :mod:`recordkit.tf` alone (which documents what each feature becomes).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._deps import require
+from ..codec import Bytes, Schema, Tensor
+from ..codec.limits import DecodeBudget, DecodeLimits
+
+tf = require("tensorflow", extra="tf")
+
+__all__ = ["COMPANION", "decoder", "fast"]
+
+# The companion feature that holds a record's shape (two or more ``None`` dims).
+COMPANION = "/shape"
+
+
+def _tf_dtype(np_dtype: Any) -> Any:
+    dtype = np.dtype(np_dtype)
+    if dtype.name == "bool":
+        return tf.bool
+    return tf.as_dtype(dtype.newbyteorder("="))
+
+
+def decoder(
+    schema: Schema, names: list[str], *, batched: bool, limits: DecodeLimits | None = None
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Turn parsed features into the output element (one record, or a parsed batch)."""
+    cap = (limits or DecodeLimits()).record_limit(schema, names)
+
+    def shape_of(name: str, ftype: Any, parsed: dict[str, Any], count: Any) -> Any:
+        if ftype.shape_feature:
+            return parsed[name + COMPANION]
+        known = math.prod(d for d in ftype.shape if d is not None)
+        return [count // known if d is None else d for d in ftype.shape]
+
+    def one(name: str, ftype: Any, parsed: dict[str, Any]) -> Any:
+        value = parsed[name]
+        if isinstance(ftype, Tensor):
+            dtype = _tf_dtype(ftype.dtype)
+            if ftype.compression:
+                value = _zstd(value, ftype, name, cap)
+            else:
+                value = tf.io.decode_raw(value, dtype, little_endian=True)
+            if None not in ftype.shape:
+                return tf.reshape(value, list(ftype.shape))
+            count = tf.size(value, out_type=tf.int64)
+            return tf.reshape(value, shape_of(name, ftype, parsed, count))
+        if None not in ftype.shape or isinstance(ftype, Bytes):
+            return value
+        count = tf.size(value, out_type=tf.int64)
+        return tf.reshape(value, shape_of(name, ftype, parsed, count))
+
+    def per_record(parsed: dict[str, Any]) -> dict[str, Any]:
+        return {n: one(n, schema[n], parsed) for n in names}
+
+    def per_batch(parsed: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for n in names:
+            ftype, value = schema[n], parsed[n]
+            if isinstance(ftype, Tensor):
+                value = tf.io.decode_raw(value, _tf_dtype(ftype.dtype), little_endian=True)
+                value = tf.reshape(value, [-1, *ftype.shape])
+            out[n] = value
+        return out
+
+    return per_batch if batched else per_record
+
+
+def _zstd(value: Any, ftype: Tensor, name: str, cap: int) -> Any:
+    dtype = np.dtype(ftype.dtype)
+    size = None if None in ftype.shape else math.prod(ftype.shape) * dtype.itemsize  # type: ignore[arg-type]
+
+    def decompress(frame: bytes) -> np.ndarray:
+        # TensorFlow decodes the features one by one: each value within the record limit.
+        raw = DecodeBudget(cap, cap).decompress(name, frame, size)
+        return np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="), copy=False)
+
+    out = tf.numpy_function(decompress, [value], _tf_dtype(dtype), stateful=False)
+    out.set_shape([None])
+    return out
+
+
+def fast(schema: Schema, names: list[str]) -> bool:
+    """Whether a whole batch decodes with vectorised ops (no per-record shapes, no zstd)."""
+    for n in names:
+        ftype = schema[n]
+        if None in ftype.shape or (isinstance(ftype, Tensor) and ftype.compression):
+            return False
+    return True

@@ -1,0 +1,354 @@
+"""``recordkit.tf``'s native path: a task's records decoded in C straight into dense tensors.
+
+For the schemas it takes (:func:`takes`: every feature read is a fixed-shape
+``Int64``/``Float32``, an uncompressed fixed-shape ``Tensor``, or one ``Bytes()``
+value), one stateless ``tf.numpy_function`` per task of the epoch plan
+(:class:`~recordkit.tf.tasks.PlanTasks`) hands the task's records, in stream
+order, to :class:`~recordkit.reader.decode.BatchDecoder` -- the torch reader's
+decoder: framing and both CRCs checked, the Example parsed and its values copied
+into the batch arrays in C with the GIL released, any unusual record decoded the
+reference way (its exact values, or its error naming file, offset and record).
+The arrays go to TensorFlow as they are: ``numpy_function`` wraps a NumPy result
+that is 64-byte aligned without copying it. They are carved from the slabs of a
+:class:`~recordkit.reader.buffers.BufferPool`, which takes a slab back only when
+TensorFlow has let go of every tensor made from it: fresh memory costs a page
+fault per 4 KiB on first touch (here 35 ms for a 16 MiB task instead of 2.4 ms).
+There is no ``parse_example`` on the way.
+
+A ``Bytes()`` feature comes out of the decoder as zero-padded ``uint8`` rows and
+their lengths, and ``tf.string`` elements are made from them by the
+``RecordkitStrings`` op (``recordkit/native/tfop.cc``, built against the installed
+TensorFlow when there was one at build time): one copy per value. Where the op is
+not there (or does not load: another TensorFlow), the values go out as one
+``tf.string`` and are cut with ``tf.strings.substr``: two copies more, same values.
+``RECORDKIT_NO_TFOP=1`` forces that fallback.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._deps import require
+from ..codec import Bytes, Float32, Int64, Schema, Tensor
+from ..codec.limits import DecodeLimits
+from ..format.framing import OVERHEAD
+from ..reader import decode as _decode
+from ..reader.buffers import BufferPool
+from ..reader.decode import BatchDecoder
+from .tasks import PlanTasks
+
+tf = require("tensorflow", extra="tf")
+
+__all__ = ["NativeTasks", "strings_op", "takes"]
+
+log = logging.getLogger(__name__)
+
+# Bytes() values from this size up become views into the task's buffer, smaller ones are
+# copied (recordkit/native/tfop.cc says why). W1/W2 (256 KiB / 1 KiB values) read at the same
+# speed with 0 and 4096 here; a view keeps the whole task buffer alive.
+_VIEW_MIN = 4096
+# The text that recordkit/native/tfop.cc embeds before the TensorFlow version it was built for.
+_BUILT_FOR = b"recordkit-tfop-built-for-tensorflow "
+_NO_OP = object()
+_op: Any = None  # the loaded op library, _NO_OP once it failed to load
+
+
+def strings_op() -> Any | None:
+    """The ``RecordkitStrings`` op (``tf.load_op_library`` of ``recordkit/native/_tfop*.so``), or
+    ``None``: not built, ``RECORDKIT_NO_TFOP=1``, or built for another TensorFlow."""
+    global _op
+    if os.environ.get("RECORDKIT_NO_TFOP", "") not in ("", "0"):
+        return None
+    if _op is None:
+        _op = _load() or _NO_OP
+    return None if _op is _NO_OP else _op
+
+
+def _load() -> Any | None:
+    native = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native")
+    found = sorted(glob.glob(os.path.join(native, "_tfop*.so")))
+    if not found:
+        return None
+    path = found[0]
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    at = data.find(_BUILT_FOR)
+    built = data[at + len(_BUILT_FOR) : data.find(b"\0", at)].decode() if at >= 0 else "?"
+    if built != tf.__version__:  # another TensorFlow's ABI: never loaded
+        log.info(
+            "recordkit.tf: %s was built for TensorFlow %s, this is %s; tf.string values take "
+            "the substr path (reinstall recordkit to rebuild it)",
+            path,
+            built,
+            tf.__version__,
+        )
+        return None
+    try:
+        return tf.load_op_library(path)
+    except Exception as exc:  # any failure to load means the fallback
+        log.info(
+            "recordkit.tf: %s does not load (%s); tf.string values take the substr path", path, exc
+        )
+        return None
+
+
+def takes(schema: Schema, names: Sequence[str]) -> bool:
+    """Whether every feature in ``names`` decodes natively into a dense tensor
+    (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then)."""
+    if os.environ.get("RECORDKIT_TF_NATIVE", "") == "0":
+        return False
+    if _decode.IMPLEMENTATION != "native" or not names:
+        return False
+    for name in names:
+        ftype = schema[name]
+        if None in ftype.shape:
+            return False
+        if isinstance(ftype, Bytes):
+            if ftype.shape or name + "/lengths" in schema:
+                return False
+        elif isinstance(ftype, Tensor):
+            if ftype.compression:
+                return False
+        elif not isinstance(ftype, (Int64, Float32)):
+            return False
+    return True
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """A slab whose data is 64-byte aligned: TensorFlow wraps (not copies) such arrays."""
+    raw = np.empty(nbytes + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip : skip + nbytes]
+
+
+def _tf_dtype(dtype: np.dtype[Any]) -> Any:
+    return tf.bool if dtype.kind == "b" else tf.as_dtype(dtype.newbyteorder("="))
+
+
+class NativeTasks:
+    """Decodes the tasks of ``tasks`` into one dense tensor per feature (see the module docs).
+
+    Args:
+        tasks: the pipeline's tasks (the plan's records, the shard set, a cache feed).
+        schema: the schema; every feature in ``names`` must be one :func:`takes` takes.
+        names: the features to read, in schema order.
+        limits: the decode limits (the records' bytes are checked against them).
+    """
+
+    def __init__(
+        self, tasks: PlanTasks, schema: Schema, names: Sequence[str], limits: DecodeLimits | None
+    ) -> None:
+        self.tasks = tasks
+        self.names = list(names)
+        self.decoder = BatchDecoder(schema, columns=self.names, bytes_as="padded", limits=limits)
+        # Free slabs kept: three tasks' worth. Tasks in flight come back to the pool as
+        # TensorFlow lets go of them; more kept is anonymous memory held for nothing.
+        task = tasks.task_units * (tasks.options.batch_size or 1) * tasks.shards.avg_record_bytes
+        self.pool = BufferPool(max(8 << 20, int(3 * task)), allocate=_aligned)
+        self.op = strings_op()
+        self.bytes = [n for n in self.names if isinstance(schema[n], Bytes)]
+        # The whole task in one native call (GIL released once), where the build has it.
+        runner = self.decoder.runner()
+        self.runner = runner if hasattr(runner, "run") else None
+        # The widest value of each bytes feature so far: the row width given to the runner
+        # (a wider value refuses its task, decoded then the exact way, which widens it).
+        self._widths = [0] * len(self.bytes)
+        self.dtypes: dict[str, np.dtype[Any]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for n in self.names:
+            ftype = schema[n]
+            if isinstance(ftype, Tensor):
+                self.dtypes[n] = np.dtype(ftype.dtype)
+            elif isinstance(ftype, Int64):
+                self.dtypes[n] = np.dtype(np.int64)
+            elif isinstance(ftype, Float32):
+                self.dtypes[n] = np.dtype("<f4")
+            self.shapes[n] = tuple(int(d) for d in ftype.shape if d is not None)
+
+    # -- in the numpy_function: no TensorFlow ---------------------------------------------
+
+    def read(self, epoch: Any, task: Any) -> list[np.ndarray]:
+        """A task's columns, in stream order: per feature, its array; a bytes feature
+        gives ``(values, starts, lengths)`` (``values``: ``uint8`` for the op, or a
+        one-element ``S`` array for ``substr``).
+
+        Raises:
+            CorruptRecordError: a record's framing, CRC or payload is bad (naming file,
+                offset and record), as the ``parse_example`` path raises it.
+            ShardChangedError: a shard changed under the reader.
+        """
+        feed = self.tasks.feed
+        if feed is None:
+            return self._read(int(epoch), int(task))
+        feed.begin(int(epoch), int(task))
+        try:
+            return self._read(int(epoch), int(task))
+        finally:
+            feed.done(int(epoch), int(task))
+
+    def _read(self, epoch: int, task: int) -> list[np.ndarray]:
+        shard, rec = self.tasks.records(epoch, task)
+        groups = _groups(shard)
+        if self.runner is not None and len(rec):
+            # Parallel calls each hold their task's shards: pieces of a quarter of the budget.
+            cap = max(1, self.tasks.shards.max_open // 4)
+            parts = []
+            for lo in range(0, len(groups), cap):
+                part = self._run(groups[lo : lo + cap], rec)
+                if part is None:  # a record the runner does not take: the exact way
+                    break
+                parts.append(part)
+            else:
+                return self._join(len(rec), parts)
+        return self._join(len(rec), self._decode(groups, rec))
+
+    def _run(
+        self, piece: list[tuple[int, np.ndarray]], rec: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, Any]] | None:
+        """The runner's columns for the records of ``piece`` (their shards' groups), in
+        stream order, with the GIL released once; ``None`` if it refused a record."""
+        runner, shards = self.runner, self.tasks.shards
+        assert runner is not None  # _read calls this only with a runner
+        pos = piece[0][1] if len(piece) == 1 else np.sort(np.concatenate([i for _, i in piece]))
+        table = np.empty((len(pos), 3), np.int64)  # (shard slot, offset, framed size)
+        held = shards.acquire_many([s for s, _ in piece])
+        try:
+            for slot, (m, (_, idx)) in enumerate(zip(held, piece)):
+                m.check()
+                at = idx if len(piece) == 1 else np.searchsorted(pos, idx)
+                table[at, 0] = slot
+                table[at, 1], table[at, 2] = m.lookup(rec[idx])
+            widest = int(table[:, 2].max()) - OVERHEAD
+            widths = [min(widest, w) if w else widest for w in self._widths]
+            outs = self.decoder.runner_outputs(len(pos), widths, self.pool.alloc)
+            ok, got = runner.run(tuple(m.buf for m in held), table, outs)
+        finally:
+            for m in held:
+                shards.release(m)
+        if not ok:
+            return None
+        columns = self.decoder.runner_columns(outs, got, len(pos))
+        self._widths = [max(w, columns[n].shape[1]) for w, n in zip(self._widths, self.bytes)]
+        return pos, columns
+
+    def _decode(self, groups: list[tuple[int, np.ndarray]], rec: np.ndarray) -> list[Any]:
+        """The columns of each shard's records by :meth:`BatchDecoder.decode`: exact for
+        every record the runner does not take (its values, or its error, located)."""
+        parts = []
+        for s, idx in groups:
+            with self.tasks.shards.use(s) as m:
+                m.check()
+                r = rec[idx]
+                batch = self.decoder.decode(
+                    m.buf, m.offsets[r], m.sizes[r], self.pool.alloc, path=m.path, records=r
+                )
+                if batch.bad:
+                    pos, err = batch.bad[0]
+                    i = int(r[pos])
+                    raise err.located(m.path, int(m.offsets[i]), i)
+            parts.append((idx, batch.columns))
+            for k, n in enumerate(self.bytes):
+                self._widths[k] = max(self._widths[k], batch.columns[n].shape[1])
+        return parts
+
+    def _join(self, n: int, parts: list[tuple[np.ndarray, dict[str, Any]]]) -> list[np.ndarray]:
+        """The parts' columns as one task's, in stream order (one part: as they are)."""
+        out: list[np.ndarray] = []
+        one = len(parts) == 1
+        for name in self.names:
+            if name in self.bytes:
+                out.extend(self._bytes(n, name, parts))
+                continue
+            if one:
+                out.append(parts[0][1][name])
+                continue
+            col = self.pool.alloc((n, *self.shapes[name]), self.dtypes[name])
+            for idx, cols in parts:
+                col[idx] = cols[name]
+            out.append(col)
+        return out
+
+    def _bytes(
+        self, n: int, name: str, parts: list[tuple[np.ndarray, dict[str, Any]]]
+    ) -> list[np.ndarray]:
+        """A bytes feature's ``(values, starts, lengths)``: the parts' padded rows one after
+        another (a copy only with several parts, or for the ``substr`` fallback)."""
+        starts = np.empty(n, np.int64)
+        lengths = np.empty(n, np.int64)
+        at = 0
+        for idx, cols in parts:
+            rows = cols[name]
+            width = rows.shape[1]
+            starts[idx] = at + np.arange(len(idx), dtype=np.int64) * width
+            lengths[idx] = cols[name + "/lengths"]
+            at += rows.size
+        if self.op is not None and len(parts) == 1:
+            return [parts[0][1][name].reshape(-1), starts, lengths]
+        values = self.pool.alloc((at + (self.op is None),), np.dtype(np.uint8))
+        at = 0
+        for _, cols in parts:
+            rows = cols[name]
+            values[at : at + rows.size] = rows.reshape(-1)
+            at += rows.size
+        if self.op is not None:
+            return [values, starts, lengths]
+        values[at] = 0xFF  # NumPy's S type drops trailing NULs: a nonzero last byte keeps them
+        return [values.view(f"S{at + 1}"), starts, lengths]
+
+    # -- in the graph -------------------------------------------------------------------------
+
+    def element(self, epoch: Any, task: Any, saw: Callable[[int], None]) -> dict[str, Any]:
+        """The task's records as ``{name: tensor [n, *shape]}`` (``tf.string`` ``[n]`` for a
+        bytes feature), from one ``numpy_function`` (which tells ``saw`` the epoch first)."""
+
+        def read(e: Any, t: Any) -> list[np.ndarray]:
+            saw(int(e))
+            return self.read(e, t)
+
+        tout = []
+        for name in self.names:
+            if name in self.bytes:
+                tout += [tf.uint8 if self.op is not None else tf.string, tf.int64, tf.int64]
+            else:
+                tout.append(_tf_dtype(self.dtypes[name]))
+        flat = tf.numpy_function(read, [epoch, task], tout, stateful=False)
+        out: dict[str, Any] = {}
+        k = 0
+        for name in self.names:
+            if name in self.bytes:
+                values, starts, lengths = flat[k : k + 3]
+                k += 3
+                if self.op is not None:
+                    value = self.op.recordkit_strings(
+                        values, starts, lengths, view_min_bytes=_VIEW_MIN
+                    )
+                else:
+                    value = tf.strings.substr(tf.reshape(values, []), starts, lengths)
+                value.set_shape([None])
+            else:
+                value = flat[k]
+                k += 1
+                value.set_shape([None, *self.shapes[name]])
+            out[name] = value
+        return out
+
+
+def _groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """The positions of each shard's records, shard by shard (stable)."""
+    if len(shard) and shard[0] == shard[-1] and not np.any(shard != shard[0]):
+        return [(int(shard[0]), np.arange(len(shard)))]
+    order = np.argsort(shard, kind="stable")
+    ids = shard[order]
+    edges = np.flatnonzero(np.diff(ids)) + 1
+    lo = [0, *edges.tolist()]
+    hi = [*edges.tolist(), len(ids)]
+    return [(int(ids[a]), order[a:b]) for a, b in zip(lo, hi) if b > a]
