@@ -21,7 +21,6 @@ FLOORS: list[set[str]] = [
     {"errors", "_version", "_units"},
     # standard-library/numpy helpers and the C extensions, shared by the floors above
     {
-        "_args",
         "_deps",
         "_keywords",
         "native",

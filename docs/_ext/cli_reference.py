@@ -1,7 +1,7 @@
 """``{cli-reference}``: the CLI reference, generated from ``recordkit.cli.build_parser()``.
 
-Every subcommand (including those hooked in by ``recordkit/convert/cli.py`` and
-``recordkit/cache/cli.py``, and their own subcommands) gets a section with its
+Every subcommand (including those hooked in by ``recordkit/cli/convert.py`` and
+``recordkit/cli/cache.py``, and their own subcommands) gets a section with its
 description and its full ``--help`` text, so the page cannot drift from the code.
 """
 

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
     from ._cache import ShardCache
+    from ._dir import CacheDir  # noqa: F401  (not in __all__: for the command line)
     from ._errors import CacheFullError, DownloadError, ProduceError
     from ._producer_options import ProducerOptions
     from ._remote import RetryOptions
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
 # Loaded on first use, so that a writer process, which imports only
 # ``recordkit.cache._writer``, does not load the cache (sqlite3, the fill machinery).
 _WHERE = {
+    "CacheDir": "._dir",  # the directory's files and catalog (`recordkit cache` reads it)
     "CacheEvents": "._types",
     "CacheFullError": "._errors",
     "CacheStatus": "._types",

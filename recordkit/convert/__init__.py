@@ -16,8 +16,6 @@ import types
 from typing import Any
 
 from ._errors import ConvertError, DiskFullError, PartitionsFailedError, add_note, is_transient
-from .cli import _options as parse_options
-from .cli import parse_schema
 from .function import FunctionSource, write
 from .infer import Inferred, infer_format
 from .partition import PartitionResult, PartitionTask, Tally, run_partition, write_items
@@ -48,8 +46,6 @@ __all__ = [
     "infer_format",
     "is_transient",
     "make_plan",
-    "parse_options",
-    "parse_schema",
     "plan_conversion",
     "run_partition",
     "write",

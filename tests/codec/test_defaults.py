@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit.codec import Bytes, Float32, Int64, Schema, Tensor
+from recordkit.codec import Bytes, Float32, Int64, Schema, Tensor, parse_schema
 from recordkit.codec.features import REQUIRED
 from recordkit.codec.schema_json import default_from_json, default_to_json
-from recordkit.convert.cli import parse_schema
 from recordkit.errors import CorruptRecordError, SchemaError
 from recordkit.format import frame
 from recordkit.reader import _fallback, decode

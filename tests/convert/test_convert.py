@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import recordkit as rk
+from recordkit.codec import parse_schema
 from recordkit.convert import (
     ConvertOptions,
     DiskFullError,
     PartitionsFailedError,
     make_plan,
-    parse_schema,
     plan_conversion,
 )
 from recordkit.converters import SourceError, SourceNotFoundError

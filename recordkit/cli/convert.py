@@ -9,17 +9,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
-import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-from .._args import add_engine_options, add_progress_options, count, positive, progress_mode
-from .engines import ENGINES
+from ..codec.schema_text import parse_schema
+from ..convert.engines import ENGINES
+from .args import (
+    add_engine_options,
+    add_progress_options,
+    count,
+    key_values,
+    positive,
+    progress_mode,
+)
 
-__all__ = ["add_parser", "parse_schema"]
+__all__ = ["add_parser"]
 
 _EXAMPLES = """\
 examples:
@@ -38,102 +44,6 @@ without a fill value does: stop with an error, leave its row out, or become 0/em
 
 A killed or failed conversion resumes when rerun with the same arguments.
 """
-
-_SPEC = re.compile(
-    r"^\s*([^:\s]+)\s*:\s*(tensor:)?([a-z0-9]+)\s*(?:\[([^\]]*)\])?\s*(?:=\s*(.*?))?\s*$"
-)
-
-
-def parse_schema(text: str) -> Any:
-    """A ``recordkit.Schema`` from ``--schema``: JSON, ``@file.json``, or a compact spec.
-
-    The compact spec is ``name:type[shape],...``: ``bytes``, ``int64`` and
-    ``float32`` are Example features (``int64[3]``, ``float32[None]``, ``bytes[]``
-    for a list of any length); any other numpy dtype (``uint8[32,32,3]``,
-    ``float64``) is a ``Tensor``; ``tensor:int64[4]`` forces a ``Tensor``. ``=VALUE``
-    (JSON) makes a feature optional with that default: ``label:int64=-1``,
-    ``tokens:int64[None]=[]``, ``lang:bytes="en"``.
-    """
-    from ..codec import Bytes, Float32, Int64, Schema, Tensor
-    from ..codec.features import REQUIRED
-    from ..errors import SchemaError
-
-    text = text.strip()
-    if text.startswith("@"):
-        try:
-            with open(text[1:], encoding="utf-8") as f:
-                text = f.read().strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SchemaError(f"--schema {text}: cannot read {text[1:]!r}: {exc}") from exc
-    if text.startswith("{"):
-        try:
-            return Schema.from_json(json.loads(text))
-        except json.JSONDecodeError as exc:
-            raise SchemaError(f"--schema is not valid JSON: {exc}") from exc
-    features: dict[str, Any] = {}
-    for part in _split_top(text):
-        match = _SPEC.match(part)
-        if not match:
-            raise SchemaError(
-                f"--schema: cannot parse {part!r}; expected name:type[shape][=default]"
-            )
-        name, forced, kind, dims, default_text = match.groups()
-        default: Any = REQUIRED
-        if default_text is not None:
-            try:
-                default = json.loads(default_text)
-            except json.JSONDecodeError:
-                raise SchemaError(
-                    f'--schema: the default in {part!r} is not JSON (text is quoted: "en")'
-                ) from None
-        shape: tuple[int | None, ...] = ()
-        if dims is not None:
-            shape = tuple(
-                None if d.strip() in ("", "None", "none", "?") else int(d)
-                for d in (dims.split(",") if dims.strip() else [""])
-            )
-        try:
-            if not forced and kind in ("bytes", "int64", "float32"):
-                example = {"bytes": Bytes, "int64": Int64, "float32": Float32}[kind]
-                features[name] = example(shape, default=default)
-            else:
-                features[name] = Tensor(kind, shape, default=default)
-        except SchemaError as exc:
-            raise SchemaError(f"--schema: feature {name!r}: {exc}") from None
-    if not features:
-        raise SchemaError("--schema is empty")
-    return Schema(features)
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas outside brackets."""
-    parts: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for ch in text:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current).strip())
-    return [p for p in parts if p]
-
-
-def _options(pairs: list[str]) -> dict[str, Any]:
-    """``--option KEY=VALUE`` pairs as a dict: VALUE as JSON, else the plain string."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--option {pair!r}: expected KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value  # a plain string, e.g. delimiter=;
-    return out
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -163,16 +73,16 @@ def _said_plainly(log: logging.Logger) -> Iterator[None]:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .._args import json_object
-    from . import ConvertOptions, PartitionsFailedError, convert
-    from .progress import choose_progress
+    from ..convert import ConvertOptions, PartitionsFailedError, convert
+    from ..convert.progress import choose_progress
+    from .args import json_object
 
     progress = choose_progress(progress_mode(args), args.log_interval, "convert")
     storage_options = json_object("--storage-options", args.storage_options)
     dst_options = json_object("--dst-storage-options", args.dst_storage_options)
     fmt = args.from_
     if fmt is None:
-        from .infer import infer_format
+        from ..convert.infer import infer_format
 
         inferred = infer_format(args.src, storage_options)
         fmt = inferred.format
@@ -200,7 +110,7 @@ def _convert(args: argparse.Namespace) -> int:
             break_lock=args.break_lock,
             storage_options=storage_options,
             dst_storage_options=dst_options,
-            source_options=_options(args.option)
+            source_options=key_values(args.option)
             | ({"follow_symlinks": True} if args.follow_symlinks else {}),
             options=options,
             progress=progress,
@@ -218,7 +128,7 @@ def _convert(args: argparse.Namespace) -> int:
 def interrupted(command: str, dst: str, storage_options: dict[str, Any] | None) -> str:
     """The one line Ctrl-C ends ``recordkit convert`` or ``write`` with: how far it got,
     and that a rerun resumes."""
-    from .destination import incomplete_at
+    from ..convert.destination import incomplete_at
 
     try:
         found = incomplete_at(dst, storage_options)

@@ -12,6 +12,7 @@ __all__ = [
     "add_progress_options",
     "count",
     "json_object",
+    "key_values",
     "positive",
     "progress_mode",
 ]
@@ -118,3 +119,17 @@ def add_engine_options(p: argparse.ArgumentParser, engines: Sequence[str]) -> No
         "(ray://head:10001, auto); default: a local one started for the run (Ray: "
         "$RAY_ADDRESS when set)",
     )
+
+
+def key_values(pairs: list[str]) -> dict[str, Any]:
+    """``--option KEY=VALUE`` pairs as a dict: VALUE as JSON, else the plain string."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value  # a plain string, e.g. delimiter=;
+    return out

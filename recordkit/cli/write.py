@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Any
 
-from .._args import add_engine_options, add_progress_options, progress_mode
-from .engines import ENGINES
+from ..convert.engines import ENGINES
+from .args import add_engine_options, add_progress_options, progress_mode
 
 __all__ = ["add_parser", "read_inputs"]
 
@@ -63,10 +63,11 @@ def read_inputs(spec: str) -> list[Any]:
 
 
 def _cmd_write(args: argparse.Namespace) -> int:
-    from . import ConvertOptions, PartitionsFailedError, write
-    from .cli import interrupted, parse_schema, print_failed
-    from .function import import_function
-    from .progress import choose_progress
+    from ..codec.schema_text import parse_schema
+    from ..convert import ConvertOptions, PartitionsFailedError, write
+    from ..convert.function import import_function
+    from ..convert.progress import choose_progress
+    from .convert import interrupted, print_failed
 
     log = logging.getLogger("recordkit.convert")
     if not args.quiet and log.getEffectiveLevel() > logging.INFO:

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ._args import Parser, add_progress_options, count, positive, progress_mode
+from .args import Parser, add_progress_options, count, positive, progress_mode
 
 _OPTIONAL_PACKAGES = (
     "numpy",
@@ -41,14 +41,14 @@ _PARTIAL_HELP = (
 
 def _meter(args: argparse.Namespace, desc: str) -> Any:
     """The progress display of a command: bar, log lines, plain line, or none (``-q``)."""
-    from ._progress import Meter
+    from .._progress import Meter
 
     return Meter(desc, mode=progress_mode(args), interval=args.log_interval)
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from . import build_index
-    from ._units import format_size, plural
+    from .. import build_index
+    from .._units import format_size, plural
 
     meter = _meter(args, "index")
     written = build_index(args.paths, verify=not args.no_verify, progress=meter)
@@ -78,8 +78,8 @@ def _versions() -> dict[str, str]:
 def _cmd_info(args: argparse.Namespace) -> int:
     import json
 
-    from . import Dataset, __version__
-    from ._units import format_size
+    from .. import Dataset, __version__
+    from .._units import format_size
 
     with Dataset(args.dataset, partial=args.partial) as ds:
         schema = ds.schema
@@ -134,8 +134,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from . import DecodeLimits, verify
-    from ._units import parse_size
+    from .. import DecodeLimits, verify
+    from .._units import parse_size
 
     most = args.max_decode_bytes
     limits = DecodeLimits(record_bytes=None if most is None else parse_size(most))
@@ -177,7 +177,7 @@ def _show(value: Any, width: int) -> str:
 def _cmd_head(args: argparse.Namespace) -> int:
     from itertools import islice
 
-    from . import Dataset
+    from .. import Dataset
 
     with Dataset(
         args.dataset, partial=args.partial, raw=args.raw, sequence_example=args.sequence_example
@@ -193,7 +193,7 @@ def _cmd_head(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to generate the CLI reference)."""
-    from ._version import __version__
+    from .._version import __version__
 
     parser = Parser(
         prog="recordkit",
@@ -270,15 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_head)
 
-    from .convert.cli import add_parser as add_convert  # stdlib-only module
+    from .convert import add_parser as add_convert  # stdlib-only module
 
     add_convert(sub)
 
-    from .convert.write_cli import add_parser as add_write  # stdlib-only module
+    from .write import add_parser as add_write  # stdlib-only module
 
     add_write(sub)
 
-    from .cache.cli import add_parser as add_cache
+    from .cache import add_parser as add_cache
 
     add_cache(sub)
     for depth, each in _walk(parser):
@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not args.quiet:  # progress lines (not on a terminal) are what the default shows
         logging.getLogger("recordkit.progress").setLevel(min(level, logging.INFO))
-    from .errors import RecordkitError
+    from ..errors import RecordkitError
 
     command = " ".join(
         part for part in (args.command, getattr(args, "cache_command", None)) if part

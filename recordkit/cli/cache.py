@@ -11,7 +11,7 @@ import logging
 import sys
 from typing import Any
 
-from .._args import add_progress_options, count, positive, progress_mode
+from .args import add_progress_options, count, positive, progress_mode
 
 __all__ = ["add_parser"]
 
@@ -63,7 +63,7 @@ class _Events:
 
 
 def _storage_options(text: str | None) -> dict[str, Any] | None:
-    from .._args import json_object
+    from .args import json_object
 
     return json_object("--storage-options", text)
 
@@ -86,7 +86,9 @@ def _producer_options(args: argparse.Namespace) -> Any:
         if given:
             raise ValueError(f"{', '.join(given)} need(s) --format (producer mode)")
         return None
-    from ..convert import ConvertOptions, parse_options, parse_schema
+    from ..codec.schema_text import parse_schema
+    from ..convert import ConvertOptions
+    from .args import key_values
 
     options = ConvertOptions(
         shard_size=args.shard_size or "256MiB",
@@ -94,12 +96,12 @@ def _producer_options(args: argparse.Namespace) -> Any:
         compress=args.compress,
         retries=3 if args.retries is None else args.retries,
     )
-    from ._producer_options import ProducerOptions
+    from ..cache import ProducerOptions
 
     return ProducerOptions(
         format=args.format,
         schema=parse_schema(args.schema) if args.schema else None,
-        source_options=parse_options(args.option),
+        source_options=key_values(args.option),
         convert_options=options,
     )
 
@@ -124,7 +126,7 @@ def _retry_policy(args: argparse.Namespace) -> Any:
 
 
 def _cmd_fill(args: argparse.Namespace) -> int:
-    from . import ShardCache
+    from ..cache import ShardCache
 
     try:
         producer = _producer_options(args)
@@ -188,8 +190,7 @@ def _cmd_fill(args: argparse.Namespace) -> int:
 
 
 def _open_local(local: str, max_bytes: str | None) -> Any:
-    from . import ShardCache
-    from ._dir import CacheDir
+    from ..cache import CacheDir, ShardCache
 
     catalog = CacheDir(local).load_catalog() or {}
     budget = max_bytes or catalog.get("max_bytes") or 1
