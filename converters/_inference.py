@@ -18,7 +18,7 @@ import numpy as np
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.errors import SchemaError
 
-from ._tabular import TabularOptions, _count, null_hint
+from ._tabular import TabularOptions, null_hint, plural
 
 __all__ = ["infer_columns"]
 
@@ -116,7 +116,7 @@ def infer_columns(
             )
         if nulls and opts.nulls == "error" and name not in opts.fill:
             raise SchemaError(
-                f"{where}: column {name!r} holds {_count(nulls, 'null')} in the first "
+                f"{where}: column {name!r} holds {plural(nulls, 'null')} in the first "
                 f"{count} rows; {null_hint(name)}"
             )
         if strings and "str" in kinds and values and _leading_zero(values):

@@ -180,7 +180,7 @@ class TabularOptions:
         return name not in self.drop and (self.columns is None or name in self.columns)
 
 
-def _count(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 

@@ -30,8 +30,8 @@ from ._tabular import (
     TABULAR_OPTIONS,
     SkipCount,
     TabularSource,
-    _count,
     null_hint,
+    plural,
     zero_value,
 )
 from .base import Item, SourceError, source_errors
@@ -133,7 +133,7 @@ class ParquetSource(TabularSource):
                 else:
                     first = int(np.flatnonzero(nulls)[0])
                     raise SourceError(
-                        f"{item.key}: column {name!r} holds {_count(column.null_count, 'null')} "
+                        f"{item.key}: column {name!r} holds {plural(column.null_count, 'null')} "
                         f"(the first in row {first} of the row group); {null_hint(name)}"
                     )
             inner = _inner_nulls(column)

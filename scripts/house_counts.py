@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
+ROOT = Path(__file__).resolve().parents[1]  # main() takes another from the command line
 SOURCE = (".py", ".c", ".h", ".cc")
 
 
@@ -66,7 +66,10 @@ def python_graph(paths: list[Path]) -> tuple[dict[str, set[str]], list[str]]:
                     full = f"{mod}.{a.name}"
                     targets.append(full if full in modules else mod)
                     private_name = a.name.startswith("_") and not a.name.startswith("__")
-                    if private_name and mod != name and mod.startswith("recordkit"):
+                    # a package's own private module (from . import _contract) is its business
+                    own_module = full in modules and name.startswith(mod + ".")
+                    ours = mod != name and mod.startswith("recordkit")
+                    if private_name and not own_module and ours:
                         private.append(f"{path.relative_to(ROOT)}:{node.lineno}: {full}")
             for t in targets:
                 while t and t not in modules:
@@ -160,6 +163,9 @@ def parameters(paths: list[Path], where: str, owner: str | None, func: str) -> i
 
 
 def main() -> None:
+    global ROOT
+    if len(sys.argv) > 1:
+        ROOT = Path(sys.argv[1]).resolve()
     paths = files()
     top = [p for p in (ROOT / "recordkit").iterdir() if p.is_file() and p.suffix in SOURCE]
     under = [p for p in top if p.name.startswith("_") and p.name != "__init__.py"]

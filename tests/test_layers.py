@@ -1,5 +1,11 @@
 """The house's floors: no import goes up a floor, none reaches into another package's privates.
 
+Inside the packages too: no module imports another module's private name, no two files
+import each other (Python, or C units using each other's definitions), torch and tf stay
+apart and are the only homes of their frameworks, and no file is parked at the length
+limit without saying why. ``scripts/house_counts.py`` computes the same counts for a
+report; this test holds them at zero.
+
 Every ``import`` in recordkit (and the converters, installed as ``recordkit.converters``)
 is read from the source, including imports inside functions and under
 ``TYPE_CHECKING``, so a lazy import cannot hide an upward edge or a circle.
@@ -8,7 +14,9 @@ is read from the source, including imports inside functions and under
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +59,10 @@ TEMPORARY_PRIVATE: dict[str, set[str]] = {}
 TEMPORARY_LONG: set[str] = set()
 
 MAX_LINES = 600
+# A file within this many lines of the limit is parked there unless its first lines say
+# why it is kept long ("kept long: ...").
+NEAR = 30
+SOURCE_SUFFIXES = (".py", ".c", ".h", ".cc")
 
 
 def _floor(unit: str) -> int:
@@ -186,6 +198,70 @@ def test_files_stay_readable() -> None:
         if lines > MAX_LINES and path.relative_to(ROOT).as_posix() not in TEMPORARY_LONG:
             long.append(f"{path.relative_to(ROOT)}: {lines} lines")
     assert not long, f"split past {MAX_LINES} lines:\n" + "\n".join(long)
+
+
+def _counts():
+    script = ROOT / "scripts" / "house_counts.py"
+    spec = importlib.util.spec_from_file_location("house_counts", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """Inside a package too: ``from .x import _y`` ties a reader to x's insides."""
+    counts = _counts()
+    _, private = counts.python_graph(counts.files())
+    assert not private, "\n".join(private)
+
+
+def test_no_two_files_import_each_other() -> None:
+    """No circle between files, lazy imports included; none between C units either."""
+    counts = _counts()
+    paths = counts.files()
+    graph, _ = counts.python_graph(paths)
+    circles = counts.circles(graph) + counts.circles(counts.c_graph(paths))
+    assert not circles, "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_torch_and_tf_stay_apart_and_alone() -> None:
+    """torch is imported only under recordkit/torch/, tensorflow only under recordkit/tf/,
+    and neither package imports the other."""
+    _, _, graph = _violations()
+    assert "tf" not in graph.get("torch", set()) and "torch" not in graph.get("tf", set())
+    framework = {"torch": "torch", "tensorflow": "tf"}
+    wrong = []
+    for name, path in _modules().items():
+        home = name.split(".")[1] if name.count(".") else ""
+        for target, line in _imports(name, path):
+            top = target.split(".")[0]
+            if top in framework and home != framework[top]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+        if re.search(r'require\("(torch|tensorflow)"', path.read_text()):
+            which = re.search(r'require\("(torch|tensorflow)"', path.read_text())
+            assert which is not None
+            if home != framework[which.group(1)]:
+                wrong.append(f"{path.relative_to(ROOT)}: require({which.group(1)!r})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_file_is_parked_at_the_limit() -> None:
+    """Within NEAR lines of MAX_LINES a file says in its first lines why it is kept long."""
+    parked = []
+    for base in ("recordkit", "converters"):
+        for path in (ROOT / base).rglob("*"):
+            if path.suffix not in SOURCE_SUFFIXES or "__pycache__" in path.parts:
+                continue
+            lines = path.read_text().splitlines()
+            rel = path.relative_to(ROOT).as_posix()
+            if len(lines) > MAX_LINES and rel not in TEMPORARY_LONG:
+                parked.append(f"{rel}: {len(lines)} lines (past {MAX_LINES})")
+            elif len(lines) >= MAX_LINES - NEAR:
+                head = "\n".join(lines[:25]).lower()
+                if "kept long" not in head:
+                    parked.append(f"{rel}: {len(lines)} lines, and its first lines do not say why")
+    assert not parked, "\n".join(parked)
 
 
 def test_the_checks_see_lazy_and_type_checking_imports(tmp_path: Path) -> None:

@@ -137,7 +137,7 @@ class _Prepared:
 
 
 @dataclass
-class _Done:
+class TaskDone:
     chunk: Chunk
     nbytes: int
     skipped: list[CorruptRecordError]
@@ -203,7 +203,7 @@ class RecordReader:
 
     # -- one task, on a reader thread ------------------------------------------------
 
-    def _decode_task(self, task: Task) -> _Done:
+    def _decode_task(self, task: Task) -> TaskDone:
         t0 = time.perf_counter()
         shard_ids, records, unit_of_row = task.shard_ids, task.records, task.unit_of_row
         groups = task.groups  # a shuffled task reads each shard's records in one call
@@ -238,7 +238,7 @@ class RecordReader:
             if (np.diff(where) < 0).any():
                 columns = take(columns, np.argsort(where, kind="stable"))
         chunk = Chunk(unit_of_row[kept], columns, n, shard_ids[kept], records[kept])
-        return _Done(chunk, nbytes, skipped, time.perf_counter() - t0)
+        return TaskDone(chunk, nbytes, skipped, time.perf_counter() - t0)
 
     # -- the consumer side -------------------------------------------------------------
 
@@ -428,7 +428,7 @@ class RecordReader:
             for _, prep, _ in pending:
                 self._release(prep.held)
 
-    def _join(self, task: Task, parts: list[tuple[_Prepared, bool, Any, float]]) -> _Done:
+    def _join(self, task: Task, parts: list[tuple[_Prepared, bool, Any, float]]) -> TaskDone:
         """A task's chunk from its runner pieces (or the reference path if one refused)."""
         seconds = sum(s for _, _, _, s in parts)
         nbytes = sum(p.nbytes for p, _, _, _ in parts)
@@ -443,14 +443,14 @@ class RecordReader:
             where = np.concatenate([p.rows for p, _, _, _ in parts if p.rows is not None])
             columns = take(columns, np.argsort(where, kind="stable"))
         chunk = Chunk(task.unit_of_row, columns, len(task.records), task.shard_ids, task.records)
-        return _Done(chunk, nbytes, [], seconds)
+        return TaskDone(chunk, nbytes, [], seconds)
 
     def _read_python(
         self, plan: EpochPlan, split: Split, units: range
     ) -> Generator[Chunk, None, None]:
         tasks = self._tasks(plan, split, units)
         executor = ThreadPoolExecutor(self.num_threads, thread_name_prefix="recordkit-reader")
-        pending: deque[Future[_Done]] = deque()
+        pending: deque[Future[TaskDone]] = deque()
 
         upcoming: list[Task | None] = [None]
         depth = [1]  # slow start, as _read_native
@@ -503,7 +503,7 @@ class RecordReader:
         self.stats.add(remote_wait_seconds=waited, wait_seconds=waited)
         return True
 
-    def _account(self, done: _Done, waited: float) -> None:
+    def _account(self, done: TaskDone, waited: float) -> None:
         self.stats.add(
             wait_seconds=waited,
             decode_seconds=done.seconds,

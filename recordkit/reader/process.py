@@ -46,7 +46,7 @@ from ..codec.schema import Schema
 from ..errors import CorruptRecordError, LoaderTimeoutError, RecordkitError
 from .buffers import BufferPool
 from .decode import BatchDecoder
-from .pipeline import Chunk, OnError, ReaderStats, RecordReader, _Done
+from .pipeline import Chunk, OnError, ReaderStats, RecordReader, TaskDone
 from .plan import EpochPlan, PlanOptions, Split
 from .shards import ShardSet
 
@@ -101,7 +101,7 @@ class _ChildReader(RecordReader):
 
     pending: list[tuple[int, float, list[CorruptRecordError]]]
 
-    def _account(self, done: _Done, waited: float) -> None:
+    def _account(self, done: TaskDone, waited: float) -> None:
         self.pending.append((done.nbytes, done.seconds, done.skipped))
 
 
