@@ -15,8 +15,8 @@ import the class by its module path, so it must be importable there).
 
 from __future__ import annotations
 
-from recordkit.convert import sources as _sources
-from recordkit.convert.sources import ENTRY_POINT_GROUP, available
+from recordkit.conversion import sources as _sources
+from recordkit.conversion.sources import ENTRY_POINT_GROUP, available
 
 from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
 
@@ -32,7 +32,7 @@ __all__ = [
     "source_errors",
 ]
 
-# The registry lives in ``recordkit.convert.sources`` (convert() looks sources up there
+# The registry lives in ``recordkit.conversion.sources`` (convert() looks sources up there
 # by name, without importing this package); these are its public faces.
 _registered = _sources.registered
 

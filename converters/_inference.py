@@ -3,7 +3,7 @@
 Every value sampled is kept as written: a column of numbers written with leading zeros
 ("00001": a zip code, an id) stays text, and a float column that ``float32`` cannot
 give back as written is ``Tensor("float64", ())``. Each such decision is said on the
-``recordkit.convert.infer`` logger, which ``recordkit convert`` shows as its own lines.
+``recordkit.conversion.infer`` logger, which ``recordkit convert`` shows as its own lines.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ._tabular import TabularOptions, null_hint, plural
 __all__ = ["infer_columns"]
 
 # What inference decided to keep every value: said by `recordkit convert` as its own lines.
-said = logging.getLogger("recordkit.convert.infer")
+said = logging.getLogger("recordkit.conversion.infer")
 
 
 def _kind(value: Any) -> str:

@@ -203,7 +203,7 @@ class ArrayRecordSource(Source):
         notes: list[str] = []
         schema = Schema.infer(examples, where=where, notes=notes)
         for note in notes:  # said by `recordkit convert` as its own lines
-            logging.getLogger("recordkit.convert.infer").info("%s", note)
+            logging.getLogger("recordkit.conversion.infer").info("%s", note)
         return schema
 
     def resolve_schema(self, items: Sequence[Item]) -> Schema:

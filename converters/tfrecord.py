@@ -67,7 +67,7 @@ from recordkit.storage import strip_file_scheme
 from .base import Item, Source, SourceError, source_errors
 
 # What inference decided (a feature some records lack): said by `recordkit convert`.
-said = logging.getLogger("recordkit.convert.infer")
+said = logging.getLogger("recordkit.conversion.infer")
 
 __all__ = ["TFRecordSource", "read_records"]
 
@@ -223,7 +223,7 @@ class TFRecordSource(Source):
         return Schema({})
 
     def payload_kind(self) -> tuple[str, str]:
-        """What the records are, and how that was decided (see ``recordkit.convert``)."""
+        """What the records are, and how that was decided (see ``recordkit.conversion``)."""
         if self._payload is None:
             raise RuntimeError("tfrecord: payload_kind() before resolve_schema()")
         return self._payload

@@ -2,7 +2,7 @@
 
 ``import recordkit`` is light: it never imports torch, tensorflow, fsspec, dask
 or ray. The framework integrations and the heavier parts are submodules imported on
-first use (``recordkit.torch``, ``recordkit.tf``, ``recordkit.convert``,
+first use (``recordkit.torch``, ``recordkit.tf``, ``recordkit.conversion``,
 ``recordkit.cache``, ``recordkit.converters``); the framework ones raise
 :class:`~recordkit.errors.MissingDependencyError` naming the extra to install.
 """
@@ -21,8 +21,8 @@ from .verify import Problem, VerifyReport, build_index, verify
 from .writer import Writer
 
 if TYPE_CHECKING:  # what type checkers see; at run time these load on first use (below)
-    from .convert.function import write
-    from .convert.run import convert
+    from .conversion.function import write
+    from .conversion.run import convert
 
 __all__ = [
     "Bytes",
@@ -44,17 +44,17 @@ __all__ = [
 ]
 
 # Submodules that pull in heavy frameworks (or fsspec): imported only when first touched.
-# ``convert`` is a package that is also callable: ``recordkit.convert(src, dst, format=...)``.
-_LAZY_SUBMODULES = frozenset({"cache", "convert", "converters", "images", "tf", "torch"})
+# ``convert`` and ``write`` are functions of the ``conversion`` package, loaded on first use.
+_LAZY_SUBMODULES = frozenset({"cache", "conversion", "converters", "images", "tf", "torch"})
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
-    if name == "write":  # recordkit.write(fn, inputs, out, schema=...): convert's engine
-        return importlib.import_module(f"{__name__}.convert").write
+    if name in ("convert", "write"):  # recordkit.convert(src, dst, ...), recordkit.write(fn, ...)
+        return getattr(importlib.import_module(f"{__name__}.conversion"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY_SUBMODULES | {"write"})
+    return sorted(set(globals()) | _LAZY_SUBMODULES | {"convert", "write"})

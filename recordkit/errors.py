@@ -44,7 +44,7 @@ start in the shard) and ``record`` (0-based record number in the shard) where
 they are known, and put all three in the message as ``path:offset:record``.
 
 The classes are also importable where they were first defined
-(``recordkit.cache``, ``recordkit.convert``, ``recordkit.converters``); those names
+(``recordkit.cache``, ``recordkit.conversion``, ``recordkit.converters``); those names
 are these classes.
 """
 

@@ -28,7 +28,7 @@ PUBLIC = {
     "recordkit": "docs/reference/api.md",
     "recordkit.torch": "docs/reference/api.md",
     "recordkit.tf": "docs/reference/api.md",
-    "recordkit.convert": "docs/reference/api.md",
+    "recordkit.conversion": "docs/reference/api.md",
     "recordkit.cache": "docs/reference/api.md",
     "recordkit.converters": "docs/reference/api.md",
     "recordkit.errors": "docs/reference/errors.md",

@@ -40,7 +40,7 @@ FLOORS: list[set[str]] = [
     {"format"},
     {"codec", "storage"},
     {"writer"},
-    {"convert"},  # finds converters by name (convert.sources), never imports them
+    {"conversion"},  # finds converters by name (conversion.sources), never imports them
     {"cache"},
     {"reader"},
     {"dataset", "verify", "images"},

@@ -23,7 +23,7 @@ from recordkit._procs import (
     stop_all,
     unpack_exception,
 )
-from recordkit.convert import ConvertError
+from recordkit.errors import ConvertError
 
 ROOT = str(Path(__file__).resolve().parents[1])
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from recordkit.convert import ConvertOptions
+from recordkit.conversion import ConvertOptions
 from recordkit.errors import CorruptRecordError
 from recordkit.retry import RetryPolicy, classify, is_transient
 

@@ -40,7 +40,7 @@ from ._types import CacheEvents, CacheStatus, FillContext, NoEvents
 
 if TYPE_CHECKING:
     from ..codec.schema import Schema
-    from ..convert.plan import ConvertOptions
+    from ..conversion.plan import ConvertOptions
 
 __all__ = ["CacheEvents", "CacheStatus", "ShardCache"]
 

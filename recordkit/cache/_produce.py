@@ -1,6 +1,6 @@
 """Producer mode: raw samples in, local shards out, in writer subprocesses.
 
-The cache's catalog is a conversion plan (:func:`recordkit.convert.plan_conversion`):
+The cache's catalog is a conversion plan (:func:`recordkit.conversion.plan_conversion`):
 one entry per partition, each producing exactly one shard
 ``{prefix}-PPPPP-00000.tfrecord`` (no roll-over inside a partition; its size is
 bounded by ``shard_size`` / ``partition_items`` of the source). Entries look
@@ -48,8 +48,9 @@ from typing import Any
 
 from .._version import __version__
 from ..codec.schema import Schema
-from ..convert import ConvertOptions, Plan, Tally, is_transient
+from ..conversion import ConvertOptions, Plan, Tally
 from ..format.manifest import Manifest, ShardInfo
+from ..retry import is_transient
 from ._dir import CacheDir
 from ._errors import CacheFullError, ProduceError
 from ._producer_options import ProducerOptions
@@ -109,7 +110,7 @@ class Producer:
         self.dir = directory
         self._saved = saved if producer is None else None
         if producer is not None:
-            from ..convert import sources
+            from ..conversion import sources
 
             sources.get(producer.format)  # an unknown name fails now, listing the known ones
             options = producer.conversion()
@@ -146,7 +147,7 @@ class Producer:
     # -- the catalog ---------------------------------------------------------------------------
 
     def _make_plan(self) -> tuple[Any, Plan]:
-        from ..convert import plan_conversion
+        from ..conversion import plan_conversion
 
         return plan_conversion(
             self.context.remote_url,

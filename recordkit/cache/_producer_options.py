@@ -11,7 +11,7 @@ from .._keywords import given, refuse
 
 if TYPE_CHECKING:
     from ..codec.schema import Schema
-    from ..convert import ConvertOptions
+    from ..conversion import ConvertOptions
 
 __all__ = ["DEFAULT_SHARD_SIZE", "ProducerOptions", "producer_options"]
 
@@ -37,7 +37,7 @@ class ProducerOptions:
             ``recordkit convert`` does).
         source_options: the converter's options (kept as a read-only mapping).
         convert_options: the conversion settings
-            (:class:`recordkit.convert.ConvertOptions`: ``shard_size``, the source
+            (:class:`recordkit.conversion.ConvertOptions`: ``shard_size``, the source
             bytes one partition and so one shard covers, which should be a small
             fraction of ``max_bytes`` so that eviction frees room in small steps;
             ``compress``, ``partition_items``, ``retries`` for transient source
@@ -74,7 +74,7 @@ class ProducerOptions:
         """The conversion settings (the default ones where none were given)."""
         if self.convert_options is not None:
             return self.convert_options
-        from ..convert import ConvertOptions
+        from ..conversion import ConvertOptions
 
         return ConvertOptions(shard_size=DEFAULT_SHARD_SIZE)
 
@@ -129,7 +129,7 @@ def producer_options(
             [k for k in ("shard_size", "compress") if k in passed],
         )
     elif shard_size != DEFAULT_SHARD_SIZE or compress is not None:
-        from ..convert import ConvertOptions
+        from ..conversion import ConvertOptions
 
         convert_options = ConvertOptions(shard_size=shard_size, compress=compress)
     return ProducerOptions(

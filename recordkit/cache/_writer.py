@@ -23,7 +23,7 @@ from typing import Any
 
 from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
-from ..convert import Tally, write_items
+from ..conversion import Tally, write_items
 from ..errors import OutgrewError
 from ..retry import RetryPolicy, is_transient
 from ..writer.sequence import ShardSequence

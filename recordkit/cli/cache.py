@@ -87,7 +87,7 @@ def _producer_options(args: argparse.Namespace) -> Any:
             raise ValueError(f"{', '.join(given)} need(s) --format (producer mode)")
         return None
     from ..codec.schema_text import parse_schema
-    from ..convert import ConvertOptions
+    from ..conversion import ConvertOptions
     from .args import key_values
 
     options = ConvertOptions(

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..codec.schema_text import parse_schema
-from ..convert.engines import ENGINES
+from ..conversion.engines import ENGINES
 from .args import (
     add_engine_options,
     add_progress_options,
@@ -47,7 +47,7 @@ A killed or failed conversion resumes when rerun with the same arguments.
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    log = logging.getLogger("recordkit.convert")
+    log = logging.getLogger("recordkit.conversion")
     if not args.quiet and log.getEffectiveLevel() > logging.INFO:
         with _said_plainly(log):
             return _convert(args)
@@ -73,8 +73,9 @@ def _said_plainly(log: logging.Logger) -> Iterator[None]:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from ..convert import ConvertOptions, PartitionsFailedError, convert
-    from ..convert.progress import choose_progress
+    from ..conversion import ConvertOptions, convert
+    from ..conversion.progress import choose_progress
+    from ..errors import PartitionsFailedError
     from .args import json_object
 
     progress = choose_progress(progress_mode(args), args.log_interval, "convert")
@@ -82,7 +83,7 @@ def _convert(args: argparse.Namespace) -> int:
     dst_options = json_object("--dst-storage-options", args.dst_storage_options)
     fmt = args.from_
     if fmt is None:
-        from ..convert.infer import infer_format
+        from ..conversion.infer import infer_format
 
         inferred = infer_format(args.src, storage_options)
         fmt = inferred.format
@@ -128,7 +129,7 @@ def _convert(args: argparse.Namespace) -> int:
 def interrupted(command: str, dst: str, storage_options: dict[str, Any] | None) -> str:
     """The one line Ctrl-C ends ``recordkit convert`` or ``write`` with: how far it got,
     and that a rerun resumes."""
-    from ..convert.destination import incomplete_at
+    from ..conversion.destination import incomplete_at
 
     try:
         found = incomplete_at(dst, storage_options)

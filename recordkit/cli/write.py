@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from ..convert.engines import ENGINES
+from ..conversion.engines import ENGINES
 from .args import add_engine_options, add_progress_options, progress_mode
 
 __all__ = ["add_parser", "read_inputs"]
@@ -64,12 +64,13 @@ def read_inputs(spec: str) -> list[Any]:
 
 def _cmd_write(args: argparse.Namespace) -> int:
     from ..codec.schema_text import parse_schema
-    from ..convert import ConvertOptions, PartitionsFailedError, write
-    from ..convert.function import import_function
-    from ..convert.progress import choose_progress
+    from ..conversion import ConvertOptions, write
+    from ..conversion.function import import_function
+    from ..conversion.progress import choose_progress
+    from ..errors import PartitionsFailedError
     from .convert import interrupted, print_failed
 
-    log = logging.getLogger("recordkit.convert")
+    log = logging.getLogger("recordkit.conversion")
     if not args.quiet and log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)  # the plan and resumes are what this command is for
     if os.getcwd() not in sys.path:  # `module:function` from here, as `python -m` finds it

@@ -21,8 +21,13 @@ import pytest
 import recordkit as rk
 from recordkit.cli import main
 from recordkit.codec.sequence import SequenceSchema
-from recordkit.convert import PartitionsFailedError
-from recordkit.errors import CorruptRecordError, ManifestError, SchemaError, SequenceExampleError
+from recordkit.errors import (
+    CorruptRecordError,
+    ManifestError,
+    PartitionsFailedError,
+    SchemaError,
+    SequenceExampleError,
+)
 from recordkit.format import frame
 
 from .test_foreign import _same_as_stored, _sequence_equal, _tf_value
@@ -358,7 +363,7 @@ def test_detection_is_said(tf: ModuleType, tmp_path: Path, caplog: pytest.LogCap
     src = tmp_path / "src"
     src.mkdir()
     _write(tf, src / "seq.tfrecord", 0, 5)
-    with caplog.at_level(logging.INFO, logger="recordkit.convert"):
+    with caplog.at_level(logging.INFO, logger="recordkit.conversion"):
         assert _convert(src, tmp_path / "dst", "--workers", "0") == 0
     said = [r.getMessage() for r in caplog.records if "SequenceExamples" in r.getMessage()]
     assert said == [

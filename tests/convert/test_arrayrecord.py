@@ -16,8 +16,8 @@ import pytest
 
 import recordkit as rk
 from recordkit.codec import encode_example
-from recordkit.convert import PartitionsFailedError
 from recordkit.converters.base import SourceError
+from recordkit.errors import PartitionsFailedError
 
 from .cases import read_all
 

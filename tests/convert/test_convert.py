@@ -16,15 +16,15 @@ import pytest
 
 import recordkit as rk
 from recordkit.codec import parse_schema
-from recordkit.convert import (
-    ConvertOptions,
+from recordkit.conversion import ConvertOptions, make_plan, plan_conversion
+from recordkit.converters import SourceError, SourceNotFoundError
+from recordkit.errors import (
+    CorruptRecordError,
+    DatasetExistsError,
     DiskFullError,
     PartitionsFailedError,
-    make_plan,
-    plan_conversion,
+    SchemaError,
 )
-from recordkit.converters import SourceError, SourceNotFoundError
-from recordkit.errors import CorruptRecordError, DatasetExistsError, SchemaError
 
 from .cases import assert_samples_equal, imagefolder, numpy_npz, read_all
 

@@ -13,9 +13,8 @@ import pytest
 import recordkit as rk
 from recordkit import converters
 from recordkit._procs import RemoteTraceback
-from recordkit.convert import ConvertError, PartitionsFailedError
-from recordkit.convert.engines import InlineEngine, LocalEngine, RayEngine, make_engine
-from recordkit.errors import MissingDependencyError
+from recordkit.conversion.engines import InlineEngine, LocalEngine, RayEngine, make_engine
+from recordkit.errors import ConvertError, MissingDependencyError, PartitionsFailedError
 
 from ._sources import HangingJsonl, KillingJsonl, PickyJsonl
 from .test_convert import _rows, tree
@@ -39,7 +38,7 @@ def _writers() -> list[int]:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"recordkit.convert.pool:_writer" in f.read():
+                if b"recordkit.conversion.pool:_writer" in f.read():
                     found.append(pid)
         except FileNotFoundError:
             pass
@@ -150,7 +149,7 @@ def test_in_memory_urls_are_refused_on_clusters(tmp_path):
 
 def test_the_engine_s_floors():
     """``recordkit._procs`` needs only the standard library; ``recordkit.writer`` and
-    ``recordkit.convert`` import nothing above them (cache, reader, the frameworks, the
+    ``recordkit.conversion`` import nothing above them (cache, reader, the frameworks, the
     CLI; convert for the writer) and no other package's private module, lazy imports
     included."""
     import ast
@@ -160,7 +159,7 @@ def test_the_engine_s_floors():
 
     root = pathlib.Path(recordkit.__file__).parent
     top = {"cache", "reader", "torch", "tf", "cli", "dataset", "verify", "prefetch"}
-    floors = {"_procs": set(), "writer": top | {"convert"}, "convert": top}
+    floors = {"_procs": set(), "writer": top | {"conversion"}, "conversion": top}
     for own, above in floors.items():
         package = root / own
         files = sorted(package.glob("*.py")) if package.is_dir() else [root / f"{own}.py"]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import recordkit as rk
-from recordkit.convert import PartitionsFailedError
 from recordkit.converters.base import SourceError
+from recordkit.errors import PartitionsFailedError
 
 from .cases import _hf_as_stored, assert_samples_equal, hf_expected, hf_save, read_all
 

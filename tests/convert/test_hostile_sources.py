@@ -14,8 +14,8 @@ import pytest
 
 import recordkit as rk
 from recordkit.cli import main
-from recordkit.convert import PartitionsFailedError
 from recordkit.converters import SourceError, get
+from recordkit.errors import PartitionsFailedError
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -126,7 +126,7 @@ def test_a_write_of_other_inputs_or_another_function_is_another_conversion(tmp_p
 
 
 def test_the_listing_is_kept_beside_the_manifest_and_names_the_source(tmp_path):
-    from recordkit.convert.identity import KEPT_LISTING, load_listing
+    from recordkit.conversion.identity import KEPT_LISTING, load_listing
 
     _jsonl(tmp_path / "v1", 0)
     rk.convert(tmp_path / "v1", tmp_path / "D", format="jsonl", workers=0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit.convert import infer_format
+from recordkit.conversion import infer_format
 from recordkit.errors import SourceNotFoundError
 
 from .test_formats import NAMES, _make

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import recordkit as rk
-from recordkit.convert import incomplete_at
+from recordkit.conversion import incomplete_at
 from tests.incomplete import assert_partial_reads, assert_refused_everywhere
 
 SCRIPT = str(Path(sys.executable).with_name("recordkit"))

@@ -23,8 +23,9 @@ import pytest
 import recordkit as rk
 from recordkit import converters
 from recordkit._procs import RemoteTraceback
-from recordkit.convert import ConvertError, PartitionsFailedError, incomplete_at
-from recordkit.convert.engines import RayEngine
+from recordkit.conversion import incomplete_at
+from recordkit.conversion.engines import RayEngine
+from recordkit.errors import ConvertError, PartitionsFailedError
 
 from . import _write_fns as fns
 from ._sources import DyingOnceJsonl, KillingJsonl, PickyJsonl

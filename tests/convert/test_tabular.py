@@ -16,9 +16,8 @@ import recordkit as rk
 from converters import SourceError
 from converters._tabular import TabularOptions, zero_value
 from recordkit.cli import main
-from recordkit.convert import PartitionsFailedError
-from recordkit.convert.partition import PartitionResult
-from recordkit.errors import DatasetExistsError, SchemaError
+from recordkit.conversion.partition import PartitionResult
+from recordkit.errors import DatasetExistsError, PartitionsFailedError, SchemaError
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

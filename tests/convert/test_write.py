@@ -17,8 +17,13 @@ from pathlib import Path
 import pytest
 
 import recordkit as rk
-from recordkit.convert import ConvertOptions, PartitionsFailedError, incomplete_at
-from recordkit.errors import DatasetExistsError, IncompleteDatasetError, SchemaError
+from recordkit.conversion import ConvertOptions, incomplete_at
+from recordkit.errors import (
+    DatasetExistsError,
+    IncompleteDatasetError,
+    PartitionsFailedError,
+    SchemaError,
+)
 
 from . import _write_fns as fns
 from .test_convert import tree

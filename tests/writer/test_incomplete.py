@@ -114,7 +114,7 @@ def test_a_rerun_replaces_an_unfinished_write(tmp_path):
 
 def test_remote_writer_leaves_a_marker_object(tmp_path):
     fsspec = pytest.importorskip("fsspec")
-    from recordkit.convert import incomplete_at
+    from recordkit.conversion import incomplete_at
 
     url = "memory://recordkit-incomplete/ds"
     fs = fsspec.filesystem("memory")

@@ -1,17 +1,17 @@
-"""``recordkit.convert``: plan, skip what a previous run published, run the rest, merge.
+"""``recordkit.conversion``: plan, skip what a previous run published, run the rest, merge.
 
 :func:`convert` is four named stages, each safe to interrupt (``kill -9`` included):
 
 1. **plan** (:func:`plan_conversion`): list the source and cut it into
    deterministic partitions (nothing written yet);
-2. **resume check** (:func:`~recordkit.convert.destination.prepare`): a manifest
+2. **resume check** (:func:`~recordkit.conversion.destination.prepare`): a manifest
    from the same plan at the destination means done; a state directory
    (``.recordkit-convert/plan.json``) from the same plan means resume; anything
    else of ours there is an error unless ``overwrite``. Then the directory is
    marked as being written (``.recordkit-writing.json``, which readers refuse
    without ``partial=True``), temp files and the shards of unfinished
    partitions are removed, and ``plan.json`` is written;
-3. **run partitions** on an engine (:mod:`~recordkit.convert.engines`: inline,
+3. **run partitions** on an engine (:mod:`~recordkit.conversion.engines`: inline,
    local writer processes, Dask, Ray); each publishes its shards, then its
    done-marker (a partition without a marker is redone from scratch, producing
    the same names and bytes);
@@ -36,12 +36,11 @@ from .._procs import check_not_loading_main
 from .._version import __version__
 from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
-from ..errors import SchemaError, SourceError
+from ..errors import ConvertError, PartitionsFailedError, SchemaError, SourceError
 from ..format.complete import mark_finished
 from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
 from ..storage import source_url
 from ..writer.lease import Lease
-from ._errors import ConvertError, PartitionsFailedError, add_note
 from .destination import (
     Destination,
     clean,
@@ -54,13 +53,14 @@ from .destination import (
 )
 from .engines import CLUSTERS, Engine, make_engine
 from .identity import KEPT_LISTING, listing
+from .notes import add_note
 from .partition import PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
 from .progress import NullProgress, Progress
 
 __all__ = ["ConvertResult", "convert", "incomplete_at", "plan_conversion", "run_plan"]
 
-log = logging.getLogger("recordkit.convert")
+log = logging.getLogger("recordkit.conversion")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ def plan_conversion(
     A source may say what its records are with ``payload_kind() -> (kind, why)``
     (after ``resolve_schema``): ``"example"`` (the default for sources without
     it) or ``"sequence_example"``, with a phrase saying how that was decided,
-    which is logged. See ``recordkit.convert.partition`` for what a
+    which is logged. See ``recordkit.conversion.partition`` for what a
     SequenceExample source implements.
     """
     from . import sources
@@ -258,7 +258,7 @@ def convert(
         source_options: converter options (see each converter's docstring).
         options: all output options at once (:class:`ConvertOptions`); then
             ``shard_size`` and ``compress`` must be left at their defaults.
-        progress: a :class:`~recordkit.convert.Progress` (default: none).
+        progress: a :class:`~recordkit.conversion.Progress` (default: none).
         inactivity_timeout: stop the writer processes and fail when none
             reports progress for this long (seconds; ``None``: wait forever).
         break_lock: take over a remote ``dst``'s lease whose holder this host

@@ -2,7 +2,7 @@
 new plan differs from it.
 
 A plan's fingerprint covers the source's location and every item's key, size and
-content identity (:attr:`recordkit.convert.plan.Partition.versions`: the file's
+content identity (:attr:`recordkit.conversion.plan.Partition.versions`: the file's
 modification time, ETag, version id or a content hash). So that a refusal can say
 *what* differs, the listing behind it is kept: in the state directory while a
 conversion runs (:data:`STATE_LISTING`), and beside the manifest once it is done

@@ -37,7 +37,7 @@ __all__ = [
     "write_plan",
 ]
 
-log = logging.getLogger("recordkit.convert")
+log = logging.getLogger("recordkit.conversion")
 
 PLAN_NAME = "plan.json"
 

@@ -1,6 +1,6 @@
 """Engines run partition tasks: in this process, in local writer processes, on Dask or Ray.
 
-Every engine runs the same :func:`~recordkit.convert.partition.run_partition`
+Every engine runs the same :func:`~recordkit.conversion.partition.run_partition`
 on the same tasks, so their output is byte-identical. An engine yields
 ``(task, PartitionResult or exception)`` as partitions finish and forwards
 progress to a callback; it never stops at the first failure, so every failure
@@ -9,11 +9,11 @@ partition (a :class:`ConvertError` that says so), never a hang.
 
 - :class:`InlineEngine` (``workers=0``): one partition after another in this
   process; for debugging, tests and ``memory://`` URLs.
-- :class:`~recordkit.convert.pool.LocalEngine` (the default): writer processes
+- :class:`~recordkit.conversion.pool.LocalEngine` (the default): writer processes
   on this machine.
 - :class:`DaskEngine` (``engine="dask"``): a ``dask.distributed`` cluster, or a
   ``LocalCluster`` on 127.0.0.1 started for the run.
-- :class:`~recordkit.convert.ray_engine.RayEngine` (``engine="ray"``): Ray tasks on
+- :class:`~recordkit.conversion.ray_engine.RayEngine` (``engine="ray"``): Ray tasks on
   a Ray cluster, the Ray this process is connected to, or a local Ray started for
   the run.
 """
@@ -39,7 +39,7 @@ __all__ = [
     "make_engine",
 ]
 
-#: The engine names :func:`recordkit.convert` takes.
+#: The engine names :func:`recordkit.conversion` takes.
 ENGINES = ("local", "dask", "ray")
 #: The engines whose workers run in other processes, maybe on other machines.
 CLUSTERS = ("dask", "ray")

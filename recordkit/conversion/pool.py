@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from .._procs import Child, Deadline, pack_exception, receive, stop_all, unpack_exception
-from ._errors import ConvertError
+from ..errors import ConvertError
 from .partition import PartitionTask, Reporter, run_partition
 
 __all__ = ["LocalEngine"]

@@ -1,6 +1,6 @@
 """The Ray engine: partitions run as Ray tasks, on a cluster or on a Ray started for the run.
 
-The tasks are the engines' own (:func:`~recordkit.convert.partition.run_partition`
+The tasks are the engines' own (:func:`~recordkit.conversion.partition.run_partition`
 on a :class:`PartitionTask`, which Ray serializes as it does any task's
 arguments: the source's location and options, never samples), so the output is
 byte-identical to the local engine's. Which Ray runs them:
@@ -33,7 +33,8 @@ from typing import Any
 
 from .._deps import require
 from .._procs import RemoteTraceback, pack_exception
-from ._errors import ConvertError, add_note
+from ..errors import ConvertError
+from .notes import add_note
 from .partition import PartitionResult, PartitionTask, Reporter, run_partition
 
 __all__ = ["RayEngine"]

@@ -328,7 +328,7 @@ def write(
         metadata: JSON-ready metadata for the manifest (``"write"`` and
             ``"convert"`` are taken: they record the function and the plan).
         engine: ``"local"`` (writer processes), ``"dask"`` or ``"ray"``.
-        scheduler: the cluster's address, as :func:`recordkit.convert` takes it
+        scheduler: the cluster's address, as :func:`recordkit.conversion` takes it
             (Dask: ``None`` starts a LocalCluster; Ray: ``None`` runs on this
             process's Ray, else at ``RAY_ADDRESS``, else on a local Ray).
         resume: ``None`` resumes a partial run of the same plan found at ``out``;
@@ -338,15 +338,15 @@ def write(
             cannot see (one writer per destination).
         storage_options: fsspec options for ``out``.
         options: the output options at once
-            (:class:`~recordkit.convert.ConvertOptions`: shard size, ``max_records``,
+            (:class:`~recordkit.conversion.ConvertOptions`: shard size, ``max_records``,
             ``compress``, ``prefix``, ``fsync``, ``retries``); then ``shard_size``
             and ``compress`` stay at their defaults.
-        progress: a :class:`~recordkit.convert.Progress`; it counts inputs.
+        progress: a :class:`~recordkit.conversion.Progress`; it counts inputs.
         inactivity_timeout: stop the writer processes and fail when none
             reports progress for this long (seconds; ``None``: wait forever).
 
     Returns:
-        A :class:`~recordkit.convert.ConvertResult` (``.manifest``, ``.records``,
+        A :class:`~recordkit.conversion.ConvertResult` (``.manifest``, ``.records``,
         ``.summary()``).
 
     Raises:
