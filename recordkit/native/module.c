@@ -39,6 +39,7 @@ static int module_exec(PyObject *m) {
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0) return -1;
     }
     if (PyModule_AddStringConstant(m, "CRC32C_IMPL", rk_crc32c_name) < 0) return -1;
+    if (PyModule_AddFunctions(m, rk_span_methods) < 0) return -1; /* crc32c, read */
     if (rk_guard_init(m) < 0) return -1; /* MapFault, and the SIGBUS handler */
     if (rk_index_init(m) < 0) return -1;  /* the .idx functions and FileMap */
     if (rk_order_init(m) < 0) return -1;  /* permute, plan_order */

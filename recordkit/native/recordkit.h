@@ -12,7 +12,8 @@
  *                      CRC + copy of a value (its framing and span checks, called for
  *                      every record, are inline below)
  *   batch.c            the batch functions (parse_batch, gather, gather_verified,
- *                      varints, read, crc32c): Python in, one guarded loop, Python out
+ *                      varints): Python in, one guarded loop, Python out
+ *   spans.c            the one-span functions (crc32c, read)
  *   runner.c           the Runner type: whole reader tasks on threads with no GIL
  *   index.c            the .idx sidecar: whole texts parsed, or scanned and parsed a
  *                      block of lines at a time; binary copies; maps without descriptors
@@ -355,8 +356,9 @@ RK_HIDDEN int rk_copy_verified(rk_crc_copy_fn copy, const uint8_t *p, const uint
 
 /* ------------------------------------------- the module's parts, for module.c */
 
-/* The batch functions (batch.c), the module's m_methods. */
+/* The batch functions (batch.c), the module's m_methods; the one-span ones (spans.c). */
 RK_HIDDEN extern PyMethodDef rk_batch_methods[];
+RK_HIDDEN extern PyMethodDef rk_span_methods[];
 
 /* The .idx sidecar (index.c): FileMap, map_fd,
  * index_parse, index_scan, index_fill and their INDEX_* constants. */
