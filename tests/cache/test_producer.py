@@ -302,7 +302,7 @@ def test_a_retried_partition_counts_its_source_bytes_once(tmp_path, fill_workers
         format=FlakyJsonl.name,
         source_options={"flaky": str(flaky)},
         # Two files (about 16.5 KB each) per partition: f00 and f01, then f02 and f03.
-        convert_options=rk.convert.ConvertOptions(
+        convert_options=rk.conversion.ConvertOptions(
             shard_size="64KiB", partition_bytes="40KiB", retry_backoff=0.0
         ),
         fill_workers=fill_workers,
@@ -578,7 +578,7 @@ def test_options_are_validated(tmp_path):
             tmp_path / "c",
             max_bytes="1MiB",
             format="jsonl",
-            convert_options=rk.convert.ConvertOptions(max_records=10),
+            convert_options=rk.conversion.ConvertOptions(max_records=10),
         )
     with pytest.raises(ValueError, match="producer mode only"):
         ShardCache(src, tmp_path / "c", max_bytes="1MiB", schema=rk.Schema(i=rk.Int64()))

@@ -17,7 +17,7 @@ import recordkit as rk
 from recordkit.errors import DatasetExistsError, PartitionsFailedError
 
 CLI = [sys.executable, "-m", "recordkit"]
-ONE = rk.convert.ConvertOptions(partition_bytes=1)  # a partition per file
+ONE = rk.conversion.ConvertOptions(partition_bytes=1)  # a partition per file
 ID = rk.Schema(id=rk.Int64())  # given: inference would read the bad row first
 
 

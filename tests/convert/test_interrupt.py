@@ -111,9 +111,9 @@ def test_failed_conversion_to_s3_leaves_a_marker_object(tmp_path, s3):
         format="jsonl",
         schema=rk.Schema(id=rk.Int64()),
         workers=0,
-        options=rk.convert.ConvertOptions(partition_bytes=1),
+        options=rk.conversion.ConvertOptions(partition_bytes=1),
     )
-    with pytest.raises(rk.convert.PartitionsFailedError):
+    with pytest.raises(rk.conversion.PartitionsFailedError):
         rk.convert(src, dst, storage_options=s3.storage_options, **run)
     fs = s3.filesystem()
     assert fs.exists(f"{dst}/.recordkit-writing.json") and not fs.exists(f"{dst}/recordkit.json")

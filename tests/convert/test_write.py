@@ -129,7 +129,7 @@ def test_a_function_in_the_users_script(tmp_path, guarded):
     if guarded:
         call = f'if __name__ == "__main__":\n    print({_CALL}.records)'
     else:
-        call = f"try:\n    {_CALL}\nexcept rk.convert.PartitionsFailedError as e:\n"
+        call = f"try:\n    {_CALL}\nexcept rk.conversion.PartitionsFailedError as e:\n"
         call += "    print(e.exceptions[0])"
     (tmp_path / "job.py").write_text(_JOB.format(call=call))
     env = dict(os.environ, PYTHONPATH=ROOT)

@@ -89,7 +89,7 @@ def _jsonl(root, files=2):
 
 def test_producer_options_whole_or_flat(tmp_path):
     src = _jsonl(tmp_path / "raw")
-    convert = rk.convert.ConvertOptions(shard_size="16KiB")
+    convert = rk.conversion.ConvertOptions(shard_size="16KiB")
     whole = ShardCache(
         src,
         tmp_path / "a",
@@ -112,7 +112,7 @@ def test_producer_settings_are_accepted_one_way(tmp_path):
         ShardCache(src, tmp_path / "c", max_bytes="1MiB", producer=producer, format="jsonl")
     with pytest.raises(OptionError, match=r"^shard_size= given beside producer="):
         ShardCache(src, tmp_path / "c", max_bytes="1MiB", producer=producer, shard_size="1MiB")
-    options = rk.convert.ConvertOptions(shard_size="16KiB")
+    options = rk.conversion.ConvertOptions(shard_size="16KiB")
     for kw in ({"shard_size": "256MiB"}, {"compress": None}):  # the defaults: still two ways
         with pytest.raises(OptionError, match="given beside convert_options="):
             ShardCache(
@@ -122,7 +122,7 @@ def test_producer_settings_are_accepted_one_way(tmp_path):
     with pytest.raises(ValueError, match="inactivity_timeout: producer mode only"):
         ShardCache(src, tmp_path / "c", max_bytes="1MiB", inactivity_timeout=5.0)
     with pytest.raises(ValueError, match="max_records"):
-        ProducerOptions("jsonl", convert_options=rk.convert.ConvertOptions(max_records=3))
+        ProducerOptions("jsonl", convert_options=rk.conversion.ConvertOptions(max_records=3))
     with pytest.raises(ValueError, match="inactivity_timeout"):
         ProducerOptions("jsonl", inactivity_timeout=0)
     with pytest.raises(TypeError, match="producer= takes a ProducerOptions"):
@@ -140,7 +140,7 @@ def test_convert_and_write_take_shard_size_one_way(tmp_path):
     """``shard_size=``/``compress=`` are fields of ``options=``: beside it, even at their
     defaults, they are refused by name instead of silently losing to it."""
     src = _jsonl(tmp_path / "raw", 1)
-    options = rk.convert.ConvertOptions(shard_size="64KiB")
+    options = rk.conversion.ConvertOptions(shard_size="64KiB")
     with pytest.raises(OptionError, match=r"^shard_size= given beside options="):
         rk.convert(src, tmp_path / "out", format="jsonl", shard_size="256MiB", options=options)
     with pytest.raises(OptionError, match=r"^compress= given beside options="):

@@ -19,13 +19,18 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit.torch import devcopy as _devcopy
-from recordkit.torch import prefetch
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
 
-from recordkit.torch import DataLoader, DevicePrefetcher, RecordDataset, RecordMapDataset  # noqa: E402
+from recordkit.torch import (  # noqa: E402
+    DataLoader,
+    DevicePrefetcher,
+    RecordDataset,
+    RecordMapDataset,
+    prefetch,
+)
+from recordkit.torch import devcopy as _devcopy  # noqa: E402
 from tests.standin_cuda import LATE, FakeCuda, install  # noqa: E402
 
 

@@ -135,7 +135,7 @@ def test_a_prefix_that_looks_like_a_temp_file_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"must not contain '\.tmp-'"):
         rk.Writer(tmp_path / "d", SCHEMA, prefix="x.tmp-y")
     with pytest.raises(ValueError, match=r"must not contain '\.tmp-'"):
-        rk.convert.ConvertOptions(prefix="x.tmp-y")
+        rk.conversion.ConvertOptions(prefix="x.tmp-y")
 
 
 @pytest.fixture(scope="module")
