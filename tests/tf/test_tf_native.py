@@ -4,6 +4,7 @@ tensors, value for value what the ``parse_example`` path gives, with and without
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -307,3 +308,77 @@ def test_checkpoint_resumes_the_native_path(
     tf.train.Checkpoint(iterator=again).read(saved).assert_consumed()
     assert [(b["i"].numpy().tolist(), b["b"].numpy().tolist()) for b in again] == want
     assert len(want) == 7
+
+
+def _record_made(monkeypatch: pytest.MonkeyPatch, cls: type) -> list[object]:
+    """Every ``cls`` built while the test runs (to count what it holds)."""
+    built: list[object] = []
+    init = cls.__init__
+
+    def recorded(self, *args, **kw):  # type: ignore[no-untyped-def]
+        init(self, *args, **kw)
+        built.append(self)
+
+    monkeypatch.setattr(cls, "__init__", recorded)
+    return built
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every NativeTasks built while the test runs (to count its pool's slabs)."""
+    return _record_made(monkeypatch, tfnative.NativeTasks)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_pass_lets_its_slabs_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: list[object], shuffle: bool
+) -> None:
+    """At a pass's end the pool keeps no slab, neither those free then nor those TensorFlow
+    lets go of later (counted, not measured); a batch kept past the end keeps its own, and
+    the next pass reads the same values again."""
+    monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
+    monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
+    schema = Schema(i=Int64(), b=Bytes(), t=Float32((64, 64)))
+    value = lambda k: bytes([k % 251]) * (20_000 + k)  # noqa: E731 (tasks over 64 KiB: pooled)
+    with rk.Writer(tmp_path / "d", schema) as w:
+        for k in range(40):
+            w.write({"i": k, "b": value(k), "t": np.full((64, 64), k, np.float32)})
+    ds = rtf.dataset(tmp_path / "d", batch_size=4, shuffle=shuffle, seed=5)
+    (dense,) = made
+    for _ in range(2):
+        peak, seen, kept = 0, [], None
+        for batch in ds:
+            peak = max(peak, dense.live_slabs)  # type: ignore[attr-defined]
+            seen += batch["i"].numpy().tolist()
+            assert batch["b"].numpy().tolist() == [value(k) for k in batch["i"].numpy()]
+            kept = batch
+        del batch
+        gc.collect()
+        assert peak > 0 and sorted(seen) == list(range(40))
+        assert dense.live_slabs > 0  # type: ignore[attr-defined]  # the batch kept holds its slabs
+        assert kept is not None and kept["b"].numpy().tolist() == [value(k) for k in seen[-4:]]
+        del kept
+        gc.collect()
+        assert dense.live_slabs == 0  # type: ignore[attr-defined]
+
+
+def test_a_pass_lets_the_task_buffers_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parse_example path's tasks (a ragged schema, shuffled) gather records into a
+    buffer per reading thread: a pass's end lets them all go; the next pass reads again."""
+    made = _record_made(monkeypatch, tftasks.PlanTasks)
+    monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
+    schema = Schema(i=Int64(), r=Int64((None,)))
+    with rk.Writer(tmp_path / "d", schema) as w:
+        for k in range(30):
+            w.write({"i": k, "r": list(range(k % 5))})
+    ds = rtf.dataset(tmp_path / "d", shuffle=True, seed=2)
+    (tasks,) = made
+    for _ in range(2):
+        peak, seen = 0, []
+        for row in ds:
+            peak = max(peak, tasks.buffers)  # type: ignore[attr-defined]
+            k = int(row["i"])
+            assert row["r"].numpy().tolist() == list(range(k % 5))
+            seen.append(k)
+        assert peak > 0 and sorted(seen) == list(range(30))
+        assert tasks.buffers == 0  # type: ignore[attr-defined]
