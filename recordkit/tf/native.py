@@ -108,7 +108,16 @@ def _load() -> Any | None:
 
 def takes(schema: Schema, names: Sequence[str]) -> bool:
     """Whether every feature in ``names`` decodes natively into a dense tensor
-    (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then)."""
+    (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then).
+
+    Taken: the runner's columns (``recordkit/reader/_contract.py``): fixed-shape
+    ``Int64``/``Float32``, uncompressed fixed-shape ``Tensor``, and ``Bytes()``, with
+    or without a default. Not taken: lists of bytes (``Bytes((n,))``,
+    ``Bytes((None,))``) and ragged numbers (``None`` dims): the runner decodes one
+    bytes value, or an exact count of numbers, per record, and the torch reader
+    decodes these per record in Python (then pads them), slower than
+    ``parse_example``; zstd tensors (decompressed per record in Python).
+    """
     if os.environ.get("RECORDKIT_TF_NATIVE", "") == "0":
         return False
     if _decode.IMPLEMENTATION != "native" or not names:

@@ -217,6 +217,90 @@ def test_ragged_and_compressed_schemas_take_the_parse_path(
         assert list(r["r"]) == list(range(k % 4)) and list(r["z"]) == [k] * 3
 
 
+LISTS = Schema(
+    i=Int64(),
+    b2=Bytes((2,)),
+    bl=Bytes((None,)),
+    il=Int64((None,)),
+    fl=Float32((None,)),
+    f3=Float32((None, 3)),
+)
+
+
+def _list_sample(k: int) -> dict[str, object]:
+    """Record k of LISTS: records 4 to 7 (batch 1 of 4) hold only empty lists."""
+    n = 0 if 4 <= k < 8 else k % 4
+    return {
+        "i": k,
+        "b2": [bytes([k]) * (k % 3), b"x\x00" * (k % 2)],
+        "bl": [bytes([65 + j]) * j for j in range(n)],
+        "il": list(range(-n, 0)),
+        "fl": [k / 2] * n,
+        "f3": np.full((n, 3), k, np.float32),
+    }
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_lists_take_the_parse_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], batch_size: int | None
+) -> None:
+    """Lists of bytes and ragged numbers are not native columns (the runner decodes one
+    bytes value, or an exact count of numbers, per record): the parse_example path reads
+    them, empty lists, a batch of only empty lists and a last short batch too."""
+    for name in ("b2", "bl", "il", "fl", "f3"):
+        assert not tfnative.takes(LISTS, ["i", name]), name
+    with rk.Writer(tmp_path / "d", LISTS) as w:
+        for k in range(14):  # batches of 4: the last holds 2
+            w.write(_list_sample(k))
+    got = _read(tmp_path / "d", monkeypatch, native=True, batch_size=batch_size)
+    assert calls["run"] == 0 and calls["decode"] == 0
+    assert [int(r["i"]) for r in got] == list(range(14))
+    for k, row in enumerate(got):
+        want = _list_sample(k)
+        assert [bytes(v) for v in np.asarray(row["b2"]).tolist()] == want["b2"]
+        assert [bytes(v) for v in np.asarray(row["bl"]).tolist()] == want["bl"]
+        assert np.asarray(row["il"]).tolist() == want["il"]
+        assert np.asarray(row["fl"], np.float32).tolist() == want["fl"]
+        assert np.asarray(row["f3"]).reshape(-1, 3).tolist() == np.asarray(want["f3"]).tolist()
+
+
+DEFAULTS = Schema(
+    i=Int64(),
+    label=Int64(default=-1),
+    score=Float32((2,), default=float("nan")),
+    lang=Bytes(default=b"en"),
+    emb=Tensor("float16", (3,), default=[0.5, 0, -1]),
+)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_defaults_for_absent_features_read_natively_as_parse_example_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], batch_size: int | None
+) -> None:
+    """A task whose records all hold every feature is the runner's; one with a record
+    that lacks a defaulted feature is decoded the exact way (the default): the values
+    are parse_example's either way."""
+    monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
+    assert tfnative.takes(DEFAULTS, list(DEFAULTS.names))
+    with rk.Writer(tmp_path / "d", DEFAULTS) as w:
+        for k in range(14):
+            full = k < 8 or k % 3 == 0
+            w.write(
+                {
+                    "i": k,
+                    "label": k if full else None,
+                    "score": [k, -k] if full else None,
+                    "lang": b"de" * (k % 3) if full else None,
+                    "emb": [k, 1, 2] if full else None,
+                }
+            )
+    want = _read(tmp_path / "d", monkeypatch, native=False, batch_size=batch_size)
+    got = _read(tmp_path / "d", monkeypatch, native=True, batch_size=batch_size)
+    assert calls["run"] > 0 and calls["decode"] > 0
+    _same(got, want)
+    assert [r["lang"] for r in got][8:] == [b"en", b"", b"en", b"en", b"", b"en"]
+
+
 def _foreign(root: Path, payloads: list[bytes]) -> Path:
     """One indexed shard of these payloads (a foreign folder the native path takes)."""
     root.mkdir()
