@@ -214,13 +214,13 @@ done:
 
 /* Record i of a task: framing (and its payload CRC unless fused), parse into sp, the
  * span check against `expect`. 1, or 0 (not for the fast path). */
-static int parse_one(const RkTaskSpec *spec, const RkTask *t, Ctx *cx, int64_t *sp, Py_ssize_t i, int fuse,
-                     const uint8_t **payload, uint64_t *plen) {
+static int parse_one(const RkTaskSpec *spec, const RkTask *t, Ctx *cx, int64_t *sp,
+                     Py_ssize_t i, int fuse, const uint8_t **payload, uint64_t *plen) {
     const int64_t *rec = t->rec + 3 * i;
     const Py_buffer *b = &t->bufs[rec[0]];
     const uint8_t *base = b->buf;
-    if (check_frame(base, (int64_t)b->len, rec[1], rec[2], spec->verify && !fuse, spec->max_len, payload,
-                    plen) != ST_OK)
+    if (check_frame(base, (int64_t)b->len, rec[1], rec[2], spec->verify && !fuse, spec->max_len,
+                    payload, plen) != ST_OK)
         return 0;
     if (rk_parse_record(base, *payload, *payload + *plen, cx, sp) < 0) return 0;
     return spans_expected((const char *)spec->expect, spec->keys.n, sp);
@@ -231,8 +231,8 @@ static int parse_one(const RkTaskSpec *spec, const RkTask *t, Ctx *cx, int64_t *
  * fuse, the payload CRC is checked while copying its longest fusable value (or on
  * its own, when there is none). 1 done, 0 not for the fast path. */
 enum { COPY_INT64 = 1, COPY_VALUES = 2 };
-static int copy_one(const RkTaskSpec *spec, const RkTask *t, const int64_t *sp, ColOut *co, Py_ssize_t i,
-                    const uint8_t *p, uint64_t plen, int fuse, int which) {
+static int copy_one(const RkTaskSpec *spec, const RkTask *t, const int64_t *sp, ColOut *co,
+                    Py_ssize_t i, const uint8_t *p, uint64_t plen, int fuse, int which) {
     const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
     Py_ssize_t fused = -1;
     int64_t most = -1;
@@ -339,7 +339,8 @@ static int run_reads(const RkTaskSpec *spec, RkTask *t, Ctx *cx, int64_t *spans,
             if (!copy_one(spec, t, sp, co, i, payloads[i], plen, 1, COPY_VALUES)) return 0;
         }
     }
-    for (Py_ssize_t c = 0; c < spec->ncols; c++) t->widths[c] = co[c].lengths ? co[c].width : co[c].stride;
+    for (Py_ssize_t c = 0; c < spec->ncols; c++)
+        t->widths[c] = co[c].lengths ? co[c].width : co[c].stride;
     return 1;
 }
 

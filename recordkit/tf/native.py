@@ -15,8 +15,8 @@ TensorFlow has let go of every tensor made from it: fresh memory costs a page
 fault per 4 KiB on first touch (here 35 ms for a 16 MiB task instead of 2.4 ms).
 At a pass's end (:meth:`NativeTasks.release`) the pool lets its slabs go, those
 free then and those TensorFlow lets go of later, until the next pass reads: a
-dataset between passes (Keras between epochs) holds no anonymous memory of its
-own. There is no ``parse_example`` on the way.
+dataset between passes (Keras between epochs) holds no buffer of its own (only
+those under tensors still held). There is no ``parse_example`` on the way.
 
 A ``Bytes()`` feature comes out of the decoder as zero-padded ``uint8`` rows and
 their lengths, and ``tf.string`` elements are made from them by the
