@@ -26,7 +26,9 @@ else:
 # recordkit/native/ (recordkit/native/recordkit.h maps them); depends= rebuilds every
 # unit when the shared header changes.
 NATIVE = "recordkit/native"
-NATIVE_UNITS = ["module", "crc", "guard", "example", "batch", "spans", "runner", "index", "order"]
+NATIVE_UNITS = [
+    *("module", "crc", "guard", "example", "batch", "spans", "task", "runner", "index", "order")
+]
 
 
 def _tf_op() -> list[Extension]:

@@ -6,7 +6,7 @@
  * is in the other units, one subject each (their map is in recordkit.h): CRC-32C
  * (crc.c), buffers and the SIGBUS guard (guard.c), one record's
  * framing, parse and copies (example.c), the batch functions
- * (batch.c), the Runner (runner.c) and the .idx sidecar
+ * (batch.c), a reader task (task.c), the Runner (runner.c) and the .idx sidecar
  * (index.c).
  */
 #include "recordkit.h"

@@ -13,7 +13,10 @@ that is 64-byte aligned without copying it. They are carved from the slabs of a
 :class:`~recordkit.reader.buffers.BufferPool`, which takes a slab back only when
 TensorFlow has let go of every tensor made from it: fresh memory costs a page
 fault per 4 KiB on first touch (here 35 ms for a 16 MiB task instead of 2.4 ms).
-There is no ``parse_example`` on the way.
+At a pass's end (:meth:`NativeTasks.release`) the pool lets its slabs go, those
+free then and those TensorFlow lets go of later, until the next pass reads: a
+dataset between passes (Keras between epochs) holds no buffer of its own (only
+those under tensors still held). There is no ``parse_example`` on the way.
 
 A ``Bytes()`` feature comes out of the decoder as zero-padded ``uint8`` rows and
 their lengths, and ``tf.string`` elements are made from them by the
@@ -29,6 +32,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,7 +108,16 @@ def _load() -> Any | None:
 
 def takes(schema: Schema, names: Sequence[str]) -> bool:
     """Whether every feature in ``names`` decodes natively into a dense tensor
-    (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then)."""
+    (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then).
+
+    Taken: the runner's columns (``recordkit/reader/_contract.py``): fixed-shape
+    ``Int64``/``Float32``, uncompressed fixed-shape ``Tensor``, and ``Bytes()``, with
+    or without a default. Not taken: lists of bytes (``Bytes((n,))``,
+    ``Bytes((None,))``) and ragged numbers (``None`` dims): the runner decodes one
+    bytes value, or an exact count of numbers, per record, and the torch reader
+    decodes these per record in Python (then pads them), slower than
+    ``parse_example``; zstd tensors (decompressed per record in Python).
+    """
     if os.environ.get("RECORDKIT_TF_NATIVE", "") == "0":
         return False
     if _decode.IMPLEMENTATION != "native" or not names:
@@ -130,6 +144,26 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[skip : skip + nbytes]
 
 
+class _Slabs:
+    """Makes a pool's slabs (:func:`_aligned`) and counts those alive: in the pool's
+    free list, or under arrays not yet let go of."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.live = 0
+
+    def __call__(self, nbytes: int) -> np.ndarray:
+        slab = _aligned(nbytes)
+        with self._lock:
+            self.live += 1
+        weakref.finalize(slab, self._gone)
+        return slab
+
+    def _gone(self) -> None:
+        with self._lock:
+            self.live -= 1
+
+
 def _tf_dtype(dtype: np.dtype[Any]) -> Any:
     return tf.bool if dtype.kind == "b" else tf.as_dtype(dtype.newbyteorder("="))
 
@@ -153,7 +187,9 @@ class NativeTasks:
         # Free slabs kept: three tasks' worth. Tasks in flight come back to the pool as
         # TensorFlow lets go of them; more kept is anonymous memory held for nothing.
         task = tasks.task_units * (tasks.options.batch_size or 1) * tasks.shards.avg_record_bytes
-        self.pool = BufferPool(max(8 << 20, int(3 * task)), allocate=_aligned)
+        self._keep = max(8 << 20, int(3 * task))
+        self._slabs = _Slabs()
+        self.pool = BufferPool(self._keep, allocate=self._slabs)
         self.op = strings_op()
         self.bytes = [n for n in self.names if isinstance(schema[n], Bytes)]
         # The whole task in one native call (GIL released once), where the build has it.
@@ -186,6 +222,7 @@ class NativeTasks:
                 offset and record), as the ``parse_example`` path raises it.
             ShardChangedError: a shard changed under the reader.
         """
+        self.pool.max_free_bytes = self._keep  # a pass reads: its slabs are reused
         feed = self.tasks.feed
         if feed is None:
             return self._read(int(epoch), int(task))
@@ -303,6 +340,17 @@ class NativeTasks:
             return [values, starts, lengths]
         values[at] = 0xFF  # NumPy's S type drops trailing NULs: a nonzero last byte keeps them
         return [values.view(f"S{at + 1}"), starts, lengths]
+
+    def release(self) -> None:
+        """A pass read its last task: let go of the pool's free slabs, and of each slab
+        TensorFlow lets go of from now on, until the next read (the next pass)."""
+        self.pool.max_free_bytes = 0
+        self.pool.clear()
+
+    @property
+    def live_slabs(self) -> int:
+        """The pool's slabs alive: free in the pool, or under tensors still held."""
+        return self._slabs.live
 
     # -- in the graph -------------------------------------------------------------------------
 

@@ -174,6 +174,9 @@ def planned(
 
     def passed(e: Any) -> Any:
         passes.saw(int(e))
+        tasks.release()  # the pass read its last task: its buffers go back to the system
+        if dense is not None:
+            dense.release()
         return np.int64(int(e))
 
     def one_pass(first: Any) -> Any:

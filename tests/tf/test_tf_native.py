@@ -4,6 +4,7 @@ tensors, value for value what the ``parse_example`` path gives, with and without
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -216,6 +217,90 @@ def test_ragged_and_compressed_schemas_take_the_parse_path(
         assert list(r["r"]) == list(range(k % 4)) and list(r["z"]) == [k] * 3
 
 
+LISTS = Schema(
+    i=Int64(),
+    b2=Bytes((2,)),
+    bl=Bytes((None,)),
+    il=Int64((None,)),
+    fl=Float32((None,)),
+    f3=Float32((None, 3)),
+)
+
+
+def _list_sample(k: int) -> dict[str, object]:
+    """Record k of LISTS: records 4 to 7 (batch 1 of 4) hold only empty lists."""
+    n = 0 if 4 <= k < 8 else k % 4
+    return {
+        "i": k,
+        "b2": [bytes([k]) * (k % 3), b"x\x00" * (k % 2)],
+        "bl": [bytes([65 + j]) * j for j in range(n)],
+        "il": list(range(-n, 0)),
+        "fl": [k / 2] * n,
+        "f3": np.full((n, 3), k, np.float32),
+    }
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_lists_take_the_parse_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], batch_size: int | None
+) -> None:
+    """Lists of bytes and ragged numbers are not native columns (the runner decodes one
+    bytes value, or an exact count of numbers, per record): the parse_example path reads
+    them, empty lists, a batch of only empty lists and a last short batch too."""
+    for name in ("b2", "bl", "il", "fl", "f3"):
+        assert not tfnative.takes(LISTS, ["i", name]), name
+    with rk.Writer(tmp_path / "d", LISTS) as w:
+        for k in range(14):  # batches of 4: the last holds 2
+            w.write(_list_sample(k))
+    got = _read(tmp_path / "d", monkeypatch, native=True, batch_size=batch_size)
+    assert calls["run"] == 0 and calls["decode"] == 0
+    assert [int(r["i"]) for r in got] == list(range(14))
+    for k, row in enumerate(got):
+        want = _list_sample(k)
+        assert [bytes(v) for v in np.asarray(row["b2"]).tolist()] == want["b2"]
+        assert [bytes(v) for v in np.asarray(row["bl"]).tolist()] == want["bl"]
+        assert np.asarray(row["il"]).tolist() == want["il"]
+        assert np.asarray(row["fl"], np.float32).tolist() == want["fl"]
+        assert np.asarray(row["f3"]).reshape(-1, 3).tolist() == np.asarray(want["f3"]).tolist()
+
+
+DEFAULTS = Schema(
+    i=Int64(),
+    label=Int64(default=-1),
+    score=Float32((2,), default=float("nan")),
+    lang=Bytes(default=b"en"),
+    emb=Tensor("float16", (3,), default=[0.5, 0, -1]),
+)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_defaults_for_absent_features_read_natively_as_parse_example_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], batch_size: int | None
+) -> None:
+    """A task whose records all hold every feature is the runner's; one with a record
+    that lacks a defaulted feature is decoded the exact way (the default): the values
+    are parse_example's either way."""
+    monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
+    assert tfnative.takes(DEFAULTS, list(DEFAULTS.names))
+    with rk.Writer(tmp_path / "d", DEFAULTS) as w:
+        for k in range(14):
+            full = k < 8 or k % 3 == 0
+            w.write(
+                {
+                    "i": k,
+                    "label": k if full else None,
+                    "score": [k, -k] if full else None,
+                    "lang": b"de" * (k % 3) if full else None,
+                    "emb": [k, 1, 2] if full else None,
+                }
+            )
+    want = _read(tmp_path / "d", monkeypatch, native=False, batch_size=batch_size)
+    got = _read(tmp_path / "d", monkeypatch, native=True, batch_size=batch_size)
+    assert calls["run"] > 0 and calls["decode"] > 0
+    _same(got, want)
+    assert [r["lang"] for r in got][8:] == [b"en", b"", b"en", b"en", b"", b"en"]
+
+
 def _foreign(root: Path, payloads: list[bytes]) -> Path:
     """One indexed shard of these payloads (a foreign folder the native path takes)."""
     root.mkdir()
@@ -307,3 +392,86 @@ def test_checkpoint_resumes_the_native_path(
     tf.train.Checkpoint(iterator=again).read(saved).assert_consumed()
     assert [(b["i"].numpy().tolist(), b["b"].numpy().tolist()) for b in again] == want
     assert len(want) == 7
+
+
+def _record_made(monkeypatch: pytest.MonkeyPatch, cls: type) -> list[object]:
+    """Every ``cls`` built while the test runs (to count what it holds)."""
+    built: list[object] = []
+    init = cls.__init__
+
+    def recorded(self, *args, **kw):  # type: ignore[no-untyped-def]
+        init(self, *args, **kw)
+        built.append(self)
+
+    monkeypatch.setattr(cls, "__init__", recorded)
+    return built
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every NativeTasks built while the test runs (to count its pool's slabs)."""
+    return _record_made(monkeypatch, tfnative.NativeTasks)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_pass_lets_its_slabs_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: list[object], shuffle: bool
+) -> None:
+    """At a pass's end the pool keeps no slab, neither those free then nor those TensorFlow
+    lets go of later (counted, not measured); a batch kept past the end keeps its own, and
+    the next pass reads the same values again."""
+    monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
+    monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
+    schema = Schema(i=Int64(), b=Bytes(), t=Float32((64, 64)))
+    value = lambda k: bytes([k % 251]) * (20_000 + k)  # noqa: E731 (tasks over 64 KiB: pooled)
+    with rk.Writer(tmp_path / "d", schema) as w:
+        for k in range(40):
+            w.write({"i": k, "b": value(k), "t": np.full((64, 64), k, np.float32)})
+    ds = rtf.dataset(tmp_path / "d", batch_size=4, shuffle=shuffle, seed=5)
+    (dense,) = made
+    for _ in range(2):
+        peak, seen, kept = 0, [], None
+        for batch in ds:
+            peak = max(peak, dense.live_slabs)  # type: ignore[attr-defined]
+            seen += batch["i"].numpy().tolist()
+            assert batch["b"].numpy().tolist() == [value(k) for k in batch["i"].numpy()]
+            kept = batch
+        del batch
+        gc.collect()
+        assert peak > 0 and sorted(seen) == list(range(40))
+        assert dense.live_slabs > 0  # type: ignore[attr-defined]  # the batch kept holds its slabs
+        assert kept is not None and kept["b"].numpy().tolist() == [value(k) for k in seen[-4:]]
+        del kept
+        gc.collect()
+        assert dense.live_slabs == 0  # type: ignore[attr-defined]
+
+
+def test_a_pass_lets_the_task_buffers_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parse_example path's tasks (a ragged schema, shuffled) gather records into a
+    buffer per reading thread: a pass's end lets them all go; the next pass reads again."""
+    made = _record_made(monkeypatch, tftasks.PlanTasks)
+    held: list[int] = []  # the buffers held as each read returns (read-ahead may end the pass
+    read = tftasks.PlanTasks.read  # before the loop looks)
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        out = read(self, *args)
+        held.append(self.buffers)
+        return out
+
+    monkeypatch.setattr(tftasks.PlanTasks, "read", counted)
+    monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
+    schema = Schema(i=Int64(), r=Int64((None,)))
+    with rk.Writer(tmp_path / "d", schema) as w:
+        for k in range(30):
+            w.write({"i": k, "r": list(range(k % 5))})
+    ds = rtf.dataset(tmp_path / "d", shuffle=True, seed=2)
+    (tasks,) = made
+    for _ in range(2):
+        held.clear()
+        seen = []
+        for row in ds:
+            k = int(row["i"])
+            assert row["r"].numpy().tolist() == list(range(k % 5))
+            seen.append(k)
+        assert min(held) > 0 and sorted(seen) == list(range(30))
+        assert tasks.buffers == 0  # type: ignore[attr-defined]
