@@ -16,7 +16,7 @@ the thread pool, ``RecordReader``               training from PyTorch (what
                                                 batch whole tasks of the epoch plan off
                                                 the training thread, into reused buffers.
 the native runner (``decode.py``,               automatically, inside the thread pool,
-``pipeline.py``, ``recordkit/native/module.c``)       for schemas it covers: a whole task
+``pipeline.py``, ``recordkit/native/``)         for schemas it covers: a whole task
                                                 (CRC, Example spans, batch copies) in one
                                                 C call with the GIL released. Nothing to
                                                 choose; ``RecordReader(native_tasks=...)``
@@ -27,10 +27,10 @@ the loader process, ``ProcessReader``           the training step's Python holds
                                                 the same threads in a spawned process,
                                                 chunks handed over in shared memory.
 :class:`recordkit.torch.RecordMapDataset`       your own sampler needs random access by
-(``recordkit/torch/map.py``)                   global index (``ds[i]``, batched
+(``recordkit/torch/map.py``)                    global index (``ds[i]``, batched
                                                 ``__getitems__``).
 :mod:`recordkit.tf`                             TensorFlow: ``tf.data`` from the epoch plan
-                                                (:mod:`recordkit.tf.build` names its
+                                                (``recordkit/tf/build.py`` names its
                                                 pipeline shapes), or TensorFlow's own
                                                 ``TFRecordDataset``.
 :func:`recordkit.verify` (``verify.py``)        checking a dataset, not training on it:
