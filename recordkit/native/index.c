@@ -1,7 +1,7 @@
 /*
  * recordkit.native._ext: the .idx sidecar (DALI's and the tfrecord package's text,
  * "{offset} {framed_size}\n" a record) read into record boundaries as
- * recordkit/format/shard_index.py holds them:
+ * recordkit/reader/index/shard_index.py holds them:
  * the n + 1 record boundaries (record i spans [bounds[i], bounds[i + 1])), uint32
  * below 4 GiB, uint64 above.
  *
