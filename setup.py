@@ -24,7 +24,7 @@ else:
 
 # recordkit.native._ext: one module from several units, one subject each, all in
 # recordkit/native/ (recordkit/native/recordkit.h maps them); depends= rebuilds every
-# unit when the shared header changes.
+# unit when a shared header (recordkit.h, record.h) changes.
 NATIVE = "recordkit/native"
 NATIVE_UNITS = ["module", "crc", "guard", "example", "batch", "runner", "index", "order"]
 
@@ -69,7 +69,7 @@ setup(
         Extension(
             "recordkit.native._ext",
             [f"{NATIVE}/{unit}.c" for unit in NATIVE_UNITS],
-            depends=[f"{NATIVE}/recordkit.h"],
+            depends=[f"{NATIVE}/recordkit.h", f"{NATIVE}/record.h"],
             optional=True,
             extra_compile_args=args,
         ),

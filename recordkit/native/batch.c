@@ -5,7 +5,7 @@
  * gather, gather_verified and varints (see their docstrings). Their pure Python twins,
  * with the same signatures and results, are in recordkit/reader/_fallback.py.
  */
-#include "recordkit.h"
+#include "record.h"
 
 /* One span of a buffer: its CRC (crc continues from the value given), or a copy to d. */
 typedef struct {

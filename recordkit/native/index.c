@@ -51,7 +51,6 @@
 #include <unistd.h>
 #endif
 
-#define OVERHEAD 16
 #define MAX_DIGITS 18 /* 10^18 - 1 < 2^63: no number overflows, nor a sum of two */
 
 typedef struct {
