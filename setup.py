@@ -26,7 +26,17 @@ else:
 # recordkit/native/ (recordkit/native/recordkit.h maps them); depends= rebuilds every
 # unit when a shared header (recordkit.h, record.h) changes.
 NATIVE = "recordkit/native"
-NATIVE_UNITS = ["module", "crc", "guard", "example", "batch", "runner", "index", "order"]
+NATIVE_UNITS = [
+    "module",
+    "crc",
+    "guard",
+    "example",
+    "batch",
+    "runner",
+    "index",
+    "filemap",
+    "order",
+]
 
 
 def _tf_op() -> list[Extension]:

@@ -15,7 +15,9 @@
  *                      varints, read, crc32c): Python in, one guarded loop, Python out
  *   runner.c           the Runner type: whole reader tasks on threads with no GIL
  *   index.c            the .idx sidecar: whole texts parsed, or scanned and parsed a
- *                      block of lines at a time; binary copies; maps without descriptors
+ *                      block of lines at a time
+ *   filemap.c          whole files mapped without a descriptor (index texts, their
+ *                      binary copies)
  *   order.c            the shuffle: the keyed Feistel permutation and EpochPlan.order
  *
  * This header holds the platform switches, the constants of the contract with Python
@@ -275,8 +277,11 @@ static inline const uint8_t *rd_len(const uint8_t *p, const uint8_t *end, uint64
 /* The batch functions (batch.c), the module's m_methods. */
 RK_HIDDEN extern PyMethodDef rk_batch_methods[];
 
-/* The .idx sidecar (index.c): FileMap, map_fd,
- * index_parse, index_scan, index_fill and their INDEX_* constants. */
+/* Whole files mapped without a descriptor (filemap.c): FileMap, map_fd. */
+RK_HIDDEN int rk_filemap_init(PyObject *m);
+
+/* The .idx sidecar (index.c): index_parse, index_scan, index_fill and their
+ * INDEX_* constants. */
 enum { IDX_OK = 0, IDX_MALFORMED = 1, IDX_ENTRY = 2, IDX_END = 3, IDX_COUNT = 4 };
 enum { MAL_BYTE = 1, MAL_LAYOUT = 2, MAL_EMPTY = 3, MAL_LARGE = 4 };
 RK_HIDDEN int rk_index_init(PyObject *m);
