@@ -29,7 +29,6 @@ __all__ = [
     "DEFAULT_RECORD_BYTES",
     "DecodeBudget",
     "DecodeLimits",
-    "ZstdSized",
 ]
 
 # 256 MiB per record: far above any sample a training step consumes whole (a
@@ -38,7 +37,7 @@ __all__ = [
 DEFAULT_RECORD_BYTES = 256 << 20
 
 
-class ZstdSized(Protocol):
+class _ZstdSized(Protocol):
     """What a limit reads of a schema (:class:`~recordkit.codec.Schema` is one)."""
 
     def zstd_bytes(self, columns: Any = None) -> tuple[int, bool]:
@@ -80,21 +79,21 @@ class DecodeLimits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DecodeLimits.{name} must be an int >= 1 or None, got {value!r}")
 
-    def record_limit(self, schema: ZstdSized, columns: Any = None) -> int:
+    def record_limit(self, schema: _ZstdSized, columns: Any = None) -> int:
         """The bytes one record of ``schema`` (these ``columns``) may decompress to."""
         if self.record_bytes is not None:
             return self.record_bytes
         fixed, variable = schema.zstd_bytes(columns)
         return fixed + (DEFAULT_RECORD_BYTES if variable else 0)
 
-    def batch_limit(self, schema: ZstdSized, n: int, columns: Any = None) -> int:
+    def batch_limit(self, schema: _ZstdSized, n: int, columns: Any = None) -> int:
         """The bytes a batch of ``n`` records of ``schema`` may decompress to."""
         if self.batch_bytes is not None:
             return self.batch_bytes
         fixed, variable = schema.zstd_bytes(columns)
         return n * fixed + (DEFAULT_BATCH_BYTES if variable else 0)
 
-    def budget(self, schema: ZstdSized, n: int, columns: Any = None) -> DecodeBudget:
+    def budget(self, schema: _ZstdSized, n: int, columns: Any = None) -> DecodeBudget:
         """A fresh :class:`DecodeBudget` for one decode call of ``n`` records."""
         return DecodeBudget(
             self.record_limit(schema, columns), self.batch_limit(schema, n, columns)

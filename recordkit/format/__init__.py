@@ -1,6 +1,6 @@
 """The on-disk format: TFRecord framing, the index sidecar, the manifest, and the
 in-progress marker (``check_complete``). Bytes only: how a reader opens and keeps
-indexes is :mod:`recordkit.reader.index`.
+indexes is ``recordkit.reader.index``.
 
 Also the atomic-publish helpers every local writer uses (``atomic_write_bytes``,
 ``fsync_dir``, temp names carry ``TMP_MARKER``).
