@@ -24,10 +24,12 @@ else:
 
 # recordkit.native._ext: one module from several units, one subject each, all in
 # recordkit/native/ (recordkit/native/recordkit.h maps them); depends= rebuilds every
-# unit when the shared header changes.
+# unit when a shared header (recordkit.h, record.h) changes.
 NATIVE = "recordkit/native"
-NATIVE_UNITS = ["module", "crc", "guard", "example", "batch", "spans", "task", "runner", "index"]
-NATIVE_UNITS += ["order"]  # the shuffle's permutation (recordkit/reader/order.py, its twin)
+NATIVE_UNITS = [
+    *("module", "crc", "guard", "example", "batch", "spans", "task", "runner"),
+    *("index", "filemap", "order"),  # order: the shuffle's permutation (reader/order.py's twin)
+]
 
 
 def _tf_op() -> list[Extension]:
@@ -70,7 +72,7 @@ setup(
         Extension(
             "recordkit.native._ext",
             [f"{NATIVE}/{unit}.c" for unit in NATIVE_UNITS],
-            depends=[f"{NATIVE}/recordkit.h"],
+            depends=[f"{NATIVE}/recordkit.h", f"{NATIVE}/record.h"],
             optional=True,
             extra_compile_args=args,
         ),

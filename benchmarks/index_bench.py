@@ -57,7 +57,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import recordkit as rk
-    from recordkit.format import index_cache
     from recordkit.format.index import (
         index_path,
         load_index,
@@ -65,9 +64,9 @@ def main() -> None:
         read_index_text,
         validate_index,
     )
-    from recordkit.format.index_open import load_index_file
-    from recordkit.format.shard_index import ShardIndex, parse_bounds
-    from recordkit.format.shard_index import _c as native_parse
+    from recordkit.reader.index import ShardIndex, load_index_file, parse_bounds
+    from recordkit.reader.index import store as index_cache
+    from recordkit.reader.index.text import _c as native_parse
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["RECORDKIT_INDEX_CACHE"] = os.path.join(tmp, "index-cache")

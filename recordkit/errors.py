@@ -141,6 +141,12 @@ def _rebuild(cls: type[_E], reason: str, state: dict[str, Any]) -> _E:
     return err
 
 
+def _construct(cls: type[BaseException], args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    """Unpickle an error whose state is its constructor's arguments: call it again
+    (its keyword-only state survives crossing a process)."""
+    return cls(*args, **kw)
+
+
 class CorruptRecordError(_LocatedError, ValueError):
     """A record whose framing, CRC or payload is wrong.
 
@@ -305,11 +311,7 @@ class IncompleteDatasetError(RecordkitError, ValueError):
         self.path = path
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_incomplete, (str(self), self.path))
-
-
-def _rebuild_incomplete(message: str, path: str | None) -> IncompleteDatasetError:
-    return IncompleteDatasetError(message, path=path)
+        return (_construct, (type(self), (str(self),), {"path": self.path}))
 
 
 class ShardChangedError(_LocatedError, OSError):
@@ -352,11 +354,7 @@ class AccessDeniedError(RecordkitError, PermissionError):
         self.url = url
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_access, (self.reason, self.url))
-
-
-def _rebuild_access(reason: str, url: str | None) -> AccessDeniedError:
-    return AccessDeniedError(reason, url=url)
+        return (_construct, (type(self), (self.reason,), {"url": self.url}))
 
 
 class DatasetExistsError(RecordkitError, FileExistsError):
@@ -379,11 +377,7 @@ class DestinationBusyError(RecordkitError, BlockingIOError):
         self.holder = holder
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_busy, (str(self), self.path, self.holder))
-
-
-def _rebuild_busy(message: str, path: str, holder: dict[str, Any]) -> DestinationBusyError:
-    return DestinationBusyError(message, path=path, holder=holder)
+        return (_construct, (type(self), (str(self),), {"path": self.path, "holder": self.holder}))
 
 
 class LoaderTimeoutError(RecordkitError, TimeoutError):
@@ -526,11 +520,7 @@ class DownloadError(RecordkitError, OSError):
         return f"{where}: {self.reason}"
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_download, (self.reason, self.url, self.offset))
-
-
-def _rebuild_download(reason: str, url: str | None, offset: int | None) -> DownloadError:
-    return DownloadError(reason, url=url, offset=offset)
+        return (_construct, (type(self), (self.reason,), {"url": self.url, "offset": self.offset}))
 
 
 class ProduceError(RecordkitError, RuntimeError):
@@ -558,11 +548,8 @@ class ProduceError(RecordkitError, RuntimeError):
         return f"{self.path}: {self.reason}" if self.path else self.reason
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_produce, (self.reason, self.path, self.details))
-
-
-def _rebuild_produce(reason: str, path: str | None, details: str) -> ProduceError:
-    return ProduceError(reason, path=path, details=details)
+        kw = {"path": self.path, "details": self.details}
+        return (_construct, (type(self), (self.reason,), kw))
 
 
 class OutgrewError(RecordkitError, RuntimeError):

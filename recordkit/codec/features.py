@@ -9,16 +9,8 @@ Feature types and how each is stored in the Example:
   little-endian raw bytes, or a zstd frame of them with ``compression="zstd"``.
 
 Shapes are tuples of non-negative ints and ``None`` (a dimension that varies
-from record to record). The stored values are flat, so the shape of a record
-is recovered by this rule:
-
-- **no** ``None``: the element count must equal the product of the dims;
-- **exactly one** ``None``: that dim is the element count divided by the
-  product of the others (which must divide it; a zero-sized fixed dim next to
-  a ``None`` is refused, as the ``None`` could not be recovered);
-- **two or more** ``None``: the record also stores an int64 companion feature
-  ``f"{name}/shape"`` holding its full shape. A schema in which another
-  feature is named like a companion is refused.
+from record to record); the stored values are flat, and :mod:`recordkit.codec.shapes`
+says how a record's shape is recovered from them.
 
 Every feature is required unless it has a ``default=``: a record without it
 (no key, or a key with no list set) then reads as the default, and a sample
@@ -36,7 +28,7 @@ a location; the caller adds it with ``err.located(path, offset, record)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
@@ -44,11 +36,22 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..errors import CorruptRecordError, SchemaError
+from .budget import DecodeBudget
 from .compression import zstd_compress
 from .example import as_int64, decode_example, encode_example
-from .limits import DecodeBudget
+from .json_values import default_to_json
+from .shapes import (
+    NO_LIST,
+    Features,
+    Shape,
+    check_shape,
+    companion_shape,
+    fmt_shape,
+    resolve_shape,
+    stored_values,
+)
 
-__all__ = ["REQUIRED", "Bytes", "FeatureType", "Float32", "Int64", "Tensor"]
+__all__ = ["INFERRED", "REQUIRED", "TYPES", "Bytes", "FeatureType", "Float32", "Int64", "Tensor"]
 
 
 class _Required:
@@ -65,9 +68,6 @@ class _Required:
 
 REQUIRED: Any = _Required()
 
-Shape = tuple[int | None, ...]
-Features = dict[str, tuple[str | None, Any]]
-
 # Fixed-size dtypes whose raw bytes mean the same thing on every platform
 # (long double and friends do not, and object arrays are pointers).
 _TENSOR_DTYPES = frozenset(
@@ -76,32 +76,6 @@ _TENSOR_DTYPES = frozenset(
 )
 _COMPRESSIONS = (None, "zstd")
 _BYTES_LIKE = (bytes, bytearray, memoryview)
-
-
-def _fmt(shape: Sequence[int | None]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _check_shape(owner: object, shape: Any) -> Shape:
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
-        raise SchemaError(f"{type(owner).__name__}: shape must be a tuple, got {shape!r}")
-    dims: list[int | None] = []
-    for dim in shape:
-        if dim is None:
-            dims.append(None)
-        elif isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 0:
-            dims.append(int(dim))
-        else:
-            raise SchemaError(
-                f"{type(owner).__name__}: shape dims must be ints >= 0 or None, got {shape!r}"
-            )
-    if dims.count(None) == 1 and 0 in dims:
-        raise SchemaError(
-            f"{type(owner).__name__}: shape {_fmt(dims)} has a zero dim next to a single None, "
-            "so the None dim could not be recovered from the element count; "
-            "use None for the zero dim too (the full shape is then stored)"
-        )
-    return tuple(dims)
 
 
 class _Feature:
@@ -124,7 +98,7 @@ class _Feature:
             object.__setattr__(self, "_key", None)
             return
         value = self.default
-        what = f"{type(self).__name__}({_fmt(self.shape) if self.shape else ''})"
+        what = f"{type(self).__name__}({fmt_shape(self.shape) if self.shape else ''})"
         if value is None:
             raise SchemaError(f"{what}: default=None; leave default out for a required feature")
         if isinstance(self, Tensor) and np.dtype(self.dtype).kind == "c":
@@ -181,7 +155,7 @@ class _Feature:
 
     def _absent(self, name: str, record: Features) -> bool:
         """Whether ``record`` lacks the feature (or holds no list) and the default answers."""
-        return self.default is not REQUIRED and record.get(name, _NO_LIST)[0] is None
+        return self.default is not REQUIRED and record.get(name, NO_LIST)[0] is None
 
     def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
         if self._absent(name, record):
@@ -200,8 +174,6 @@ class _Feature:
 
     def _json_default(self, entry: dict[str, Any]) -> dict[str, Any]:
         if self.default is not REQUIRED:
-            from .schema_json import default_to_json  # the JSON rules, kept with the parser
-
             entry["default"] = default_to_json(self._given(False))
         return entry
 
@@ -213,6 +185,12 @@ class _Feature:
     def to_json(self, name: str) -> dict[str, Any]:
         """This feature's entry in :meth:`Schema.to_json`."""
         return self._json_default({"name": name, "type": self.type_name, "shape": list(self.shape)})
+
+    def zstd_bytes(self) -> tuple[int, bool]:
+        """(bytes this feature's zstd value decompresses to in a record, whether that
+        varies): what :class:`~recordkit.codec.DecodeLimits` allows by default. Only a
+        zstd :class:`Tensor` has any."""
+        return 0, False
 
     def min_record_bytes(self) -> int:
         """The fewest bytes a record holding a non-empty value of this feature needs.
@@ -229,70 +207,13 @@ class _Feature:
             want is not None and want != got for want, got in zip(self.shape, given)
         ):
             raise SchemaError(
-                f"feature {name!r}: expected shape {_fmt(self.shape)}, got {_fmt(given)}"
+                f"feature {name!r}: expected shape {fmt_shape(self.shape)}, got {fmt_shape(given)}"
             )
-
-    def _resolve(self, name: str, count: int, record: Features) -> tuple[int, ...]:
-        """The record's shape for ``count`` stored elements, by the module's rule."""
-        shape = self.shape
-        if None not in shape:
-            fixed = cast("tuple[int, ...]", shape)
-            if count != math.prod(fixed):
-                raise CorruptRecordError(
-                    f"feature {name!r}: expected {math.prod(fixed)} elements for shape "
-                    f"{_fmt(shape)}, the record has {count}"
-                )
-            return fixed
-        if shape.count(None) >= 2:
-            full = _companion(name, shape, record)
-            if math.prod(full) != count:
-                raise CorruptRecordError(
-                    f"feature {name!r}: stored shape {_fmt(full)} does not hold {count} elements"
-                )
-            return full
-        known = math.prod(d for d in shape if d is not None)
-        if count % known:
-            raise CorruptRecordError(
-                f"feature {name!r}: {count} elements do not fit shape {_fmt(shape)}"
-            )
-        return tuple(count // known if d is None else d for d in shape)
-
-
-_NO_LIST: tuple[None, None] = (None, None)
 
 
 def _repr(ftype: _Feature, *args: str) -> str:
     parts = [a for a in (*args, ftype._repr_default()) if a]
     return f"{type(ftype).__name__}({', '.join(parts)})"
-
-
-def _companion(name: str, shape: Shape, record: Features) -> tuple[int, ...]:
-    key = f"{name}/shape"
-    full = _values(key, "int64", record)
-    if len(full) != len(shape) or (full < 0).any():
-        raise CorruptRecordError(
-            f"feature {name!r}: companion {key!r} holds {full.tolist()}, "
-            f"not a shape of rank {len(shape)}"
-        )
-    dims = tuple(int(d) for d in full)
-    if any(want is not None and want != got for want, got in zip(shape, dims)):
-        raise CorruptRecordError(
-            f"feature {name!r}: stored shape {_fmt(dims)} does not match {_fmt(shape)}"
-        )
-    return dims
-
-
-def _values(name: str, kind: str, record: Features) -> Any:
-    """The values of a feature of the given wire kind, or a CorruptRecordError."""
-    entry = record.get(name)
-    if entry is None:
-        raise CorruptRecordError(f"feature {name!r} is missing from the record")
-    got, values = entry
-    if got == kind:
-        return values
-    if got is None:  # a Feature with no list set reads as empty, as in TensorFlow
-        return [] if kind == "bytes" else np.empty(0, np.float32 if kind == "float" else np.int64)
-    raise CorruptRecordError(f"feature {name!r}: expected a {kind} list, the record has {got}")
 
 
 def _to_bytes(name: str, value: Any) -> Any:
@@ -321,14 +242,14 @@ class Bytes(_Feature):
     _key: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        shape = _check_shape(self, self.shape)
+        shape = check_shape(self, self.shape)
         if len(shape) > 1:
             raise SchemaError(f"Bytes: shape must be (), (n,) or (None,), got {shape!r}")
         object.__setattr__(self, "shape", shape)
         self._set_default()
 
     def __repr__(self) -> str:
-        return _repr(self, _fmt(self.shape) if self.shape else "")
+        return _repr(self, fmt_shape(self.shape) if self.shape else "")
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         if not self.shape:
@@ -336,7 +257,7 @@ class Bytes(_Feature):
             return
         if isinstance(value, (str, *_BYTES_LIKE)) or not isinstance(value, Iterable):
             raise SchemaError(
-                f"feature {name!r}: expected a list of bytes for shape {_fmt(self.shape)}, "
+                f"feature {name!r}: expected a list of bytes for shape {fmt_shape(self.shape)}, "
                 f"got {type(value).__name__}"
             )
         items = [_to_bytes(name, v) for v in value]
@@ -344,9 +265,9 @@ class Bytes(_Feature):
         out[name] = ("bytes", items)
 
     def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
-        values = _values(name, "bytes", record)
+        values = stored_values(name, "bytes", record)
         if self.shape:
-            self._resolve(name, len(values), record)
+            resolve_shape(name, self.shape, len(values), record)
             return [bytes(v) for v in values] if copy else values
         if len(values) != 1:
             raise CorruptRecordError(
@@ -371,11 +292,11 @@ class Int64(_Feature):
     _key: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", _check_shape(self, self.shape))
+        object.__setattr__(self, "shape", check_shape(self, self.shape))
         self._set_default()
 
     def __repr__(self) -> str:
-        return _repr(self, _fmt(self.shape) if self.shape else "")
+        return _repr(self, fmt_shape(self.shape) if self.shape else "")
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         if type(value) is int and not self.shape:  # a plain label: skip numpy
@@ -387,9 +308,9 @@ class Int64(_Feature):
         _put_shape(self, name, arr.shape, out)
 
     def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
-        values = _values(name, "int64", record)
+        values = stored_values(name, "int64", record)
         # Decoded varints are always a fresh array, so there is nothing to copy.
-        return values.reshape(self._resolve(name, len(values), record))
+        return values.reshape(resolve_shape(name, self.shape, len(values), record))
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -409,11 +330,11 @@ class Float32(_Feature):
     _key: bytes | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", _check_shape(self, self.shape))
+        object.__setattr__(self, "shape", check_shape(self, self.shape))
         self._set_default()
 
     def __repr__(self) -> str:
-        return _repr(self, _fmt(self.shape) if self.shape else "")
+        return _repr(self, fmt_shape(self.shape) if self.shape else "")
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
@@ -434,8 +355,8 @@ class Float32(_Feature):
         _put_shape(self, name, arr.shape, out)
 
     def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
-        values = _values(name, "float", record)
-        values = values.reshape(self._resolve(name, len(values), record))
+        values = stored_values(name, "float", record)
+        values = values.reshape(resolve_shape(name, self.shape, len(values), record))
         if copy:
             return values.copy()
         values.flags.writeable = False  # a view of the record, which may be a shared mmap
@@ -485,12 +406,12 @@ class Tensor(_Feature):
                 f"Tensor: compression must be one of {_COMPRESSIONS}, got {self.compression!r}"
             )
         object.__setattr__(self, "dtype", dtype.newbyteorder("<"))
-        object.__setattr__(self, "shape", _check_shape(self, self.shape))
+        object.__setattr__(self, "shape", check_shape(self, self.shape))
         self._set_default()
 
     def __repr__(self) -> str:
         extra = f"compression={self.compression!r}" if self.compression else ""
-        return _repr(self, repr(np.dtype(self.dtype).name), _fmt(self.shape), extra)
+        return _repr(self, repr(np.dtype(self.dtype).name), fmt_shape(self.shape), extra)
 
     def to_json(self, name: str) -> dict[str, Any]:
         """This feature's entry in :meth:`Schema.to_json`."""
@@ -502,6 +423,15 @@ class Tensor(_Feature):
             "compression": self.compression,
         }
         return self._json_default(entry)
+
+    def zstd_bytes(self) -> tuple[int, bool]:
+        """(its decompressed bytes per record, whether its shape varies); ``(0, False)``
+        uncompressed."""
+        if not self.compression:
+            return 0, False
+        if None in self.shape:
+            return 0, True
+        return math.prod(cast("tuple[int, ...]", self.shape)) * np.dtype(self.dtype).itemsize, False
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         dtype = np.dtype(self.dtype)
@@ -535,7 +465,7 @@ class Tensor(_Feature):
         _put_shape(self, name, arr.shape, out)
 
     def _decode_present(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
-        values = _values(name, "bytes", record)
+        values = stored_values(name, "bytes", record)
         if len(values) != 1:
             raise CorruptRecordError(
                 f"feature {name!r}: expected one tensor value, the record has {len(values)}"
@@ -543,7 +473,7 @@ class Tensor(_Feature):
         dtype = np.dtype(self.dtype)
         shape: tuple[int, ...] | None = None
         if self.shape_feature:
-            shape = _companion(name, self.shape, record)
+            shape = companion_shape(name, self.shape, record)
         elif None not in self.shape:
             shape = cast("tuple[int, ...]", self.shape)
         data = values[0]
@@ -552,15 +482,17 @@ class Tensor(_Feature):
             data = budget.decompress(name, data, expected)
         elif expected is not None and len(data) != expected:
             raise CorruptRecordError(
-                f"feature {name!r}: expected {expected} bytes for {dtype.name}{_fmt(shape or ())}, "
-                f"the record has {len(data)}"
+                f"feature {name!r}: expected {expected} bytes for "
+                f"{dtype.name}{fmt_shape(shape or ())}, the record has {len(data)}"
             )
         if len(data) % dtype.itemsize:
             raise CorruptRecordError(
                 f"feature {name!r}: {len(data)} bytes is not a whole number of {dtype.name}"
             )
         arr = np.frombuffer(data, dtype)
-        arr = arr.reshape(shape if shape is not None else self._resolve(name, arr.size, record))
+        if shape is None:
+            shape = resolve_shape(name, self.shape, arr.size, record)
+        arr = arr.reshape(shape)
         if copy:
             return arr.copy()
         arr.flags.writeable = False  # a view of the record, which may be a shared mmap
@@ -568,9 +500,12 @@ class Tensor(_Feature):
 
 
 FeatureType = Bytes | Int64 | Float32 | Tensor
-_INFERRED: dict[str, type[Bytes | Int64 | Float32]] = {
+"""The feature types, as the schema names them."""
+INFERRED: dict[str, type[Bytes | Int64 | Float32]] = {
     "bytes": Bytes,
     "int64": Int64,
     "float": Float32,
 }
-_TYPES: dict[str, type[FeatureType]] = {t.type_name: t for t in (Bytes, Int64, Float32, Tensor)}
+"""The type a record's list of each wire kind suggests (``Schema.infer``)."""
+TYPES: dict[str, type[FeatureType]] = {t.type_name: t for t in (Bytes, Int64, Float32, Tensor)}
+"""Each type by its ``type_name``, the ``"type"`` of the JSON form."""

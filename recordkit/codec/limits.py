@@ -11,28 +11,40 @@ size, as soon as its output passes the limit) with a
 Only decompressed bytes count: every other value is no larger than (a small
 multiple of, for int64 varints) the record it comes from, which the framing
 already bounds by ``max_record_bytes`` and the file's size.
+
+A leaf below the schema: a limit asks the schema what its zstd values decode to
+(:meth:`~recordkit.codec.Schema.zstd_bytes`, each feature type's own
+``zstd_bytes``) and hands one decode call a :class:`~recordkit.codec.budget.DecodeBudget`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import numpy as np
+from .budget import DecodeBudget
 
-from ..errors import RecordTooLargeError
-from .compression import zstd_decompress
-
-if TYPE_CHECKING:
-    from .schema import Schema
-
-__all__ = ["DEFAULT_BATCH_BYTES", "DEFAULT_RECORD_BYTES", "DecodeBudget", "DecodeLimits"]
+__all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "DEFAULT_RECORD_BYTES",
+    "DecodeBudget",
+    "DecodeLimits",
+]
 
 # 256 MiB per record: far above any sample a training step consumes whole (a
 # 4K RGB float16 frame is 48 MiB), far below what takes a host down; a reader
 # with 16 threads each holding one such value stays within a few GiB.
 DEFAULT_RECORD_BYTES = 256 << 20
+
+
+class _ZstdSized(Protocol):
+    """What a limit reads of a schema (:class:`~recordkit.codec.Schema` is one)."""
+
+    def zstd_bytes(self, columns: Any = None) -> tuple[int, bool]:
+        """(bytes of the fixed-shape zstd values per record, whether any is variable)."""
+        ...
+
+
 # 1 GiB per batch (per decode call: a batch of rk.Dataset/verify/tf, a reader
 # task of RecordDataset): four records at the record ceiling.
 DEFAULT_BATCH_BYTES = 1 << 30
@@ -67,90 +79,22 @@ class DecodeLimits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"DecodeLimits.{name} must be an int >= 1 or None, got {value!r}")
 
-    def record_limit(self, schema: Schema, columns: Any = None) -> int:
+    def record_limit(self, schema: _ZstdSized, columns: Any = None) -> int:
         """The bytes one record of ``schema`` (these ``columns``) may decompress to."""
         if self.record_bytes is not None:
             return self.record_bytes
-        fixed, variable = _zstd_sizes(schema, columns)
+        fixed, variable = schema.zstd_bytes(columns)
         return fixed + (DEFAULT_RECORD_BYTES if variable else 0)
 
-    def batch_limit(self, schema: Schema, n: int, columns: Any = None) -> int:
+    def batch_limit(self, schema: _ZstdSized, n: int, columns: Any = None) -> int:
         """The bytes a batch of ``n`` records of ``schema`` may decompress to."""
         if self.batch_bytes is not None:
             return self.batch_bytes
-        fixed, variable = _zstd_sizes(schema, columns)
+        fixed, variable = schema.zstd_bytes(columns)
         return n * fixed + (DEFAULT_BATCH_BYTES if variable else 0)
 
-    def budget(self, schema: Schema, n: int, columns: Any = None) -> DecodeBudget:
+    def budget(self, schema: _ZstdSized, n: int, columns: Any = None) -> DecodeBudget:
         """A fresh :class:`DecodeBudget` for one decode call of ``n`` records."""
         return DecodeBudget(
             self.record_limit(schema, columns), self.batch_limit(schema, n, columns)
         )
-
-
-def _zstd_sizes(schema: Schema, columns: Any) -> tuple[int, bool]:
-    """(bytes of the fixed-shape zstd tensors per record, whether any is variable)."""
-    from .features import Tensor  # features imports this module
-
-    fixed, variable = 0, False
-    wanted = None if columns is None else set(columns)
-    for name in schema.names:
-        ftype = schema[name]
-        if wanted is not None and name not in wanted:
-            continue
-        if not isinstance(ftype, Tensor) or not ftype.compression:
-            continue
-        if None in ftype.shape:
-            variable = True
-        else:
-            dims = [d for d in ftype.shape if d is not None]
-            fixed += math.prod(dims) * np.dtype(ftype.dtype).itemsize
-    return fixed, variable
-
-
-class DecodeBudget:
-    """What is left of a :class:`DecodeLimits` during one decode call.
-
-    Not thread-safe: one per call. :meth:`start_record` before each record's values.
-
-    Args:
-        record: the record limit (bytes).
-        batch: the batch limit (bytes).
-    """
-
-    __slots__ = ("batch", "batch_left", "record", "record_left")
-
-    def __init__(self, record: int, batch: int) -> None:
-        self.record, self.batch = record, batch
-        self.record_left, self.batch_left = record, batch
-
-    def start_record(self) -> None:
-        """Begin the next record: its values count against a fresh record limit."""
-        self.record_left = self.record
-
-    def decompress(self, name: str, frame: Any, expected_size: int | None) -> bytes | bytearray:
-        """Decompress feature ``name``'s frame within what is left, and count it.
-
-        Raises:
-            RecordTooLargeError: the frame declares (or produces) more than is
-                left; names the feature, the sizes and the limit.
-            CorruptRecordError: the frame is malformed or of the wrong size.
-        """
-        record_side = self.record_left <= self.batch_left
-        cap = self.record_left if record_side else self.batch_left
-        try:
-            out = zstd_decompress(frame, expected_size=expected_size, max_size=cap)
-        except RecordTooLargeError as exc:
-            if record_side:
-                limit = (
-                    f"record_bytes={self.record} ({self.record - cap} already used by this record)"
-                )
-            else:
-                limit = f"batch_bytes={self.batch} ({self.batch - cap} already used by this batch)"
-            raise RecordTooLargeError(
-                f"feature {name!r}: {exc.reason}: DecodeLimits({limit}); raise it with "
-                f"limits=DecodeLimits(...) if such values are expected"
-            ) from None
-        self.record_left -= len(out)
-        self.batch_left -= len(out)
-        return out

@@ -1,6 +1,7 @@
 """``recordkit.Schema``: named, typed features; encode samples, decode records.
 
-The feature types and the shape rules live in :mod:`recordkit.codec.features`.
+The feature types live in :mod:`recordkit.codec.features`, the shape rules in
+:mod:`recordkit.codec.shapes`.
 Encoding validates a sample against the schema and raises
 :class:`~recordkit.errors.SchemaError` naming the feature. Decoding a record
 that does not fit raises :class:`~recordkit.errors.CorruptRecordError` without
@@ -15,22 +16,21 @@ from typing import Any
 
 from ..errors import SchemaError
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES
+from .budget import DecodeBudget
 from .example import decode_example, encode_example
 from .features import (
-    _INFERRED,
+    INFERRED,
     REQUIRED,
     Bytes,
-    Features,
     FeatureType,
     Float32,
     Int64,
-    Shape,
     Tensor,
     _Feature,
-    _fmt,
 )
-from .limits import DecodeBudget, DecodeLimits
+from .limits import DecodeLimits
 from .schema_json import feature_from_json
+from .shapes import Features, Shape, fmt_shape
 
 __all__ = ["Bytes", "FeatureType", "Float32", "Int64", "Schema", "Tensor"]
 
@@ -72,7 +72,7 @@ class Schema:
                 if f"{name}/shape" in merged:
                     raise SchemaError(
                         f"feature {name + '/shape'!r} collides with the shape companion of "
-                        f"{name!r} (whose shape {_fmt(ftype.shape)} has two or more None dims)"
+                        f"{name!r} (whose shape {fmt_shape(ftype.shape)} has two or more None dims)"
                     )
                 keys.add(f"{name}/shape")
         object.__setattr__(self, "_features", MappingProxyType(merged))
@@ -93,6 +93,18 @@ class Schema:
 
     def __getitem__(self, name: str) -> FeatureType:
         return self._features[name]
+
+    def zstd_bytes(self, columns: Any = None) -> tuple[int, bool]:
+        """(bytes the fixed-shape zstd values of ``columns`` (default: all) decompress to
+        per record, whether any is variable): what :class:`DecodeLimits` derives its
+        defaults from (each feature type's ``zstd_bytes``)."""
+        fixed, variable = 0, False
+        wanted = None if columns is None else set(columns)
+        for name, ftype in self._features.items():
+            if wanted is None or name in wanted:
+                size, varies = ftype.zstd_bytes()
+                fixed, variable = fixed + size, variable or varies
+        return fixed, variable
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._features)
@@ -299,7 +311,7 @@ class Schema:
             if not held:
                 continue
             kind = next(iter(held))
-            ftype_cls: type[Bytes | Int64 | Float32] = _INFERRED[kind]
+            ftype_cls: type[Bytes | Int64 | Float32] = INFERRED[kind]
             if present != count:
                 features[name] = ftype_cls((None,), default=[])
                 if notes is not None:

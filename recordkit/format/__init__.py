@@ -1,12 +1,13 @@
 """The on-disk format: TFRecord framing, the index sidecar, the manifest, and the
-in-progress marker (``check_complete``).
+in-progress marker (``check_complete``). Bytes only: how a reader opens and keeps
+indexes is ``recordkit.reader.index``.
 
 Also the atomic-publish helpers every local writer uses (``atomic_write_bytes``,
 ``fsync_dir``, temp names carry ``TMP_MARKER``).
 """
 
 from ._atomic import TMP_MARKER, atomic_write_bytes, fsync_dir, temp_name
-from ._files import open_regular, read_regular
+from ._files import map_regular, open_regular, read_regular
 from .complete import (
     MARKER_NAME,
     Incomplete,
@@ -28,7 +29,6 @@ from .framing import (
     read_stream,
 )
 from .index import (
-    ensure_index,
     index_path,
     load_index,
     open_map,
@@ -61,7 +61,6 @@ __all__ = [
     "check_complete",
     "crc32c",
     "detect_compression",
-    "ensure_index",
     "find_incomplete",
     "frame",
     "frame_header",
@@ -69,6 +68,7 @@ __all__ = [
     "index_path",
     "iter_records",
     "load_index",
+    "map_regular",
     "mark_finished",
     "mark_started",
     "mask",

@@ -7,9 +7,11 @@ PyPI package, so both read recordkit shards with our index and no conversion.
 
 An index is never trusted blindly: :func:`validate_index` checks it against the
 shard (contiguous entries from 0 to the file size, every length field matching),
-and :func:`ensure_index` rebuilds one that is missing or stale by a CRC-checked
-scan over a memory map, which reads headers and payloads through the page cache
-instead of into Python memory (DALI's tool reads whole shards into RAM).
+and :func:`scan_index` builds one by a CRC-checked scan over a memory map, which
+reads headers and payloads through the page cache instead of into Python memory
+(DALI's tool reads whole shards into RAM). This module is the format, the bytes;
+how a reader opens, keeps and rebuilds an index (``ensure_index``, the per-user
+store) is :mod:`recordkit.reader.index`.
 """
 
 from __future__ import annotations
@@ -32,13 +34,19 @@ __all__ = [
     "INDEX_SUFFIX",
     "check_entries",
     "check_lengths",
-    "ensure_index",
+    "end_error",
+    "entries_from_sizes",
+    "entry_error",
     "format_index",
+    "index_error",
     "index_path",
     "load_index",
+    "map_file",
     "max_index_bytes",
+    "open_map",
     "parse_index",
     "read_index_text",
+    "scan_buffer",
     "scan_index",
     "validate_index",
     "write_index",
@@ -63,7 +71,8 @@ def _shard_error(reason: str, path: str) -> CorruptRecordError:
     return CorruptRecordError(f"shard {reason}", path=path, offset=0)
 
 
-def _index_error(reason: str, path: str) -> InvalidIndexError:
+def index_error(reason: str, path: str) -> InvalidIndexError:
+    """An index file that is not a regular file, or too large (``read_regular``'s refusals)."""
     return InvalidIndexError(f"index {reason}", path=path)
 
 
@@ -112,13 +121,16 @@ def scan_index(
     path = os.fspath(shard_path)
     buf = open_map(path)
     try:
-        return _scan(buf, path, verify, max_record_bytes)
+        return scan_buffer(buf, path, verify, max_record_bytes)
     finally:
         if isinstance(buf, mmap.mmap):
             buf.close()
 
 
-def _scan(buf: mmap.mmap | bytes, path: str, verify: bool, max_record_bytes: int) -> np.ndarray:
+def scan_buffer(
+    buf: mmap.mmap | bytes, path: str, verify: bool, max_record_bytes: int
+) -> np.ndarray:
+    """:func:`scan_index` of a shard already mapped as ``buf`` (``path`` names it in errors)."""
     offsets: list[int] = []
     sizes: list[int] = []
     offset, record, end = 0, 0, len(buf)
@@ -226,7 +238,7 @@ def read_index_text(path: str, *, max_bytes: int | None = None) -> bytes:
     """
     limit = (1 << 62) if max_bytes is None else max_bytes
     try:
-        return read_regular(path, _index_error, max_bytes=limit, what="index")
+        return read_regular(path, index_error, max_bytes=limit, what="index")
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"index not found: {path}") from exc
 
@@ -369,38 +381,6 @@ def check_lengths(
             offset=int(offsets[i]),
             record=i if records is None else int(records[i]),
         )
-
-
-def ensure_index(
-    shard_path: str | os.PathLike[str],
-    *,
-    buf: bytes | mmap.mmap | None = None,
-    write: bool = True,
-    verify: bool = True,
-    cache: bool = True,
-) -> np.ndarray:
-    """Return a validated index for ``shard_path``, rebuilding it when missing or stale.
-
-    An index beside the shard is used when it validates (every entry, every
-    length field). Otherwise one from the per-user cache
-    (``recordkit.format.index_cache``), validated the same way; else a
-    CRC-checked scan builds it. Readers hold the compact form instead
-    (``recordkit.format.index_open.open_index``).
-
-    Args:
-        shard_path: the shard file.
-        buf: the shard already mapped (saves a second mmap).
-        write: write a rebuilt index beside the shard (for shards recordkit
-            wrote, or when the user asks). When it is ``False``, or the
-            directory is read-only, the index goes to the per-user cache.
-        verify: check payload CRCs while rebuilding.
-        cache: use the per-user cache (``False``: the index lives in memory only
-            unless written beside the shard).
-    """
-    from .index_open import open_index  # the compact form is built on this module
-
-    index = open_index(shard_path, buf=buf, write=write, verify=verify, cache=cache, full=True)
-    return index.entries()
 
 
 def entries_from_sizes(sizes: Iterable[int]) -> np.ndarray:

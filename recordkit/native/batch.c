@@ -6,7 +6,7 @@
  * each, are in spans.c). Their pure Python twins,
  * with the same signatures and results, are in recordkit/reader/_fallback.py.
  */
-#include "recordkit.h"
+#include "record.h"
 
 PyDoc_STRVAR(parse_batch_doc,
 "parse_batch(buf, offsets, sizes, keys, verify, max_record_bytes=2**31, expect=None, /)\n"

@@ -4,9 +4,9 @@
  * recordkit/codec/messages.py, on recordkit/codec/wire.py), and the copy of a value
  * made while the payload's CRC is computed. The per-record checks around them (the
  * framing of recordkit.format.read_record, the spans against what the fast path
- * expects, int64 varints decoded) are inline in recordkit.h.
+ * expects, int64 varints decoded) are inline in record.h.
  */
-#include "recordkit.h"
+#include "record.h"
 
 /* ------------------------------------------------------------------ protobuf */
 

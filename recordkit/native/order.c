@@ -18,9 +18,7 @@
  *     block_keys); the records of window w are permuted by the permutation keyed
  *     mix64(key, 2, w), whose round keys are derived here as Permutation does.
  */
-#define PY_SSIZE_T_CLEAN
 #include "recordkit.h"
-#include <stdint.h>
 
 #define MAX_ROUNDS 16
 

@@ -10,7 +10,7 @@
  *                      (and its MapFault error), int64 buffer views, the key table
  *   example.c          one record: the tf.train.Example span parse and the fused
  *                      CRC + copy of a value (its framing and span checks, called for
- *                      every record, are inline below)
+ *                      every record, are inline in record.h)
  *   batch.c            the batch functions (parse_batch, gather, gather_verified,
  *                      varints): Python in, one guarded loop, Python out
  *   spans.c            the one-span functions (crc32c, read)
@@ -19,13 +19,16 @@
  *   runner.c           the Runner type: tasks queued, run by threads with no GIL (or
  *                      by the caller), and collected in order
  *   index.c            the .idx sidecar: whole texts parsed, or scanned and parsed a
- *                      block of lines at a time; binary copies; maps without descriptors
+ *                      block of lines at a time
+ *   filemap.c          whole files mapped without a descriptor (index texts, their
+ *                      binary copies)
  *   order.c            the shuffle: the keyed Feistel permutation and EpochPlan.order
  *
  * This header holds the platform switches, the constants of the contract with Python
  * (recordkit/reader/_contract.py holds the same values and checks them at import),
  * the little inline readers every unit uses, and the declarations of what one unit
- * gives another. Names a unit gives another start with rk_ (and are hidden: nothing
+ * gives another; it uses no unit. record.h holds what the units that read records
+ * (example.c, batch.c, runner.c) share: its inline checks call crc.c's CRC. Names a unit gives another start with rk_ (and are hidden: nothing
  * here is visible outside the extension).
  *
  * Every function is a faster twin of one in recordkit/reader/_fallback.py and must
@@ -273,98 +276,17 @@ static inline const uint8_t *rd_len(const uint8_t *p, const uint8_t *end, uint64
     return p;
 }
 
-/* ------------------------------------------------------ one record (example.c) */
-
-/* What the winning map entry of a wanted key says. */
-typedef struct {
-    const uint8_t *entry, *entry_end; /* the map entry, to re-walk merged lists */
-    const uint8_t *run, *run_end;     /* the first list submessage of the final kind */
-    const uint8_t *since;             /* its start: earlier lists were of another kind */
-    uint32_t nruns;                   /* list submessages of the final kind (they merge) */
-    int kind;                         /* KIND_ABSENT until an entry is seen */
-} KeyState;
-
-/* A parse's keys, and a KeyState per key (the caller's, reused record after record). */
-typedef struct {
-    const Keys *keys;
-    KeyState *st;
-} Ctx;
-
-/* The per-record checks below are inline here, not in example.c: the batch
- * and runner loops call them for every record, and a call across units (which the
- * compiler cannot inline) measurably slowed the runner's small records. */
-
-enum { VARINTS_MALFORMED = 1, VARINTS_MORE = 2, VARINTS_FEWER = 3 };
-
-/* The framing checks of recordkit.format.read_record, in its order: ST_OK (and the
- * payload [*payload, *payload + *plen)), or the first ST_* that fails. */
-static inline int check_frame(const uint8_t *base, int64_t blen, int64_t off, int64_t size,
-                              int verify, int64_t max_len, const uint8_t **payload,
-                              uint64_t *plen) {
-    if (off < 0 || off > blen) return ST_OUT_OF_BOUNDS;
-    int64_t left = blen - off;
-    if (left < HEADER_SIZE) return ST_TRUNCATED;
-    const uint8_t *h = base + off;
-    uint64_t length = ld64le(h);
-    if (masked(rk_crc32c(0, h, 8)) != ld32le(h + 8)) return ST_LENGTH_CRC;
-    if (length > (uint64_t)max_len) return ST_TOO_LARGE;
-    if (left < OVERHEAD || length > (uint64_t)(left - OVERHEAD)) return ST_TRUNCATED;
-    if (size != (int64_t)length + OVERHEAD) return ST_LENGTH_MISMATCH;
-    const uint8_t *data = h + HEADER_SIZE;
-    if (verify && masked(rk_crc32c(0, data, (size_t)length)) != ld32le(data + length))
-        return ST_PAYLOAD_CRC;
-    *payload = data;
-    *plen = length;
-    return ST_OK;
-}
-
-/* Do one record's first spans match `expect` ((kind, count, nbytes) triples, -1: any)? */
-static inline int spans_expected(const char *expect, Py_ssize_t nexpect, const int64_t *sp) {
-    for (Py_ssize_t k = 0; k < nexpect; k++) {
-        int64_t want[3]; /* memcpy: expect may be any buffer, unaligned */
-        memcpy(want, expect + 24 * k, 24);
-        const int64_t *got = sp + 4 * k;
-        if ((want[0] >= 0 && got[0] != want[0]) || (want[1] >= 0 && got[1] != want[1]) ||
-            (want[2] >= 0 && got[3] != want[2]))
-            return 0;
-    }
-    return 1;
-}
-
-/* Decode exactly `count` packed varints from [p, end) into dst: 0, or VARINTS_* why not. */
-static inline int read_varints(const uint8_t *p, const uint8_t *end, int64_t count,
-                               uint64_t *dst) {
-    int64_t k = 0;
-    while (p < end) {
-        uint64_t v;
-        if (*p < 0x80) {
-            v = *p++;
-        } else if (!(p = rd_varint(p, end, &v))) {
-            return VARINTS_MALFORMED;
-        }
-        if (k == count) return VARINTS_MORE;
-        dst[k++] = v;
-    }
-    return k == count ? 0 : VARINTS_FEWER;
-}
-
-/* Parse one payload [p, end) of the buffer at base and fill its F spans
- * (kind, count, start in base, nbytes): 0, or -1 (not an Example read whole). */
-RK_HIDDEN int rk_parse_record(const uint8_t *base, const uint8_t *p, const uint8_t *end,
-                              Ctx *cx, int64_t *spans);
-/* Copy the l-byte value at v (inside the payload [p, end), end = its CRC) to d, zero
- * d up to row, and check the payload CRC in the same pass: 1 if it matches. */
-RK_HIDDEN int rk_copy_verified(rk_crc_copy_fn copy, const uint8_t *p, const uint8_t *end,
-                               const uint8_t *v, int64_t l, uint8_t *d, int64_t row);
-
 /* ------------------------------------------- the module's parts, for module.c */
 
 /* The batch functions (batch.c), the module's m_methods; the one-span ones (spans.c). */
 RK_HIDDEN extern PyMethodDef rk_batch_methods[];
 RK_HIDDEN extern PyMethodDef rk_span_methods[];
 
-/* The .idx sidecar (index.c): FileMap, map_fd,
- * index_parse, index_scan, index_fill and their INDEX_* constants. */
+/* Whole files mapped without a descriptor (filemap.c): FileMap, map_fd. */
+RK_HIDDEN int rk_filemap_init(PyObject *m);
+
+/* The .idx sidecar (index.c): index_parse, index_scan, index_fill and their
+ * INDEX_* constants. */
 enum { IDX_OK = 0, IDX_MALFORMED = 1, IDX_ENTRY = 2, IDX_END = 3, IDX_COUNT = 4 };
 enum { MAL_BYTE = 1, MAL_LAYOUT = 2, MAL_EMPTY = 3, MAL_LARGE = 4 };
 RK_HIDDEN int rk_index_init(PyObject *m);

@@ -21,7 +21,7 @@
  * sizes, what a record must look like to be taken) is spelled out once, in
  * recordkit/reader/_contract.py.
  */
-#include "recordkit.h"
+#include "record.h"
 
 #ifndef _WIN32
 #include <pthread.h>

@@ -8,8 +8,10 @@ Python per record instead of well under one.
 The wire parsing reuses the reference codec's own parsers
 (:mod:`recordkit.codec.messages`, :mod:`recordkit.codec.wire`), so what this module
 accepts or rejects is by construction what :func:`~recordkit.codec.decode_example`
-does. The status codes and span kinds are the contract's
-(:mod:`recordkit.reader._contract`).
+does; the CRCs are :mod:`recordkit.format.crc`'s. The framing checks stay a twin of
+their own (``_check_frame``): the batch functions report a status code per record,
+in the order of :func:`~recordkit.format.read_record`'s checks, where it raises. The
+status codes and span kinds are the contract's (:mod:`recordkit.reader._contract`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import struct
 from typing import Any
 
 import numpy as np
-from crc32c import crc32c as _crc32c
 
 from ..codec.messages import parse_features, scalar_runs
 from ..codec.wire import (
@@ -34,6 +35,7 @@ from ..codec.wire import (
     read_varint,
 )
 from ..errors import CorruptRecordError
+from ..format import crc
 from ..format.framing import DEFAULT_MAX_RECORD_BYTES, HEADER_SIZE, OVERHEAD
 from ._contract import (  # the constants the native twin defines (recordkit/native/recordkit.h)
     KIND_ABSENT,
@@ -82,7 +84,6 @@ __all__ = [
 CRC32C_IMPL = "crc32c package"
 
 _KIND_CODES = {"bytes": KIND_BYTES, "float": KIND_FLOAT, "int64": KIND_INT64}
-_MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
 _NO_SPANS = (0, 0, 0, 0)
@@ -108,13 +109,9 @@ def read(buf: Any, start: int, length: int, /) -> bytes:
 
 
 def crc32c(data: Any, value: int = 0, /) -> int:
-    """CRC-32C of ``data`` continuing from ``value`` (the ``crc32c`` package)."""
-    return int(_crc32c(data, value))
-
-
-def _masked(data: Any) -> int:
-    crc = int(_crc32c(data))
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    """CRC-32C of ``data`` continuing from ``value`` (:func:`recordkit.format.crc32c`:
+    the ``crc32c`` package)."""
+    return int(crc.crc32c(data, value))
 
 
 def _bytes_view(buf: Any) -> memoryview:
@@ -220,7 +217,7 @@ def _check_frame(
     if end - offset < HEADER_SIZE:
         return STATUS_TRUNCATED, 0, 0
     length, stored = _HEADER.unpack_from(view, offset)
-    if _masked(view[offset : offset + 8]) != stored:
+    if crc.masked_crc32c(view[offset : offset + 8]) != stored:
         return STATUS_LENGTH_CRC, 0, 0
     if length > max_len:
         return STATUS_TOO_LARGE, 0, 0
@@ -231,7 +228,8 @@ def _check_frame(
     start = offset + HEADER_SIZE
     if (
         verify
-        and _masked(view[start : start + length]) != _U32.unpack_from(view, start + length)[0]
+        and crc.masked_crc32c(view[start : start + length])
+        != _U32.unpack_from(view, start + length)[0]
     ):
         return STATUS_PAYLOAD_CRC, 0, 0
     return STATUS_OK, start, length
@@ -402,7 +400,7 @@ def gather_verified(
         rows[i, :length] = src[a : a + length]
         rows[i, length:] = 0
         end = offset + size - 4
-        ok = _masked(view[offset + HEADER_SIZE : end]) == _U32.unpack_from(view, end)[0]
+        ok = crc.masked_crc32c(view[offset + HEADER_SIZE : end]) == _U32.unpack_from(view, end)[0]
         status.append(STATUS_OK if ok else STATUS_PAYLOAD_CRC)
     return bytearray(np.array(status, np.int32).tobytes())
 

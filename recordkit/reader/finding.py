@@ -32,9 +32,10 @@ from collections.abc import Sequence
 
 from ..errors import CorruptRecordError, ManifestError, ShardNotFoundError
 from ..format.crc import masked_crc32c
-from ..format.index import INDEX_SUFFIX, ensure_index, open_map
+from ..format.index import INDEX_SUFFIX, open_map
 from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo, read_manifest
 from ..storage import is_temp_name
+from .index import ensure_index
 from .tfds import tfds_hint
 
 __all__ = [

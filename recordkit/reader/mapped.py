@@ -16,9 +16,8 @@ import numpy as np
 from ..errors import ManifestError, ShardChangedError
 from ..format.framing import read_record
 from ..format.index import map_file
-from ..format.index_open import open_index
 from ..format.manifest import ShardInfo
-from ..format.shard_index import ShardIndex
+from .index import ShardIndex, open_index
 
 __all__ = ["MappedShard"]
 
@@ -32,7 +31,7 @@ class MappedShard:
     count, from the manifest or from counting): a mismatch is a
     :class:`~recordkit.errors.ManifestError` for a manifest's shard, a
     :class:`~recordkit.errors.ShardChangedError` otherwise. The index is loaded
-    and checked as :mod:`recordkit.format.shard_index` says: whole against the
+    and checked as :mod:`recordkit.reader.index.shard_index` says: whole against the
     file's size now, and each run of records' length fields before any record of
     the run is located (:meth:`locate`, :meth:`entry`, ``offsets``, ``sizes``).
 
@@ -41,7 +40,7 @@ class MappedShard:
         path: absolute file path.
         buf: the ``mmap`` (``b""`` for an empty file).
         nbytes: the file size in bytes (still known after :meth:`close`).
-        index: the :class:`~recordkit.format.shard_index.ShardIndex`.
+        index: the :class:`~recordkit.reader.index.ShardIndex`.
     """
 
     __slots__ = ("buf", "identity", "index", "info", "nbytes", "path", "pins")

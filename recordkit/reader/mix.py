@@ -45,9 +45,8 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,23 +54,29 @@ from ..codec.schema import Schema
 from ..errors import SchemaError
 from ..format.manifest import ShardInfo
 from .order import Permutation, mix64
+from .plan_options import Mix, PlanOptions
 from .select import parse_records
 from .shards import ShardSet, open_shards
-
-if TYPE_CHECKING:
-    from .plan import EpochPlan, PlanOptions
 
 __all__ = [
     "MIX_BLOCK",
     "CombinedShards",
     "Mix",
     "Mixer",
+    "SourcePlan",
     "check_schemas",
     "make_mix",
     "open_sources",
     "refuse_cache",
     "sources",
 ]
+
+
+class SourcePlan(Protocol):
+    """One pass over one source, as :class:`Mixer` reads it (an ``EpochPlan``)."""
+
+    def order(self, g: np.ndarray) -> np.ndarray: ...
+
 
 #: positions whose order the shuffle permutes together (each keeps its proportions)
 MIX_BLOCK = 4096
@@ -215,51 +220,6 @@ def open_sources(
 # -- what an epoch is made of ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Mix:
-    """What an epoch is made of, beyond "every record of the shard set once".
-
-    Attributes:
-        bounds: source ``s`` is shards ``bounds[s] .. bounds[s + 1] - 1``.
-        ranges: each source's selected records ``[lo, hi)``, in its own record order.
-        weights: each source's share of an epoch, or ``None``: a concatenation.
-        epoch_records: records per epoch with weights (``None``: the selected records).
-    """
-
-    bounds: tuple[int, ...]
-    ranges: tuple[tuple[int, int], ...]
-    weights: tuple[float, ...] | None = None
-    epoch_records: int | None = None
-
-    @property
-    def weighted(self) -> bool:
-        return self.weights is not None
-
-    def state(self) -> dict[str, Any]:
-        """A JSON-ready description, for resume checks (the order depends on it)."""
-        return {
-            "ranges": [list(r) for r in self.ranges],
-            "weights": None if self.weights is None else list(self.weights),
-            "epoch_records": self.epoch_records,
-        }
-
-    def effective(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per shard: the records the plan reads and the first of them (O(shards))."""
-        counts = np.asarray(counts, dtype=np.int64)
-        if len(counts) != self.bounds[-1]:
-            raise ValueError(f"a mix of {self.bounds[-1]} shards given {len(counts)} shards")
-        first = np.zeros_like(counts)
-        read = counts.copy()
-        for s, (lo, hi) in enumerate(self.ranges):
-            a, b = self.bounds[s], self.bounds[s + 1]
-            starts = np.concatenate(([0], np.cumsum(counts[a:b])))[:-1]
-            begin = np.clip(lo - starts, 0, counts[a:b])
-            end = np.clip(hi - starts, 0, counts[a:b])
-            first[a:b] = begin
-            read[a:b] = end - begin
-        return read, first
-
-
 def _quotas(total: int, weights: Sequence[float]) -> list[int]:
     """``total`` split in proportion to ``weights`` by largest remainder (exact)."""
     w = [Fraction(x) for x in weights]
@@ -365,7 +325,7 @@ class Mixer:
         options: PlanOptions,
         epoch: int,
         block: int,
-        make_plan: Callable[[np.ndarray, PlanOptions], EpochPlan],
+        make_plan: Callable[[np.ndarray, PlanOptions], SourcePlan],
     ) -> None:
         assert mix.weights is not None and mix.epoch_records is not None
         self.options = options
@@ -380,7 +340,7 @@ class Mixer:
         # M_s: what sources s.. take together
         self._rest = [sum(self.quotas[s:]) for s in range(len(self.quotas))]
         self._key = mix64(options.seed, epoch, 0x6D6978)
-        self._plans: dict[tuple[int, ...], EpochPlan] = {}
+        self._plans: dict[tuple[int, ...], SourcePlan] = {}
 
     # position -> (source, k-th record of its share this epoch)
     def assign(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -414,13 +374,11 @@ class Mixer:
             out[at] = first + Permutation(size, mix64(self._key, 1, b))(g[at] - first)
         return out
 
-    def _plan(self, s: int, key: tuple[int, ...]) -> EpochPlan:
+    def _plan(self, s: int, key: tuple[int, ...]) -> SourcePlan:
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _PLANS_KEPT:
                 self._plans.clear()
-            from .plan import PlanOptions
-
             options = PlanOptions(
                 shuffle=True,
                 seed=mix64(self.options.seed, *key) >> 1,  # a seed in [0, 2**63)

@@ -66,8 +66,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import order as _order
-from .mix import Mix, Mixer
+from .mix import Mixer
 from .order import Permutation, mix64
+from .plan_options import PlanOptions
 
 __all__ = ["EpochPlan", "PlanOptions", "Split"]
 
@@ -75,53 +76,6 @@ __all__ = ["EpochPlan", "PlanOptions", "Split"]
 # amortise a page-cache miss), short enough that a window holds many of them.
 _BLOCK_BYTES = 64 << 10
 _MAX_BLOCK = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class PlanOptions:
-    """How an epoch is ordered and cut into units.
-
-    Attributes:
-        shuffle: a new seeded order every epoch (blocks, then records in windows).
-        seed: the shuffle seed; the same seed gives the same orders.
-        block_records: records per block; 0 picks about 64 KiB worth (1 to 4096).
-        window_blocks: blocks whose records are mixed together. 8192 (about
-            512 MiB of 64 KiB blocks, held in the page cache while read) keeps
-            the label dispersion of a batch of 64 at ~1.01 and of 100 batches
-            under 2 on label-sorted data.
-        batch_size: records per unit, or ``None`` for single-record units.
-        drop_last: drop the tail so every rank gets the same number of full batches.
-        shard_window_bytes: with ``shuffle``, order the epoch in shard windows of
-            at most this many shard bytes (see the module docs); 0 (default): one
-            window over the whole dataset, the order of a local read. The shard
-            cache sets it from its budget when the dataset does not fit.
-        mix: what the epoch is made of when it is not every record of the shard
-            set once: record ranges and weights over several sources
-            (:class:`~recordkit.reader.mix.Mix`); ``None``: every record once.
-    """
-
-    shuffle: bool = False
-    seed: int = 0
-    block_records: int = 0
-    window_blocks: int = 8192
-    batch_size: int | None = None
-    drop_last: bool = False
-    shard_window_bytes: int = 0
-    mix: Mix | None = None
-
-    def __post_init__(self) -> None:
-        if self.block_records < 0:
-            raise ValueError(f"block_records must be >= 0, got {self.block_records}")
-        if self.window_blocks < 1:
-            raise ValueError(f"window_blocks must be >= 1, got {self.window_blocks}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-        if self.shard_window_bytes < 0:
-            raise ValueError(f"shard_window_bytes must be >= 0, got {self.shard_window_bytes}")
-        if self.mix is not None and self.mix.weighted and self.shard_window_bytes:
-            raise ValueError("weighted mixing does not read in shard windows (a shard cache)")
 
 
 @dataclass(frozen=True, slots=True)

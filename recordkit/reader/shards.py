@@ -46,12 +46,12 @@ from ..format.manifest import (
     Manifest,
     ShardInfo,
 )
-from ..format.shard_index import ShardIndex
 from ..storage import is_remote, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
 from .finding import check_listed, find_shards, has_glob, shard_infos
 from .generation import Identity, Pin, pin
+from .index import ShardIndex
 from .mapped import MappedShard
 from .tfds import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
 
@@ -110,7 +110,7 @@ class ShardSet:
             (from the manifest, a cache, or counting).
         schema: the schema (given, from the manifest, or inferred).
         write_index: write an index rebuilt for a foreign shard beside it (default:
-            the per-user cache, ``recordkit.format.index_cache``; a manifest's
+            the per-user cache, ``recordkit.reader.index.store``; a manifest's
             shards always get theirs back beside them).
         max_open: maps kept open at most (default :func:`max_open_shards`).
 

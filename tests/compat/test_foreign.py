@@ -21,7 +21,7 @@ import pytest
 import recordkit as rk
 from recordkit.cli import main
 from recordkit.errors import CompressedTFRecordError, CorruptRecordError
-from recordkit.format import index_cache
+from recordkit.reader.index import store as index_cache
 
 pytestmark = pytest.mark.tf
 
@@ -188,7 +188,7 @@ def test_cached_index_is_validated_not_trusted(
     for p in entries:  # a lying index: contiguous, but the wrong record sizes
         lines = p.read_text().splitlines()
         p.write_text("".join(f"{i * 16} 16\n" for i in range(len(lines))))
-    with caplog.at_level("WARNING", logger="recordkit.format.index_cache"):
+    with caplog.at_level("WARNING", logger="recordkit.reader.index.store"):
         ds = rk.Dataset(root)
     assert len(ds) == 40 and [int(ds[i]["id"]) for i in (0, 24, 25, 39)] == [0, 24, 0, 14]
     assert "dropping cached index" in caplog.text

@@ -15,13 +15,13 @@ from recordkit.errors import (
     SchemaError,
 )
 from recordkit.format import MANIFEST_NAME, Manifest, ShardInfo, index_path, load_index, open_map
-from recordkit.format.index import ensure_index
 from recordkit.format.manifest import (
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_DEPTH,
     normalize_shard_path,
     read_manifest,
 )
+from recordkit.reader.index import ensure_index
 
 pytestmark = pytest.mark.timeout(60)
 

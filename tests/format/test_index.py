@@ -8,10 +8,8 @@ from hypothesis import strategies as st
 
 from recordkit.errors import InvalidIndexError, TruncatedRecordError
 from recordkit.format import (
-    ensure_index,
     frame,
     index_path,
-    load_index,
     parse_index,
     scan_index,
     validate_index,
@@ -113,25 +111,6 @@ def test_out_of_bounds_entry(tmp_path):
     data = Path(path).read_bytes()
     with pytest.raises(InvalidIndexError):
         validate_index(np.array([[0, 1 << 40]]), data)
-
-
-def test_ensure_index_builds_and_rebuilds(tmp_path, caplog):
-    path = _shard(tmp_path, [b"a", b"bb", b"ccc"])
-    idx = index_path(path)
-    assert idx == path + ".idx"
-    assert not os.path.exists(idx)
-    first = ensure_index(path)
-    assert load_index(idx).tolist() == first.tolist()
-    with open(idx, "wb") as f:
-        f.write(b"0 17\n17 18\n")  # stale: one record short
-    assert ensure_index(path).tolist() == first.tolist()
-    assert "rebuilding index" in caplog.text
-    assert load_index(idx).tolist() == first.tolist()
-
-
-def test_empty_shard(tmp_path):
-    path = _shard(tmp_path, [])
-    assert ensure_index(path).shape == (0, 2)
 
 
 def test_scan_reports_truncation(tmp_path):

@@ -21,8 +21,10 @@ name when the folder is opened, never read in part.
 
 from __future__ import annotations
 
-from ._info import INFO_NAME, TFDSFeature, TFDSInfo, tfds_folder, tfds_hint
-from ._view import TFDSBatchDecoder, TFDSView, decode_image
+from ._decoder import TFDSBatchDecoder
+from ._feature import TFDSFeature
+from ._info import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
+from ._values import decode_image
 
 __all__ = [
     "INFO_NAME",

@@ -1,26 +1,39 @@
-"""A tensorflow-datasets folder's metadata: splits, shards, and each feature's type."""
+"""A tensorflow-datasets folder's metadata (splits, shards, each feature's type) and
+its view of a split (:class:`TFDSView`: stored values -> tfds's)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...codec.features import Bytes, FeatureType, Float32, Int64, Tensor
-from ...errors import SchemaError, ShardNotFoundError
+import numpy as np
+
+from ...codec.features import Bytes, FeatureType
+from ...codec.limits import DEFAULT_RECORD_BYTES, DecodeLimits
+from ...codec.schema import Schema
+from ...errors import CorruptRecordError, SchemaError, ShardNotFoundError
 from ...format.manifest import ShardInfo
-
-if TYPE_CHECKING:
-    from ._view import TFDSView
+from ._feature import ADVICE, TFDSFeature, parse_features
+from ._values import (
+    Row,
+    cast_value,
+    decode_image,
+    inflate,
+    keep_rows,
+    stack_rows,
+    stack_values,
+    text_value,
+)
 
 __all__ = [
-    "ADVICE",
     "FEATURES_NAME",
     "INFO_NAME",
-    "TFDSFeature",
     "TFDSInfo",
+    "TFDSView",
     "tfds_folder",
     "tfds_hint",
 ]
@@ -28,160 +41,6 @@ __all__ = [
 INFO_NAME = "dataset_info.json"
 FEATURES_NAME = "features.json"
 _TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
-_INTS = frozenset(f"{s}int{b}" for s in ("", "u") for b in (8, 16, 32, 64)) | {"bool"}
-_FLOATS = frozenset({"float16", "float32", "float64"})
-_STRINGS = frozenset({"string", "str", "bytes", "object"})
-_CHANNEL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
-ADVICE = "read it raw (rk.Dataset(path, raw=True)) or pass a schema"
-
-
-@dataclass(frozen=True, slots=True)
-class TFDSFeature:
-    """One (flattened) TFDS feature: what it is, how it is stored, what reading gives.
-
-    Attributes:
-        name: its key, nested names joined by ``/`` (``"objects/bbox"``).
-        kind: ``"tensor"`` (``Tensor``, ``Scalar``), ``"image"``, ``"class_label"``,
-            ``"text"`` or ``"bbox"``.
-        dtype: the NumPy dtype name tfds returns (``"string"`` for bytes tensors).
-        shape: the shape tfds returns, ``None`` for a dim that varies (a
-            ``Sequence``'s length comes first).
-        encoding: ``"none"``, ``"bytes"`` or ``"zlib"`` (``Tensor`` only).
-        sequence: 1 when the feature sits in a ``Sequence`` (its first dim).
-        class_names: a ``ClassLabel``'s names (``"0"``, ``"1"``, ... without a names file).
-        image_format: an ``Image``'s ``encoding_format`` (``"png"``, ``"jpeg"`` or ``None``).
-    """
-
-    name: str
-    kind: str
-    dtype: str
-    shape: tuple[int | None, ...]
-    encoding: str = "none"
-    sequence: int = 0
-    class_names: tuple[str, ...] | None = None
-    image_format: str | None = None
-
-    @property
-    def dynamic(self) -> bool:
-        """Stored as ``name/shape`` + ``name/value`` (two or more unknown dims, encoded)."""
-        inner = self.shape[self.sequence :]
-        return self.kind == "tensor" and self.encoding != "none" and inner.count(None) > 1
-
-    def stored(self) -> dict[str, FeatureType]:
-        """The record's features that hold this one, as recordkit feature types."""
-        seq = self.shape[: self.sequence]
-        if self.kind == "image":
-            return {self.name: Bytes(seq)}  # encoded, one per step of a Sequence
-        if self.kind == "text" or (self.kind == "tensor" and self.dtype == "string"):
-            if len(self.shape) > 1:
-                raise SchemaError(f"feature {self.name!r}: strings of shape {self.shape}")
-            return {self.name: Bytes(self.shape)}
-        if self.dynamic:
-            if seq:
-                raise SchemaError(f"feature {self.name!r}: a Sequence of ragged tensors")
-            return {
-                f"{self.name}/shape": Int64((len(self.shape),)),
-                f"{self.name}/value": Bytes(()),
-            }
-        if self.kind == "tensor" and self.encoding != "none":
-            if self.encoding == "bytes" and not seq:  # recordkit's own raw tensor layout
-                return {self.name: Tensor(self.dtype, self.shape)}
-            return {self.name: Bytes(seq)}
-        if self.shape.count(None) > 1:
-            raise SchemaError(f"feature {self.name!r}: shape {self.shape} has two unknown dims")
-        if self.dtype in _INTS:
-            return {self.name: Int64(self.shape)}
-        return {self.name: Float32(self.shape)}
-
-    def per_record(self, decode_images: bool) -> bool:
-        """Whether a batch's values are made record by record (not cast or passed whole)."""
-        if self.kind == "image":
-            return decode_images
-        if self.kind == "text":
-            return True
-        if self.kind == "tensor" and self.encoding != "none":
-            return self.encoding == "zlib" or bool(self.sequence) or self.dynamic
-        return False
-
-    def output(self, decode_images: bool) -> FeatureType:
-        """A recordkit feature type with the dtype and shape reading gives (for ``collate``)."""
-        if self.kind == "image":
-            return (
-                Tensor(self.dtype, self.shape)
-                if decode_images
-                else Bytes(self.shape[: self.sequence])
-            )
-        if self.kind == "text" or self.dtype == "string":
-            return Bytes(self.shape)
-        if self.dtype == "int64" and self.shape.count(None) <= 1:
-            return Int64(self.shape)
-        if self.dtype == "float32" and self.shape.count(None) <= 1:
-            return Float32(self.shape)
-        return Tensor(self.dtype, self.shape)
-
-
-def _dims(proto: Mapping[str, Any]) -> tuple[int | None, ...]:
-    dims = (proto.get("shape") or {}).get("dimensions") or []
-    return tuple(None if int(d) < 0 else int(d) for d in dims)
-
-
-def _parse(
-    node: Mapping[str, Any], name: str, seq: tuple[int | None, ...], out: list[TFDSFeature]
-) -> None:
-    """Flatten one ``features.json`` node (proto JSON) into ``out``."""
-    cls = str(node.get("pythonClassName", "?")).rsplit(".", 1)[-1]
-    if "featuresDict" in node:
-        for child, sub in (node["featuresDict"].get("features") or {}).items():
-            _parse(sub, f"{name}/{child}" if name else child, seq, out)
-        return
-    if "sequence" in node:
-        if seq:
-            raise SchemaError(f"feature {name!r}: a Sequence inside a Sequence (stored ragged)")
-        length = int(node["sequence"].get("length", -1))
-        _parse(node["sequence"]["feature"], name, (None if length < 0 else length,), out)
-        return
-    n = len(seq)
-    if "tensor" in node:
-        t = node["tensor"]
-        if t.get("optional"):
-            raise SchemaError(f"feature {name!r}: an optional {cls} (absent from some records)")
-        dtype = _dtype(name, t.get("dtype", ""))
-        encoding = str(t.get("encoding", "none")).lower() or "none"
-        if encoding not in ("none", "bytes", "zlib"):
-            raise SchemaError(f"feature {name!r}: unknown encoding {encoding!r}")
-        out.append(TFDSFeature(name, "tensor", dtype, seq + _dims(t), encoding, n))
-    elif "classLabel" in node:
-        count = int(node["classLabel"].get("numClasses", 0))
-        names = tuple(str(i) for i in range(count)) or None  # tfds's names without a file
-        out.append(TFDSFeature(name, "class_label", "int64", seq, sequence=n, class_names=names))
-    elif "text" in node:
-        if node["text"]:
-            raise SchemaError(f"feature {name!r}: a Text feature with an encoder")
-        out.append(TFDSFeature(name, "text", "string", seq, sequence=n))
-    elif "image" in node:
-        img = node["image"]
-        dtype = _dtype(name, img.get("dtype", "uint8"))
-        fmt = img.get("encodingFormat") or None
-        out.append(
-            TFDSFeature(name, "image", dtype, seq + _dims(img), sequence=n, image_format=fmt)
-        )
-    elif "boundingBox" in node:
-        box = node["boundingBox"]
-        dims = _dims(box) or (4,)
-        out.append(TFDSFeature(name, "bbox", _dtype(name, box.get("dtype", "float32")), seq + dims))
-        if n:
-            out[-1] = replace(out[-1], sequence=n)
-    else:
-        raise SchemaError(f"feature {name!r}: tfds {cls} is not supported")
-
-
-def _dtype(name: str, text: str) -> str:
-    text = str(text).lower()
-    if text in _STRINGS:
-        return "string"
-    if text in _INTS or text in _FLOATS:
-        return text
-    raise SchemaError(f"feature {name!r}: dtype {text!r} is not supported")
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +110,7 @@ class TFDSInfo:
             )
         flat: list[TFDSFeature] = []
         try:
-            _parse(feats, "", (), flat)
+            parse_features(feats, "", (), flat)
         except SchemaError as exc:
             raise SchemaError(f"{feat_path}: {exc}; {ADVICE}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -336,8 +195,6 @@ class TFDSInfo:
 
     def view(self, split: str, *, decode_images: bool = False) -> TFDSView:
         """How this folder's records become tfds's values (:class:`TFDSView`)."""
-        from ._view import TFDSView
-
         return TFDSView(self, split, decode_images)
 
     def to_json(self, split: str | None = None) -> dict[str, Any]:
@@ -354,6 +211,185 @@ class TFDSInfo:
                 for n, f in self.features.items()
             },
         }
+
+
+class TFDSView:
+    """Stored record values -> tfds's values, for one split of a :class:`TFDSInfo`.
+
+    Picklable (plain data). :attr:`schema` decodes the records;
+    :meth:`sample` and :meth:`columns` finish what it decoded.
+
+    Attributes:
+        info: the folder.
+        split: the split read.
+        decode_images: decode ``Image`` features to arrays (Pillow).
+        schema: the stored features, as recordkit decodes them.
+        output_schema: a schema with the dtype and shape of each value returned.
+    """
+
+    def __init__(self, info: TFDSInfo, split: str, decode_images: bool = False) -> None:
+        self.info = info
+        self.split = split
+        self.decode_images = decode_images
+        stored: dict[str, FeatureType] = {}
+        for f in info.features.values():
+            try:
+                stored.update(f.stored())
+            except SchemaError as exc:
+                raise SchemaError(f"{info.root}: {exc}; {ADVICE}") from None
+        self.schema = Schema(stored)
+        self.output_schema = Schema({n: f.output(decode_images) for n, f in info.features.items()})
+        self.limits = DecodeLimits()
+
+    def with_options(
+        self, *, decode_images: bool = False, limits: DecodeLimits | None = None
+    ) -> TFDSView:
+        """A copy that decodes images (or not), under ``limits``."""
+        view = TFDSView(self.info, self.split, decode_images)
+        view.limits = limits or DecodeLimits()
+        return view
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.info.features)
+
+    def stored_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        """The stored features that hold ``columns`` (tfds names)."""
+        if columns is None:
+            return None
+        unknown = [c for c in columns if c not in self.info.features]
+        if unknown:
+            raise SchemaError(f"columns not in the dataset: {unknown}; it has {self.names}")
+        wanted = set(columns)
+        return [key for n, f in self.info.features.items() if n in wanted for key in f.stored()]
+
+    # -- one record ----------------------------------------------------------------------
+
+    def sample(
+        self, stored: Mapping[str, Any], columns: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """One record's tfds values from ``Schema.decode(payload, copy=True)`` output."""
+        out: dict[str, Any] = {}
+        for name, f in self.info.features.items():
+            if columns is not None and name not in columns:
+                continue
+            out[name] = self.value(f, stored)
+        return out
+
+    def value(self, f: TFDSFeature, stored: Mapping[str, Any]) -> Any:
+        """Feature ``f`` of one record, from its stored values (``Schema.decode`` output)."""
+        if f.dynamic:
+            shape = [int(d) for d in np.asarray(stored[f"{f.name}/shape"])]
+            return self._tensor(f, stored[f"{f.name}/value"], shape)
+        value = stored[f.name]
+        if f.kind == "text":
+            if f.sequence:
+                return [text_value(f, v) for v in value]
+            return text_value(f, value)
+        if f.kind == "image":
+            if not self.decode_images:
+                return [bytes(v) for v in value] if f.sequence else bytes(value)
+            if f.sequence:
+                return stack_values(f, [self._image(f, v) for v in value])
+            return self._image(f, value)
+        if f.kind == "tensor" and f.encoding != "none":
+            if f.encoding == "bytes" and not f.sequence:
+                return value  # decoded by recordkit as Tensor(dtype, shape)
+            inner = list(f.shape[f.sequence :])
+            if not f.sequence:
+                return self._tensor(f, value, inner)
+            return stack_values(f, [self._tensor(f, v, inner) for v in value])
+        if f.dtype == "string":
+            return value
+        return cast_value(f, np.asarray(value))
+
+    def _tensor(self, f: TFDSFeature, data: Any, shape: Sequence[int | None]) -> np.ndarray:
+        dtype = np.dtype(f.dtype)
+        known = [d for d in shape if d is not None]
+        if shape.count(None) > 1:
+            raise CorruptRecordError(f"feature {f.name!r}: stored shape {shape} is not a shape")
+        size = math.prod(known) * dtype.itemsize if None not in shape else None
+        if f.encoding == "zlib":
+            data = inflate(f.name, data, size, self.limits.record_bytes or DEFAULT_RECORD_BYTES)
+        raw = bytes(data)
+        if len(raw) % dtype.itemsize or (size is not None and len(raw) != size):
+            raise CorruptRecordError(
+                f"feature {f.name!r}: {len(raw)} bytes do not hold a {f.dtype} tensor of "
+                f"shape {tuple(shape)}"
+            )
+        count = len(raw) // dtype.itemsize
+        if None in shape:
+            unit = math.prod(known)
+            if unit == 0 or count % unit:
+                raise CorruptRecordError(
+                    f"feature {f.name!r}: {count} elements do not fit shape {tuple(shape)}"
+                )
+            shape = tuple(count // unit if d is None else d for d in shape)
+        array = np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype, copy=False)
+        return array.reshape(shape)
+
+    def _image(self, f: TFDSFeature, data: Any) -> np.ndarray:
+        return decode_image(f, bytes(data), self.limits.record_bytes or DEFAULT_RECORD_BYTES)
+
+    # -- whole batches -------------------------------------------------------------------
+
+    def columns(
+        self, cols: Mapping[str, Any], n: int, columns: Sequence[str] | None = None
+    ) -> tuple[dict[str, Any], list[tuple[int, CorruptRecordError]]]:
+        """A batch's tfds columns from ``BatchDecoder`` columns of ``n`` records.
+
+        Numbers are cast whole; values that need work per record (zlib, text,
+        decoded images) are made row by row, and a row that fails is returned
+        in the second item (``(row, error)``) and left out of every column.
+        """
+        out: dict[str, Any] = {}
+        bad: dict[int, CorruptRecordError] = {}
+        per_row: list[TFDSFeature] = []
+        for name, f in self.info.features.items():
+            if columns is not None and name not in columns:
+                continue
+            if f.per_record(self.decode_images):
+                per_row.append(f)
+                continue
+            col = cols[name]
+            if f.kind == "tensor" and f.encoding == "none" and f.dtype != "string":
+                col = (
+                    cast_value(f, col)
+                    if isinstance(col, np.ndarray)
+                    else [cast_value(f, c) for c in col]
+                )
+            out[name] = col
+            if name + "/lengths" in cols:
+                out[name + "/lengths"] = cols[name + "/lengths"]
+        made: dict[str, list[Any]] = {f.name: [] for f in per_row}
+        for i in range(n):
+            try:
+                row = {f.name: self.value(f, Row(cols, i)) for f in per_row}
+            except CorruptRecordError as exc:
+                bad[i] = exc
+                continue
+            for name, value in row.items():
+                made[name].append(value)
+        if bad:
+            keep = np.array([i not in bad for i in range(n)], dtype=bool)
+            out = {
+                k: v[keep] if isinstance(v, np.ndarray) else keep_rows(v, keep)
+                for k, v in out.items()
+            }
+        for f in per_row:
+            values = made[f.name]
+            fixed = None not in f.shape and not isinstance(self.output_schema[f.name], Bytes)
+            out[f.name] = stack_rows(f, values) if fixed else values
+        return {n: out[n] for n in self._order(out)}, sorted(bad.items())
+
+    def _order(self, out: Mapping[str, Any]) -> list[str]:
+        names = []
+        for name in self.info.features:
+            if name in out:
+                names.append(name)
+                if name + "/lengths" in out:
+                    names.append(name + "/lengths")
+        return names
 
 
 def _load_json(path: str) -> Any:

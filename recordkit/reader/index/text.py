@@ -1,5 +1,7 @@
 """Index texts and binary copies read through the native extension: whole, or a
-block of lines at a time (:mod:`recordkit.format.shard_index` holds the index).
+block of lines at a time (:mod:`recordkit.reader.index.shard_index` holds the index).
+Without the extension NumPy parses whole texts (:func:`recordkit.format.parse_index`),
+with the same results (``tests/reader/index/test_shard_index.py`` compares them).
 
 A lazily loaded index (``ShardIndex.from_text``) keeps a map of its text (no file
 descriptor held: ``recordkit.native._ext.map_fd``) and where every block of
@@ -16,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidIndexError, ShardNotFoundError
-from ..native import ext
-from . import guard
-from ._files import map_regular
-from .index import _index_error, check_entries, end_error, entry_error, parse_index
+from ...errors import InvalidIndexError, ShardNotFoundError
+from ...format import guard, map_regular
+from ...format.index import check_entries, end_error, entry_error, index_error, parse_index
+from ...native import ext
 
 __all__ = ["FILL_RECORDS", "FILL_SHIFT", "parse_bounds"]
 
@@ -146,6 +147,6 @@ def _map_text(index_file: str, max_bytes: int) -> tuple[Any, os.stat_result]:
     """A map of an index file (no descriptor held) and its ``fstat``, refused as
     :func:`read_index_text` refuses."""
     try:
-        return map_regular(index_file, _index_error, _map_whole, max_bytes=max_bytes, what="index")
+        return map_regular(index_file, index_error, _map_whole, max_bytes=max_bytes, what="index")
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"index not found: {index_file}") from exc

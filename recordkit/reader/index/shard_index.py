@@ -33,7 +33,7 @@ When it is checked (``docs/format.md`` says the same for users):
   a mismatch goes to the reference path, whose :meth:`ShardIndex.locate` checks the
   runs and raises the error above.
 
-A missing or failing index is rebuilt as :func:`recordkit.format.ensure_index`
+A missing or failing index is rebuilt as :func:`recordkit.reader.index.ensure_index`
 always did (per-user cache, else a CRC-checked scan, which checks every length
 field: nothing is left to check per run).
 """
@@ -46,14 +46,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidIndexError
-from . import guard
-from .framing import OVERHEAD
-from .index import (
-    check_lengths,
-    entry_error,
-    max_index_bytes,
-    read_index_text,
+from ...errors import InvalidIndexError
+from ...format import OVERHEAD, guard
+from ...format.index import check_lengths, entry_error, max_index_bytes, read_index_text
+from . import store
+from .text import (
+    FILL_RECORDS,
+    FILL_SHIFT,
+    _blocks,
+    _c,
+    _c_call,
+    _Pending,
+    _status_error,
+    parse_bounds,
 )
 
 __all__ = [
@@ -83,17 +88,6 @@ records are first located (shorter ones are parsed whole at load: ~30 µs)."""
 BINARY_MIN_TEXT = 128 << 10
 """Index texts this long or longer get a binary copy in the per-user cache (shorter
 ones parse in less time than the copy takes to find and read: ~0.1 ms)."""
-
-from ._index_text import (  # noqa: E402  (the constants above are the module's own)
-    FILL_RECORDS,
-    FILL_SHIFT,
-    _blocks,
-    _c,
-    _c_call,
-    _Pending,
-    _status_error,
-    parse_bounds,
-)
 
 
 class ShardIndex:
@@ -363,9 +357,7 @@ class ShardIndex:
             shard = self._copy
             if shard is None or self.source is None:
                 return False
-            from . import index_cache
-
-            index_cache.drop_bounds(shard)
+            store.drop_bounds(shard)
             data = read_index_text(self.source, max_bytes=max_index_bytes(self._size))
             bounds = parse_bounds(data, self._size, where=self.source, records=self.records)
             bounds.flags.writeable = False

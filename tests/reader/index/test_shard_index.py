@@ -17,21 +17,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import recordkit as rk
-import recordkit.format._index_text as text_mod
-import recordkit.format.shard_index as si
+import recordkit.reader.index.shard_index as si
+import recordkit.reader.index.text as text_mod
 from recordkit.errors import InvalidIndexError, ShardChangedError
 from recordkit.format import (
     frame,
-    index_cache,
-    index_open,
     index_path,
     open_map,
     scan_index,
     write_index,
 )
 from recordkit.format.index import format_index
-from recordkit.format.index_open import open_index
-from recordkit.format.shard_index import ShardIndex, parse_bounds, run_shift
+from recordkit.reader.index import open as index_open
+from recordkit.reader.index import store as index_cache
+from recordkit.reader.index.open import open_index
+from recordkit.reader.index.shard_index import ShardIndex, parse_bounds, run_shift
 
 PATHS = [pytest.param(True, id="c"), pytest.param(False, id="numpy")]
 
@@ -294,7 +294,7 @@ HEAD = index_cache._BOUNDS_HEADER.size  # a binary copy's header, then its bound
 
 
 def _bnd_files():
-    from recordkit.format import index_cache
+    from recordkit.reader.index import store as index_cache
 
     index_cache.wait_stored()  # binary copies are written on a background thread
     directory = os.path.join(index_cache.cache_dir() or "", "bounds")
@@ -494,9 +494,9 @@ def test_a_process_that_exits_at_once_still_leaves_its_binary_copy(tmp_path):
     path, _ = _varied_shard(tmp_path)
     write_index(index_path(path), scan_index(path))
     code = (
-        "import sys, recordkit.format.shard_index as si\n"
+        "import sys, recordkit.reader.index.shard_index as si\n"
         "si.BINARY_MIN_TEXT = 0\n"
-        "from recordkit.format.index_open import open_index\n"
+        "from recordkit.reader.index.open import open_index\n"
         "open_index(sys.argv[1])\n"
     )
     subprocess.run([sys.executable, "-c", code, path], check=True, timeout=120, env=os.environ)

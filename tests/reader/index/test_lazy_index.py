@@ -15,11 +15,16 @@ import os
 import numpy as np
 import pytest
 
-import recordkit.format._index_text as text_mod
-import recordkit.format.shard_index as si
+import recordkit.reader.index.shard_index as si
+import recordkit.reader.index.text as text_mod
 from recordkit.errors import InvalidIndexError
 from recordkit.format.index import format_index
-from recordkit.format.shard_index import FILL_RECORDS, LAZY_MIN_TEXT, ShardIndex, parse_bounds
+from recordkit.reader.index.shard_index import (
+    FILL_RECORDS,
+    LAZY_MIN_TEXT,
+    ShardIndex,
+    parse_bounds,
+)
 
 pytestmark = pytest.mark.skipif(si._c is None, reason="the native extension is not built")
 
@@ -113,7 +118,7 @@ def test_an_unchanged_text_gives_a_lazy_index_through_open_index(tmp_path):
             w.write({"i": i})
     (shard,) = sorted((tmp_path / "ds").glob("*.tfrecord"))
     buf = open_map(shard)
-    from recordkit.format.index_open import open_index
+    from recordkit.reader.index.open import open_index
 
     index = open_index(shard, buf=buf, write=False, cache=False, records=N)
     assert not index.complete  # parsed as needed

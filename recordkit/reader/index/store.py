@@ -1,5 +1,8 @@
 """A per-user cache of indexes: text for shards recordkit did not write, binary for all.
 
+The store keeps files and hands back paths and arrays; what an index is, and how a
+text entry is loaded and checked, is :mod:`recordkit.reader.index.open`'s.
+
 Reading someone else's TFRecords must not write into their folder (a
 tensorflow-datasets ``data_dir``, a read-only share, a colleague's home). An
 index rebuilt for such a shard goes here instead, keyed by the shard's
@@ -18,7 +21,7 @@ records). A shard has one copy, keyed by its absolute path (``os.fsencode``), si
 replaces. It is derived data and checked like the text: the header against the
 shard and the text, the first and last boundary at load, the others per run of
 records before any record of the run is returned
-(:mod:`recordkit.format.shard_index`); a copy that fails any check is dropped and
+(:mod:`recordkit.reader.index.shard_index`); a copy that fails any check is dropped and
 the text parsed instead, never blamed on the text. Written without fsync (a torn or
 lost file is caught by those checks), on a background thread (the reader that parsed
 the text does not wait), keyed by the files as they were then, into the directory
@@ -55,15 +58,15 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import InvalidIndexError, ShardNotFoundError
-from ._atomic import TMP_MARKER, temp_name
-from .index import write_index
-from .index_open import load_index_file
-from .shard_index import ShardIndex
+from ...errors import InvalidIndexError
+from ...format import TMP_MARKER, temp_name
+from ...format.index import write_index
+from . import text  # its native module (None without one), read at each call
 
 __all__ = [
     "ENV_INDEX_CACHE",
@@ -71,12 +74,13 @@ __all__ = [
     "cache_dir",
     "cache_limit",
     "cached_bounds",
-    "cached_index",
-    "cached_shard_index",
+    "cached_entry",
     "drop_bounds",
+    "drop_entry",
     "store_bounds",
     "store_bounds_soon",
     "store_index",
+    "touch",
     "wait_stored",
 ]
 
@@ -135,7 +139,7 @@ def _entry(directory: str, path: str, st: os.stat_result) -> str:
     return os.path.join(directory, hashlib.sha256(key).hexdigest()[:40] + ".idx")
 
 
-def _touch(entry: str) -> None:
+def touch(entry: str) -> None:
     """Mark ``entry`` used now: its access time (the LRU order of a trim). Its
     modification time stays what it was written with: a binary copy made from a
     text entry is checked against the text's ``mtime_ns``."""
@@ -144,41 +148,24 @@ def _touch(entry: str) -> None:
         os.utime(entry, ns=(time.time_ns(), st.st_mtime_ns))
 
 
-def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | None:
-    """A cached index for the shard at ``path`` (mapped as ``buf``), validated; else ``None``.
-
-    Every entry and length field is checked (:func:`recordkit.format.validate_index`).
-    An entry that does not validate is removed (with a log line) and ``None``
-    returned, so the caller rebuilds it.
-    """
-    found = cached_shard_index(path, buf, full=True)
-    return None if found is None else found.entries()
-
-
-def cached_shard_index(
-    path: str, buf: bytes | memoryview | object, *, full: bool = False, records: int | None = None
-) -> ShardIndex | None:
-    """:func:`cached_index` in the compact form readers hold, checked as
-    :func:`recordkit.format.index_open.load_index_file` checks a sidecar (every
-    length field with ``full``, else spread samples now and the rest per run)."""
+def cached_entry(path: str) -> str | None:
+    """Where the cache keeps the index text of the shard at ``path`` as it is now
+    (its path, size and ``mtime_ns``): ``None`` when the cache is off or the shard
+    cannot be stat'ed. The entry may not exist (a miss)."""
     directory = cache_dir()
     if directory is None:
         return None
     try:
-        entry = _entry(directory, path, os.stat(path))
+        return _entry(directory, path, os.stat(path))
     except OSError:
         return None
-    try:
-        index = load_index_file(entry, buf, path=path, full=full, records=records)
-    except ShardNotFoundError:
-        return None
-    except InvalidIndexError as exc:
-        log.warning("dropping cached index: %s", exc)
-        with contextlib.suppress(OSError):
-            os.unlink(entry)
-        return None
-    _touch(entry)  # least recently used goes first
-    return index
+
+
+def drop_entry(entry: str, why: Exception) -> None:
+    """Remove a text entry that did not validate against its shard (``why``), logged."""
+    log.warning("dropping cached index: %s", why)
+    with contextlib.suppress(OSError):
+        os.unlink(entry)
 
 
 def store_index(path: str, entries: np.ndarray) -> str | None:
@@ -239,7 +226,7 @@ def cached_bounds(
 
     Only the header (the shard's size, the text it was parsed from as it is now), the
     length and the first and last boundary are checked here;
-    :class:`~recordkit.format.shard_index.ShardIndex` checks the rest per run (and a
+    :class:`~recordkit.reader.index.ShardIndex` checks the rest per run (and a
     copy that fails there is dropped and the text parsed instead). ``None`` on a miss
     (a copy of another text is one); an entry that does not fit is removed. Anything
     but a regular file is refused without being opened for reading.
@@ -282,16 +269,15 @@ def cached_bounds(
             with contextlib.suppress(OSError):
                 os.unlink(entry)
         return None
-    _touch(entry)  # least recently used goes first
+    touch(entry)  # least recently used goes first
     out: np.ndarray = bounds.astype(bounds.dtype.newbyteorder("="), copy=False)
     return out
 
 
 def _load_bounds(fd: int, dtype: np.dtype, count: int) -> np.ndarray:
-    from ._index_text import _c  # the native module: maps without a descriptor
-
-    if _c is not None:
-        return np.frombuffer(_c.map_fd(fd), dtype=dtype, count=count, offset=_BOUNDS_HEADER.size)
+    c = text._c  # the native module: maps without a descriptor
+    if c is not None:
+        return np.frombuffer(c.map_fd(fd), dtype=dtype, count=count, offset=_BOUNDS_HEADER.size)
     with open(fd, "rb", closefd=False) as f:
         f.seek(_BOUNDS_HEADER.size)
         return np.fromfile(f, dtype=dtype, count=count)
@@ -371,11 +357,12 @@ def _soon_pool() -> ThreadPoolExecutor:
 def store_bounds_soon(
     path: str,
     index_file: str,
-    index: ShardIndex,
+    bounds: Callable[[], np.ndarray],
     text_st: os.stat_result | None = None,
     shard_st: os.stat_result | None = None,
 ) -> None:
-    """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it).
+    """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it),
+    of the boundaries ``bounds()`` returns there.
 
     The copy is for the next process, so nobody waits for it; a process that exits
     first finishes the writes it queued (the interpreter joins the thread at exit).
@@ -395,7 +382,7 @@ def store_bounds_soon(
         shard_st = shard_st or os.stat(path)
     except OSError:
         return  # gone: nothing to key a copy on
-    job = (directory, path, shard_st, text_st, index)
+    job = (directory, path, shard_st, text_st, bounds)
     try:
         _soon_pool().submit(_complete_and_write, *job)
     except RuntimeError:  # the interpreter is shutting down: no new threads
@@ -407,14 +394,14 @@ def _complete_and_write(
     path: str,
     shard_st: os.stat_result,
     text_st: os.stat_result,
-    index: ShardIndex,
+    bounds: Callable[[], np.ndarray],
 ) -> str | None:
     try:
-        bounds = index.bounds  # fills in what the reader has not needed yet
+        whole = bounds()  # fills in what the reader has not needed yet
     except InvalidIndexError as exc:
         log.info("no binary copy of the index of %s: %s", path, exc)
         return None
-    return _write_bounds(directory, path, shard_st, text_st, bounds)
+    return _write_bounds(directory, path, shard_st, text_st, whole)
 
 
 def _lowest_priority() -> None:
@@ -483,7 +470,7 @@ def _trim(directory: str, limit: int, *, keep: str) -> int:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(e.path)
                 continue
-            # the last use (a hit sets the access time, _touch; a write sets both)
+            # the last use (a hit sets the access time, touch; a write sets both)
             files.append((max(st.st_atime_ns, st.st_mtime_ns), st.st_size, e.path))
             total += st.st_size
     if total <= limit:

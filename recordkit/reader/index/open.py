@@ -1,10 +1,10 @@
 """How a reader gets a shard's index: the sidecar (or its binary copy in the per-user
 cache), else an entry of the per-user cache, else a CRC-checked scan; checked as
-:mod:`recordkit.format.shard_index` says, and rebuilt when it fails.
+:mod:`recordkit.reader.index.shard_index` says, and rebuilt when it fails.
 
 The sizes that choose a lazy parse and a binary copy are
-:data:`~recordkit.format.shard_index.LAZY_MIN_TEXT` and
-:data:`~recordkit.format.shard_index.BINARY_MIN_TEXT` (read from there at each call).
+:data:`~recordkit.reader.index.shard_index.LAZY_MIN_TEXT` and
+:data:`~recordkit.reader.index.shard_index.BINARY_MIN_TEXT` (read from there at each call).
 """
 
 from __future__ import annotations
@@ -14,14 +14,24 @@ import mmap
 import os
 from typing import Any
 
-from ..errors import InvalidIndexError, ShardNotFoundError
-from . import shard_index as si  # its sizes and parser, read at each call
-from ._index_text import _c, _map_text
-from .framing import DEFAULT_MAX_RECORD_BYTES
-from .index import _scan, index_path, max_index_bytes, open_map, read_index_text, write_index
-from .shard_index import ShardIndex
+import numpy as np
 
-__all__ = ["load_index_file", "open_index"]
+from ...errors import InvalidIndexError, ShardNotFoundError
+from ...format import DEFAULT_MAX_RECORD_BYTES
+from ...format.index import (
+    index_path,
+    max_index_bytes,
+    open_map,
+    read_index_text,
+    scan_buffer,
+    write_index,
+)
+from . import shard_index as si  # its sizes and parser, read at each call
+from . import store
+from .shard_index import ShardIndex
+from .text import _c, _map_text
+
+__all__ = ["cached_index", "cached_shard_index", "ensure_index", "load_index_file", "open_index"]
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +66,13 @@ def load_index_file(
 
     With ``cache``, the boundaries parsed from it before (by any process) come
     from the per-user cache's binary copy instead of a parse
-    (:func:`recordkit.format.index_cache.cached_bounds`), and a parse leaves one.
+    (:func:`recordkit.reader.index.store.cached_bounds`), and a parse leaves one.
 
     Raises:
         ShardNotFoundError: there is no such file.
         InvalidIndexError: it is not a regular file, too large, malformed, or does
             not match the shard (as far as it was checked: see the module docstring).
     """
-    from . import index_cache  # it stores what this module parses
-
     size = len(buf)
     text_bytes = _text_bytes(index_file)
     binary = cache and text_bytes >= si.BINARY_MIN_TEXT
@@ -77,7 +85,7 @@ def load_index_file(
         except OSError:
             binary = False
     if binary:
-        bounds = index_cache.cached_bounds(path, index_file, size, shard_st)
+        bounds = store.cached_bounds(path, index_file, size, shard_st)
         if bounds is not None:
             index = ShardIndex(bounds, source=index_file, copy_of=path)
             try:
@@ -85,7 +93,7 @@ def load_index_file(
                 return index
             except InvalidIndexError as exc:  # the copy's fault, not the text's
                 log.warning("%s; dropping its binary copy and reading the text", exc)
-                index_cache.drop_bounds(path, shard_st)
+                store.drop_bounds(path, shard_st)
                 index = None
     text_st = None
     if index is None:
@@ -101,7 +109,8 @@ def load_index_file(
         del data  # a map of the text: kept by a lazy index only
     _verify(index, buf, path, full, records)
     if binary:  # for the next process: written while this one reads on
-        index_cache.store_bounds_soon(path, index_file, index, text_st, shard_st)
+        whole = index  # (bounds fills in what the reader has not needed yet)
+        store.store_bounds_soon(path, index_file, lambda: whole.bounds, text_st, shard_st)
     return index
 
 
@@ -117,19 +126,17 @@ def open_index(
 ) -> ShardIndex:
     """The index of ``shard_path`` as a reader holds it, rebuilt when missing or stale.
 
-    As :func:`recordkit.format.ensure_index` (the sidecar, else the per-user
+    As :func:`ensure_index` (the sidecar, else the per-user
     cache, else a CRC-checked scan; written back beside the shard with
     ``write``), but compact and checked as the module docstring says.
 
     Args:
         shard_path: the shard file.
         buf: the shard already mapped (the map the records will be read from).
-        write, verify, cache: as for :func:`recordkit.format.ensure_index`.
+        write, verify, cache: as for :func:`ensure_index`.
         full: check every length field now (what ``ensure_index`` does).
         records: the record count the shard should have (the manifest's).
     """
-    from . import index_cache  # the cache reads and writes indexes with this module
-
     path = os.fspath(shard_path)
     own = buf is None
     if buf is None:
@@ -147,16 +154,14 @@ def open_index(
         # An index written beside the shard is checked whole first: it will be trusted
         # as a sidecar, and by other readers (DALI, tfrecord) that check nothing.
         found = (
-            index_cache.cached_shard_index(path, buf, full=full or write, records=records)
-            if cache
-            else None
+            cached_shard_index(path, buf, full=full or write, records=records) if cache else None
         )
         if found is not None and not write:
             return found
         if found is not None:
             entries = found.entries()
         else:
-            entries = _scan(buf, path, verify, DEFAULT_MAX_RECORD_BYTES)
+            entries = scan_buffer(buf, path, verify, DEFAULT_MAX_RECORD_BYTES)
         index = found or ShardIndex.from_entries(entries, len(buf))
         if write and not regular:
             log.info("not writing index %s over something that is not a file", idx)
@@ -167,8 +172,70 @@ def open_index(
             except OSError as exc:
                 log.info("could not write index %s (%s); using the per-user cache", idx, exc)
         if cache and found is None:
-            index_cache.store_index(path, entries)
+            store.store_index(path, entries)
         return index
     finally:
         if own and isinstance(buf, mmap.mmap):
             buf.close()
+
+
+def cached_shard_index(
+    path: str, buf: bytes | memoryview | object, *, full: bool = False, records: int | None = None
+) -> ShardIndex | None:
+    """The per-user cache's index of the shard at ``path`` (mapped as ``buf``), checked
+    as :func:`load_index_file` checks a sidecar (every length field with ``full``, else
+    spread samples now and the rest per run); else ``None``. An entry that does not
+    validate is removed (with a log line), so the caller rebuilds it."""
+    entry = store.cached_entry(path)
+    if entry is None:
+        return None
+    try:
+        index = load_index_file(entry, buf, path=path, full=full, records=records)
+    except ShardNotFoundError:
+        return None
+    except InvalidIndexError as exc:
+        store.drop_entry(entry, exc)
+        return None
+    store.touch(entry)  # least recently used goes first
+    return index
+
+
+def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | None:
+    """A cached index for the shard at ``path`` (mapped as ``buf``), validated; else ``None``.
+
+    Every entry and length field is checked (:func:`recordkit.format.validate_index`).
+    An entry that does not validate is removed (with a log line) and ``None``
+    returned, so the caller rebuilds it.
+    """
+    found = cached_shard_index(path, buf, full=True)
+    return None if found is None else found.entries()
+
+
+def ensure_index(
+    shard_path: str | os.PathLike[str],
+    *,
+    buf: bytes | mmap.mmap | None = None,
+    write: bool = True,
+    verify: bool = True,
+    cache: bool = True,
+) -> np.ndarray:
+    """Return a validated index for ``shard_path``, rebuilding it when missing or stale.
+
+    An index beside the shard is used when it validates (every entry, every
+    length field). Otherwise one from the per-user cache
+    (:mod:`recordkit.reader.index.store`), validated the same way; else a
+    CRC-checked scan builds it. Readers hold the compact form instead
+    (:func:`open_index`).
+
+    Args:
+        shard_path: the shard file.
+        buf: the shard already mapped (saves a second mmap).
+        write: write a rebuilt index beside the shard (for shards recordkit
+            wrote, or when the user asks). When it is ``False``, or the
+            directory is read-only, the index goes to the per-user cache.
+        verify: check payload CRCs while rebuilding.
+        cache: use the per-user cache (``False``: the index lives in memory only
+            unless written beside the shard).
+    """
+    index = open_index(shard_path, buf=buf, write=write, verify=verify, cache=cache, full=True)
+    return index.entries()
