@@ -91,4 +91,56 @@ RK_HIDDEN int rk_parse_record(const uint8_t *base, const uint8_t *p, const uint8
 RK_HIDDEN int rk_copy_verified(rk_crc_copy_fn copy, const uint8_t *p, const uint8_t *end,
                                const uint8_t *v, int64_t l, uint8_t *d, int64_t row);
 
+#ifndef _WIN32
+/* ------------------------------------------- reader tasks (task.c, runner.c) */
+
+/* How one output column of a task is filled (ColumnSpec in _contract.py). */
+typedef struct {
+    int mode;          /* COL_* */
+    Py_ssize_t key;    /* index into the keys */
+    int64_t row_bytes; /* COL_FIXED: bytes per row */
+    int64_t count;     /* COL_INT64: values per row */
+    int fusable;       /* may be copied by the fused CRC pass */
+} RkColSpec;
+
+/* What a Runner's tasks are decoded by: set once, then only read (by any thread). */
+typedef struct {
+    Keys keys;
+    int64_t *expect;    /* keys.n (kind, count, nbytes) triples */
+    RkColSpec *cols;
+    Py_ssize_t ncols;
+    Py_ssize_t nslots;  /* output buffers a task takes: a bytes column two */
+    int verify;
+    int64_t max_len;
+    int64_t fuse_min;   /* mean framed bytes from which the fused copy is used */
+} RkTaskSpec;
+
+/* One task: its inputs and outputs (task.c), and its place in a Runner (runner.c). */
+typedef struct RkTask {
+    Py_ssize_t n;
+    Py_ssize_t nbufs;
+    Py_buffer *bufs;   /* the shards, exported until the task is freed */
+    int64_t *rec;      /* n * (buffer index, offset, framed size) */
+    Py_ssize_t nouts;
+    Py_buffer *outs;   /* output slots: bytes columns take two (values, lengths) */
+    int64_t *widths;   /* per column, as written: a bytes column's widest value */
+    /* the Runner's */
+    struct RkTask *next; /* queue link */
+    int64_t id;
+    int state;
+    int ok;
+    double seconds;
+} RkTask;
+
+/* A task from (bufs, rec, outs), its buffers exported and checked; NULL with an error
+ * set. With the GIL. */
+RK_HIDDEN RkTask *rk_task_make(const RkTaskSpec *spec, PyObject *bufs, PyObject *rec,
+                               PyObject *outs);
+/* Let go of a task's buffers and free it (NULL: nothing). With the GIL. */
+RK_HIDDEN void rk_task_free(RkTask *t);
+/* Decode a task with no Python (any thread, GIL not needed; st: spec->keys.n states):
+ * 1 outputs filled (t->widths set), 0 not for the fast path. */
+RK_HIDDEN int rk_task_run(const RkTaskSpec *spec, RkTask *t, KeyState *st);
+#endif
+
 #endif /* RECORDKIT_NATIVE_RECORD_H */

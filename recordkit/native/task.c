@@ -13,7 +13,7 @@
  * the exact result or error. How tasks are queued, run by threads and collected is
  * runner.c's.
  */
-#include "recordkit.h"
+#include "record.h"
 
 #ifndef _WIN32
 void rk_task_free(RkTask *t) {
