@@ -78,7 +78,7 @@ _COMPRESSIONS = (None, "zstd")
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
-class _Feature:
+class FeatureBase:
     """Shared behaviour of the feature types (each a frozen, slotted dataclass)."""
 
     __slots__ = ()
@@ -211,7 +211,7 @@ class _Feature:
             )
 
 
-def _repr(ftype: _Feature, *args: str) -> str:
+def _repr(ftype: FeatureBase, *args: str) -> str:
     parts = [a for a in (*args, ftype._repr_default()) if a]
     return f"{type(ftype).__name__}({', '.join(parts)})"
 
@@ -225,7 +225,7 @@ def _to_bytes(name: str, value: Any) -> Any:
 
 
 @dataclass(frozen=True, slots=True, repr=False)
-class Bytes(_Feature):
+class Bytes(FeatureBase):
     """Bytes: one value (``shape=()``) or a list of ``n`` / any number (``(None,)``) of them.
 
     Encoding accepts ``bytes``, ``bytearray``, ``memoryview`` and ``str`` (stored
@@ -277,7 +277,7 @@ class Bytes(_Feature):
 
 
 @dataclass(frozen=True, slots=True, repr=False)
-class Int64(_Feature):
+class Int64(FeatureBase):
     """64-bit signed integers of any shape, stored flat in an ``int64_list``.
 
     Encoding accepts integers and integral floats within int64 range.
@@ -314,7 +314,7 @@ class Int64(_Feature):
 
 
 @dataclass(frozen=True, slots=True, repr=False)
-class Float32(_Feature):
+class Float32(FeatureBase):
     """32-bit floats of any shape, stored flat in a ``float_list``.
 
     Encoding accepts bools, integers and floats; a finite value beyond float32
@@ -363,13 +363,13 @@ class Float32(_Feature):
         return values
 
 
-def _put_shape(ftype: _Feature, name: str, shape: tuple[int, ...], out: Features) -> None:
+def _put_shape(ftype: FeatureBase, name: str, shape: tuple[int, ...], out: Features) -> None:
     if ftype.shape_feature:
         out[f"{name}/shape"] = ("int64", list(shape))
 
 
 @dataclass(frozen=True, slots=True, repr=False)
-class Tensor(_Feature):
+class Tensor(FeatureBase):
     """An n-d array stored as one bytes value: its raw little-endian C-order bytes.
 
     Decoding gives a read-only ``np.frombuffer`` view of the record when

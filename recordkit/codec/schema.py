@@ -22,11 +22,11 @@ from .features import (
     INFERRED,
     REQUIRED,
     Bytes,
+    FeatureBase,
     FeatureType,
     Float32,
     Int64,
     Tensor,
-    _Feature,
 )
 from .limits import DecodeLimits
 from .schema_json import feature_from_json
@@ -57,7 +57,7 @@ class Schema:
         for name, ftype in merged.items():
             if not isinstance(name, str) or not name:
                 raise SchemaError(f"feature names must be non-empty str, got {name!r}")
-            if not isinstance(ftype, _Feature):
+            if not isinstance(ftype, FeatureBase):
                 raise SchemaError(
                     f"feature {name!r}: expected Bytes, Int64, Float32 or Tensor, got {ftype!r}"
                 )

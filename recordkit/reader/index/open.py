@@ -29,7 +29,8 @@ from ...format.index import (
 from . import shard_index as si  # its sizes and parser, read at each call
 from . import store
 from .shard_index import ShardIndex
-from .text import _c, _map_text
+from .text import map_text
+from .text import native as _c
 
 __all__ = ["cached_index", "cached_shard_index", "ensure_index", "load_index_file", "open_index"]
 
@@ -98,7 +99,7 @@ def load_index_file(
     text_st = None
     if index is None:
         max_bytes = max_index_bytes(size)
-        data, text_st = _map_text(index_file, max_bytes) if _c is not None else (None, None)
+        data, text_st = map_text(index_file, max_bytes) if _c is not None else (None, None)
         if lazy:
             index = ShardIndex.from_text(data, size, source=index_file, records=records)
         if index is None:

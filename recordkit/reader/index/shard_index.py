@@ -53,13 +53,13 @@ from . import store
 from .text import (
     FILL_RECORDS,
     FILL_SHIFT,
-    _blocks,
-    _c,
-    _c_call,
-    _Pending,
-    _status_error,
+    Pending,
+    block_count,
+    native_call,
     parse_bounds,
+    status_error,
 )
+from .text import native as _c
 
 __all__ = [
     "BINARY_MIN_TEXT",
@@ -126,7 +126,7 @@ class ShardIndex:
         *,
         source: str | None = None,
         checked: bool = False,
-        pending: _Pending | None = None,
+        pending: Pending | None = None,
         size: int | None = None,
         copy_of: str | None = None,
     ) -> None:
@@ -143,8 +143,8 @@ class ShardIndex:
         self._all_checked = checked or not n  # then no record needs a look at the array
         #: blocks of FILL_RECORDS boundaries filled in from ``pending`` (None: all are)
         self._pending = pending
-        self._filled = None if pending is None else np.zeros(_blocks(n), dtype=np.uint8)
-        self._unfilled = 0 if pending is None else _blocks(n)
+        self._filled = None if pending is None else np.zeros(block_count(n), dtype=np.uint8)
+        self._unfilled = 0 if pending is None else block_count(n)
         #: the shard whose binary copy the boundaries came from (None: parsed or scanned)
         self._copy = copy_of
 
@@ -172,11 +172,11 @@ class ShardIndex:
         the text whole, which says what is wrong.
         """
         directory = np.empty(((len(text) + 1) // 5 >> FILL_SHIFT) + 2, dtype=np.uint64)
-        lines = _c_call(_c.index_scan, source, text, FILL_SHIFT, directory)
+        lines = native_call(_c.index_scan, source, text, FILL_SHIFT, directory)
         if lines < 1 or (records is not None and lines != records):
             return None
         bounds = np.empty(lines + 1, dtype=np.uint32 if size < 1 << 32 else np.uint64)
-        pending = _Pending(text, directory[: _blocks(lines)].copy())
+        pending = Pending(text, directory[: block_count(lines)].copy())
         index = cls(bounds, source=source, pending=pending, size=size)
         index._fill(np.array([0, lines - 1], dtype=np.int64))
         return index
@@ -237,7 +237,7 @@ class ShardIndex:
             self.records, self._size, self._bounds, filled, wanted, self.source
         )
         if status != _c.INDEX_OK:
-            raise _status_error(status, line, a, b, pending.data, self._size, self.source)
+            raise status_error(status, line, a, b, pending.data, self._size, self.source)
         self._unfilled -= newly  # racing threads may both count a block: then all() says
         if wanted is None or (self._unfilled <= 0 and filled.all()):
             self._pending = None  # all filled in: the map goes with its last user

@@ -275,7 +275,7 @@ def cached_bounds(
 
 
 def _load_bounds(fd: int, dtype: np.dtype, count: int) -> np.ndarray:
-    c = text._c  # the native module: maps without a descriptor
+    c = text.native  # the native module: maps without a descriptor
     if c is not None:
         return np.frombuffer(c.map_fd(fd), dtype=dtype, count=count, offset=_BOUNDS_HEADER.size)
     with open(fd, "rb", closefd=False) as f:

@@ -30,7 +30,7 @@ _WHY[4] = "number too large"
 
 
 # (a build from before it had the index functions: NumPy parses the same)
-_c: Any = ext if hasattr(ext, "index_fill") else None
+native: Any = ext if hasattr(ext, "index_fill") else None
 
 
 def parse_bounds(
@@ -48,7 +48,7 @@ def parse_bounds(
             shard (naming ``where``, the line and the offset).
     """
     dtype = np.uint32 if shard_size < 1 << 32 else np.uint64
-    if _c is None:
+    if native is None:
         entries = parse_index(data, path=where)
         check_entries(entries, shard_size, where=where)
         out = np.empty(len(entries) + 1, dtype=dtype)
@@ -58,16 +58,16 @@ def parse_bounds(
     if records is None or records < 0 or records > len(data) // 5:  # a line is >= 5 bytes
         records = _lines(data, where)
     out = np.empty(records + 1, dtype=dtype)
-    status, line, a, b = _c_call(_c.index_parse, where, data, shard_size, out)
-    if status == _c.INDEX_COUNT:  # not the count expected: count, and parse again
+    status, line, a, b = native_call(native.index_parse, where, data, shard_size, out)
+    if status == native.INDEX_COUNT:  # not the count expected: count, and parse again
         out = np.empty(_lines(data, where) + 1, dtype=dtype)
-        status, line, a, b = _c_call(_c.index_parse, where, data, shard_size, out)
-    if status != _c.INDEX_OK:
-        raise _status_error(status, line, a, b, data, shard_size, where)
+        status, line, a, b = native_call(native.index_parse, where, data, shard_size, out)
+    if status != native.INDEX_OK:
+        raise status_error(status, line, a, b, data, shard_size, where)
     return out
 
 
-def _c_call(fn: Any, where: str | None, *args: Any) -> Any:
+def native_call(fn: Any, where: str | None, *args: Any) -> Any:
     """``fn(*args)``, a native call reading a map: a map cut short is an index error."""
     try:
         return fn(*args)
@@ -82,16 +82,16 @@ def _c_call(fn: Any, where: str | None, *args: Any) -> Any:
         ) from None
 
 
-def _status_error(
+def status_error(
     status: int, line: int, a: int, b: int, data: Any, shard_size: int, where: str | None
 ) -> InvalidIndexError:
     """The error a native parse or fill reported (see ``recordkit/native/index.c``)."""
-    if status == _c.INDEX_MALFORMED:
+    if status == native.INDEX_MALFORMED:
         why = _WHY.get(b, "malformed").format(byte=bytes(memoryview(data)[a : a + 1]))
         return InvalidIndexError(f"malformed index line {line + 1}: {why}", path=where, record=line)
-    if status == _c.INDEX_ENTRY:
+    if status == native.INDEX_ENTRY:
         return entry_error(a, b, line, shard_size, where)
-    if status == _c.INDEX_END:
+    if status == native.INDEX_END:
         return end_error(a, line, shard_size, where)
     return InvalidIndexError(f"malformed index: {line} lines, {a} expected", path=where)
 
@@ -101,11 +101,11 @@ FILL_RECORDS = 1 << FILL_SHIFT
 """A lazily loaded index fills in its boundaries this many records at a time."""
 
 
-def _blocks(records: int) -> int:
+def block_count(records: int) -> int:
     return (records + FILL_RECORDS - 1) >> FILL_SHIFT
 
 
-class _Pending:
+class Pending:
     """Where a lazily loaded index's boundaries come from: a map of its text and
     where each block of :data:`FILL_RECORDS` lines starts (``directory``)."""
 
@@ -126,24 +126,24 @@ class _Pending:
         """The blocks of ``wanted`` records (``None``: all) not ``filled`` yet, parsed
         into ``out`` and marked (native; see ``native/index.c``)."""
         args = (self.data, self.directory, FILL_SHIFT, records, size, out, filled, wanted)
-        result: tuple[int, int, int, int, int] = _c_call(_c.index_fill, where, *args)
+        result: tuple[int, int, int, int, int] = native_call(native.index_fill, where, *args)
         return result
 
 
 def _lines(data: Any, where: str | None = None) -> int:
     """Lines in an index text (the last may lack its newline)."""
-    if isinstance(data, bytes) or _c is None:
+    if isinstance(data, bytes) or native is None:
         text = bytes(data)
         return text.count(b"\n") + (1 if text and not text.endswith(b"\n") else 0)
     directory = np.empty(len(data) // (1 << 30) + 2, np.uint64)
-    return int(_c_call(_c.index_scan, where, data, 30, directory))
+    return int(native_call(native.index_scan, where, data, 30, directory))
 
 
 def _map_whole(fd: int) -> Any:
-    return _c.map_fd(fd)
+    return native.map_fd(fd)
 
 
-def _map_text(index_file: str, max_bytes: int) -> tuple[Any, os.stat_result]:
+def map_text(index_file: str, max_bytes: int) -> tuple[Any, os.stat_result]:
     """A map of an index file (no descriptor held) and its ``fstat``, refused as
     :func:`read_index_text` refuses."""
     try:

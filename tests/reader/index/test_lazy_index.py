@@ -40,7 +40,7 @@ def _text(n=N, seed=0):
 def _lazy(tmp_path, text, size, records=None):
     path = tmp_path / "s.tfrecord.idx"
     path.write_bytes(text)
-    data, _ = text_mod._map_text(str(path), 1 << 40)
+    data, _ = text_mod.map_text(str(path), 1 << 40)
     return ShardIndex.from_text(data, size, source=str(path), records=records), str(path)
 
 

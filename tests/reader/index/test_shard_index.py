@@ -46,7 +46,7 @@ def native(request, monkeypatch):
     else:
         monkeypatch.setattr(si, "_c", None)  # the loads: whole texts, read
         monkeypatch.setattr(index_open, "_c", None)
-        monkeypatch.setattr(text_mod, "_c", None)  # the parse: NumPy's
+        monkeypatch.setattr(text_mod, "native", None)  # the parse: NumPy's
     return request.param
 
 
@@ -71,10 +71,10 @@ def test_parse_bounds_c_and_numpy_agree(sizes, final_newline, c):
     saved = si._c
     try:
         if not c:
-            si._c = text_mod._c = None
+            si._c = text_mod.native = None
         bounds = parse_bounds(text, size)
     finally:
-        si._c = text_mod._c = saved
+        si._c = text_mod.native = saved
     assert bounds.dtype == (np.uint32 if size < 1 << 32 else np.uint64)
     assert bounds.tolist() == [*entries[:, 0].tolist(), size]
 
