@@ -137,12 +137,10 @@ def test_every_exception_is_in_errors_and_on_the_errors_page():
 
 def test_old_error_import_paths_are_the_same_classes():
     from recordkit import cache, convert, converters, errors
-    from recordkit.cache import _errors as cache_errors
     from recordkit.convert import _errors as convert_errors
 
     for module, names in [
         (cache, ["CacheFullError", "DownloadError", "ProduceError"]),
-        (cache_errors, ["CacheFullError", "DownloadError", "ProduceError"]),
         (convert, ["ConvertError", "DiskFullError", "PartitionsFailedError"]),
         (convert_errors, ["ConvertError", "DiskFullError", "PartitionsFailedError"]),
         (converters, ["SourceError", "SourceNotFoundError"]),

@@ -63,13 +63,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
+    from ..errors import CacheFullError, DownloadError, ProduceError
     from ._cache import ShardCache
     from ._dir import CacheDir  # noqa: F401  (not in __all__: for the command line)
-    from ._errors import CacheFullError, DownloadError, ProduceError
+    from ._gates import StreamGate
     from ._producer_options import ProducerOptions
     from ._remote import RetryOptions
     from ._snapshot import Snapshot
-    from ._stream import Stream, StreamGate, StreamStats, footprint, plan_capacity
+    from ._stream import Stream, StreamStats, footprint, plan_capacity
     from ._types import CacheEvents, CacheStatus
 
 # Loaded on first use, so that a writer process, which imports only
@@ -77,16 +78,16 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
 _WHERE = {
     "CacheDir": "._dir",  # the directory's files and catalog (`recordkit cache` reads it)
     "CacheEvents": "._types",
-    "CacheFullError": "._errors",
+    "CacheFullError": "..errors",
     "CacheStatus": "._types",
-    "DownloadError": "._errors",
-    "ProduceError": "._errors",
+    "DownloadError": "..errors",
+    "ProduceError": "..errors",
     "ProducerOptions": "._producer_options",
     "RetryOptions": "._remote",
     "ShardCache": "._cache",
     "Snapshot": "._snapshot",
     "Stream": "._stream",
-    "StreamGate": "._stream",
+    "StreamGate": "._gates",
     "StreamStats": "._stream",
     "footprint": "._stream",
     "plan_capacity": "._stream",

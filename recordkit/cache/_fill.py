@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AccessDeniedError, CorruptRecordError, InvalidIndexError, ShardNotFoundError
+from ..errors import (
+    AccessDeniedError,
+    CorruptRecordError,
+    DownloadError,
+    InvalidIndexError,
+    ShardNotFoundError,
+)
 from ..format.crc import crc32c, file_crc32c
 from ..format.index import (
     INDEX_SUFFIX,
@@ -35,7 +41,6 @@ from ..format.index import (
 )
 from ..format.manifest import Manifest, ShardInfo
 from ._dir import CacheDir
-from ._errors import DownloadError
 from ._remote import Remote
 from ._reservation import Reservation, ShardState
 from ._staged import Staged, discard, is_disk_full, staged_names

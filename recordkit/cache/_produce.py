@@ -49,9 +49,9 @@ from typing import Any
 from .._version import __version__
 from ..codec.schema import Schema
 from ..convert import ConvertOptions, Plan, Tally, is_transient
+from ..errors import CacheFullError, ProduceError
 from ..format.manifest import Manifest, ShardInfo
 from ._dir import CacheDir
-from ._errors import CacheFullError, ProduceError
 from ._producer_options import ProducerOptions
 from ._reservation import Reservation, ShardState
 from ._staged import Staged, discard

@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from ..errors import RecordkitError
+from ..errors import CacheFullError, RecordkitError
 from ..format.manifest import Manifest, ShardInfo
 from ._dir import CacheDir
-from ._errors import CacheFullError
 from ._locks import HeldFile
+from ._scan import Scan
 from ._staged import Staged, discard, is_disk_full, staged_names
-from ._types import CacheEvents
+from ._types import Budget, CacheEvents
 
-__all__ = ["Filler", "Reservation", "ShardState"]
+__all__ = ["Filler", "Reservation", "ShardState", "reserve_room"]
 
 _T = TypeVar("_T")
 
@@ -180,3 +180,43 @@ class Filler(Protocol):
 
     def close(self) -> None:
         """Release what filling holds (writer processes)."""
+
+
+def reserve_room(
+    directory: CacheDir,
+    filler: Filler,
+    info: ShardInfo,
+    scan: Scan,
+    budget: Budget,
+    *,
+    displace: bool,
+    abandoning: Callable[[], bool],
+) -> Reservation | None:
+    """Reserve the room ``filler`` needs to fill ``info`` (under the directory lock,
+    ``scan`` taken under it), evicting as ``budget``'s policy allows; ``None`` when
+    no room can be made now. ``displace``: see :meth:`CacheDir.victims`.
+
+    Raises:
+        CacheFullError: the entry cannot fit in the whole budget.
+    """
+    capacity = max(0, budget.max_bytes - directory.fixed_bytes(scan))
+    lease = directory.reserve(
+        info.path,
+        filler.need(info, directory.store, capacity),
+        max_bytes=budget.max_bytes,
+        policy=budget.policy,
+        displace=displace,
+        on_evict=budget.events.evicted,
+    )
+    if lease is None:
+        return None
+    return Reservation(
+        directory,
+        lease,
+        info.path,
+        max_bytes=budget.max_bytes,
+        capacity=capacity,
+        policy=budget.policy,
+        events=budget.events,
+        abandoning=abandoning,
+    )

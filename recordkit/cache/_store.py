@@ -41,9 +41,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import RecordkitError
+from ..errors import CacheFullError, RecordkitError
 from ..format.manifest import normalize_shard_path
-from ._errors import CacheFullError
 
 log = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def test_background_workers_and_snapshot_wait(remote, tmp_path):
     cache = ShardCache(remote, tmp_path / "c", max_bytes="10MiB", fill_workers=2)
     with cache, cache.snapshot(0, min_shards=10, timeout=60) as snap:
         assert len(snap) == 10
-    assert not any(t.is_alive() for t in cache._threads)
+    assert not any(t.is_alive() for t in cache._workers.threads)
 
 
 def test_consumed_this_epoch_is_evicted_first(remote, tmp_path):
