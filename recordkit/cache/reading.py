@@ -4,7 +4,7 @@ whole-epoch streams.
 Each is a part the cache holds (:class:`Snapshots`, :class:`Streams`), given the
 pieces it uses, never the cache. :class:`Streams` is also what a
 :class:`~recordkit.cache.Stream` is handed of its cache (a
-:class:`~._stream.StreamHost`).
+:class:`~.stream.StreamHost`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from collections.abc import Sequence
 
 from ..errors import ShardNotFoundError
 from ..format.manifest import ShardInfo
-from ._catalog import Catalog
-from ._dir import CacheDir, Scan
-from ._locks import HeldFile
-from ._reservation import Filler, reserve_room
-from ._snapshot import Snapshot
-from ._stream import Stream, StreamStats
-from ._types import Budget, Wakeup
-from ._workers import POLL_S, FillWorkers
+from .catalog import Catalog
+from .directory import CacheDir, Scan
+from .locks import HeldFile
+from .reservation import Filler, reserve_room
+from .shared import Budget, Wakeup
+from .snapshot import Snapshot
+from .stream import Stream, StreamStats
+from .workers import POLL_S, FillWorkers
 
 __all__ = ["Snapshots", "Streams"]
 
@@ -134,7 +134,7 @@ class Snapshots:
 
 class Streams:
     """The cache's whole-epoch streams, and what each is handed of the cache
-    (:class:`~._stream.StreamHost`: the directory, the budget, one fetch).
+    (:class:`~.stream.StreamHost`: the directory, the budget, one fetch).
 
     Args:
         directory: the cache directory.

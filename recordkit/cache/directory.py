@@ -8,7 +8,7 @@ Layout of a cache directory::
     LOCAL/.recordkit-cache/lock          the directory mutex (flock)
     LOCAL/.recordkit-cache/leases/<id>.json   a reservation of disk budget (held, flock'ed)
     LOCAL/.recordkit-cache/pins/<id>.json     shards a reader has pinned (held, flock'ed)
-    LOCAL/.recordkit-cache/state.db      per-shard state in sqlite (WAL mode, see ``_store``):
+    LOCAL/.recordkit-cache/state.db      per-shard state in sqlite (WAL mode, see ``store``):
                                          published or not, sizes, times seen, last use, reads
     LOCAL/.recordkit-cache/catalog.json  the remote's manifest or listing, for offline restarts
 
@@ -42,11 +42,11 @@ from typing import Any
 from ..errors import CacheFullError
 from ..format import atomic_write_bytes, fsync_dir
 from ..format.index import INDEX_SUFFIX
-from ._catalog import catalog_problem
-from ._locks import DirLock, HeldFile, live_claims
-from ._scan import META, Scan, is_temp, walk
-from ._staged import discard, staged_names
-from ._store import WAL_LIMIT, Store
+from .catalog import catalog_problem
+from .locks import DirLock, HeldFile, live_claims
+from .scan import META, Scan, is_temp, walk
+from .staged import discard, staged_names
+from .store import WAL_LIMIT, Store
 
 __all__ = ["BOOKKEEPING_SLACK", "POLICIES", "CacheDir", "Scan"]
 

@@ -2,17 +2,17 @@
 
 The cache is a face over parts, each given the pieces it uses, never the cache:
 
-- :class:`~._dir.CacheDir`, the directory: budget, reservations, eviction, pins;
-- a *filler* (``_reservation.Filler``): what the catalog's entries are, how much
+- :class:`~.directory.CacheDir`, the directory: budget, reservations, eviction, pins;
+- a *filler* (``reservation.Filler``): what the catalog's entries are, how much
   room filling one needs up front, and how it is staged and published
-  (``_fill.Fetcher`` downloads, ``_produce.Producer`` runs a conversion in a
-  writer subprocess); per entry it gets a :class:`~._reservation.Reservation`;
-- :class:`~._catalog.Catalog`, the entries and their fill order;
-- :class:`~._workers.FillWorkers`, the fill threads and their retry state;
-- :class:`~._reading.Snapshots` and :class:`~._reading.Streams`, the reader side
-  (a :class:`~._stream.Stream` is handed its ``Streams``, a small public interface);
-- a :class:`~._types.Budget` (budget, policy, events) and a
-  :class:`~._types.Wakeup` (the threads' in-process signal), shared by the parts.
+  (``fetch.Fetcher`` downloads, ``produce.Producer`` runs a conversion in a
+  writer subprocess); per entry it gets a :class:`~.reservation.Reservation`;
+- :class:`~.catalog.Catalog`, the entries and their fill order;
+- :class:`~.workers.FillWorkers`, the fill threads and their retry state;
+- :class:`~.reading.Snapshots` and :class:`~.reading.Streams`, the reader side
+  (a :class:`~.stream.Stream` is handed its ``Streams``, a small public interface);
+- a :class:`~.shared.Budget` (budget, policy, events) and a
+  :class:`~.shared.Wakeup` (the threads' in-process signal), shared by the parts.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from .._units import parse_size
 from ..errors import ShardNotFoundError
 from ..format.manifest import Manifest, ShardInfo
 from ..storage import is_remote
-from ._catalog import Catalog
-from ._dir import POLICIES, CacheDir
-from ._fill import Fetcher
-from ._producer_options import ProducerOptions, producer_options
-from ._reading import Snapshots, Streams
-from ._remote import Remote, RetryOptions
-from ._reservation import Filler
-from ._snapshot import Snapshot
-from ._stream import Stream, StreamStats
-from ._types import Budget, CacheEvents, CacheStatus, FillContext, NoEvents, Wakeup
-from ._workers import FillWorkers
+from .catalog import Catalog
+from .directory import POLICIES, CacheDir
+from .fetch import Fetcher
+from .producer_options import ProducerOptions, producer_options
+from .reading import Snapshots, Streams
+from .remote import Remote, RetryOptions
+from .reservation import Filler
+from .shared import Budget, CacheEvents, CacheStatus, FillContext, NoEvents, Wakeup
+from .snapshot import Snapshot
+from .stream import Stream, StreamStats
+from .workers import FillWorkers
 
 if TYPE_CHECKING:
     from ..codec.schema import Schema
@@ -117,13 +117,6 @@ class ShardCache:
             (the source bytes one partition, so one shard, covers: keep it a
             small fraction of ``max_bytes``; ``"zstd"`` compresses tensor
             features); not beside ``convert_options=``.
-
-    Attributes:
-        errors: every failed download or production so far (each was retried).
-        failed: shards whose last download failed and that are still missing,
-            with that error (what :meth:`fill` gave up on).
-        budget_full: whether the last :meth:`fill` stopped because the budget
-            was full of shards it may not displace.
     """
 
     @accepts_options
@@ -199,7 +192,7 @@ class ShardCache:
         )
         self._filler: Filler
         if producer is not None or (saved is not None and saved.get("mode") == "producer"):
-            from ._produce import Producer  # the conversion machinery, only when needed
+            from .produce import Producer  # the conversion machinery, only when needed
 
             self._filler = Producer(context, self.dir, producer=producer, saved=saved)
         else:
@@ -237,7 +230,8 @@ class ShardCache:
 
     @property
     def failed(self) -> dict[str, BaseException]:
-        """Shards whose last download failed and that are still missing, with that error."""
+        """Shards whose last download failed and that are still missing, with that error
+        (what :meth:`fill` gave up on)."""
         return self._workers.failed
 
     @property

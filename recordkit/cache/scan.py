@@ -1,6 +1,6 @@
 """What a look at a cache directory finds (:class:`Scan`), and the walk of its files.
 
-:meth:`CacheDir.scan <recordkit.cache._dir.CacheDir.scan>` fills a :class:`Scan`
+:meth:`CacheDir.scan <recordkit.cache.directory.CacheDir.scan>` fills a :class:`Scan`
 from the store and the claim files, per event; :func:`walk` sorts every file under
 the directory into published shards, indexes, temp files and files that are not
 the cache's (at ``start()``/``gc()`` and ``status()``, or after a crash).
@@ -16,7 +16,7 @@ from typing import Any
 
 from ..format import TMP_MARKER
 from ..format.index import INDEX_SUFFIX
-from ._remote import is_shard_name
+from .remote import is_shard_name
 
 __all__ = ["META", "Scan", "is_temp", "walk"]
 

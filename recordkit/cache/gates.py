@@ -1,4 +1,4 @@
-"""Gates: how a reader asks whether a shard a :class:`~._stream.Stream` fetches is ready.
+"""Gates: how a reader asks whether a shard a :class:`~.stream.Stream` fetches is ready.
 
 ``ShardSet.gate`` is a :class:`StreamGate` in the process that runs the stream;
 in other processes (DataLoader workers, the loader process) it is the
@@ -12,8 +12,8 @@ import os
 import time
 from typing import Any
 
-from ._dir import CacheDir
-from ._stream import POLL_S, Stream
+from .directory import CacheDir
+from .stream import POLL_S, Stream
 
 __all__ = ["DirGate", "StreamGate"]
 

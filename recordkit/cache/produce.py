@@ -51,12 +51,12 @@ from ..codec.schema import Schema
 from ..convert import ConvertOptions, Plan, Tally, is_transient
 from ..errors import CacheFullError, ProduceError
 from ..format.manifest import Manifest, ShardInfo
-from ._dir import CacheDir
-from ._producer_options import ProducerOptions
-from ._reservation import Reservation, ShardState
-from ._staged import Staged, discard
-from ._types import FillContext
-from ._writer import ProduceTask, WriterPool, run_task
+from .directory import CacheDir
+from .producer_options import ProducerOptions
+from .reservation import Reservation, ShardState
+from .shared import FillContext
+from .staged import Staged, discard
+from .writer import ProduceTask, WriterPool, run_task
 
 __all__ = ["Producer", "shard_name"]
 

@@ -13,7 +13,7 @@ evicting unpinned shards, consumed ones first.
 Readers ask through a *gate* (``ShardSet.gate``): a ``StreamGate`` in the
 process that runs the stream; in other processes (DataLoader workers, the
 loader process), the ``DirGate`` a ``StreamGate`` pickles into, which polls
-the cache directory for the shard to be complete and pinned (both in ``_gates``).
+the cache directory for the shard to be complete and pinned (both in ``gates``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Protocol
 
 from ..errors import CacheFullError
 from ..format.manifest import ShardInfo
-from ._dir import BOOKKEEPING_SLACK, CacheDir
-from ._fill import index_bound
-from ._locks import HeldFile
+from .directory import BOOKKEEPING_SLACK, CacheDir
+from .fetch import index_bound
+from .locks import HeldFile
 
 __all__ = ["POLL_S", "Stream", "StreamHost", "StreamStats", "footprint", "plan_capacity"]
 
@@ -51,7 +51,7 @@ _STATS_LOCK = threading.Lock()
 
 
 class StreamHost(Protocol):
-    """What a stream uses of its cache (``ShardCache``'s streams, ``_reading.Streams``).
+    """What a stream uses of its cache (``ShardCache``'s streams, ``reading.Streams``).
 
     Attributes:
         dir: the cache directory.

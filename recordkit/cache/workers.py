@@ -17,10 +17,10 @@ from typing import Literal
 from ..errors import CacheFullError
 from ..format.manifest import ShardInfo
 from ..retry import DEFAULT_POLICY, RetryPolicy
-from ._catalog import Catalog
-from ._dir import CacheDir
-from ._reservation import Filler, reserve_room
-from ._types import Budget, Wakeup
+from .catalog import Catalog
+from .directory import CacheDir
+from .reservation import Filler, reserve_room
+from .shared import Budget, Wakeup
 
 __all__ = ["POLL_S", "FillWorkers"]
 

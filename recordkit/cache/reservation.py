@@ -1,6 +1,6 @@
 """A reservation: room in the cache's budget for filling one entry.
 
-What a filler (``_fill.Fetcher``, ``_produce.Producer``) gets instead of the
+What a filler (``fetch.Fetcher``, ``produce.Producer``) gets instead of the
 cache: it stages into :attr:`Reservation.staged`, runs its writes through
 :meth:`Reservation.stage` (a full disk evicts and retries once), may
 :meth:`~Reservation.grow` the room, and ends with :meth:`~Reservation.publish`
@@ -14,11 +14,11 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import CacheFullError, RecordkitError
 from ..format.manifest import Manifest, ShardInfo
-from ._dir import CacheDir
-from ._locks import HeldFile
-from ._scan import Scan
-from ._staged import Staged, discard, is_disk_full, staged_names
-from ._types import Budget, CacheEvents
+from .directory import CacheDir
+from .locks import HeldFile
+from .scan import Scan
+from .shared import Budget, CacheEvents
+from .staged import Staged, discard, is_disk_full, staged_names
 
 __all__ = ["Filler", "Reservation", "ShardState", "reserve_room"]
 
@@ -142,7 +142,7 @@ class Reservation:
 
 
 class ShardState(Protocol):
-    """What a filler may read of the cache's per-shard state (``_store.Store``)."""
+    """What a filler may read of the cache's per-shard state (``store.Store``)."""
 
     def meta(self, rel: str) -> dict[str, Any]:
         """What is known of one shard: its history and what its publish recorded."""
