@@ -32,11 +32,10 @@ class Reservation:
         directory: the cache directory.
         lease: the reservation's claim (its file holds the id, shard and bytes).
         rel: the entry, relative to the cache root.
-        max_bytes: the cache's budget.
+        budget: the cache's budget, eviction policy, and events (where publishes,
+            evictions and downloaded bytes are reported: :attr:`events`).
         capacity: the most one entry may take: the budget less the bookkeeping
             (and files that are not the cache's), when the room was reserved.
-        policy: the eviction policy.
-        events: where publishes, evictions and downloaded bytes are reported.
         abandoning: True once the cache is stopping and this fill may be given up.
     """
 
@@ -45,21 +44,22 @@ class Reservation:
         directory: CacheDir,
         lease: HeldFile,
         rel: str,
+        budget: Budget,
         *,
-        max_bytes: int,
         capacity: int,
-        policy: str,
-        events: CacheEvents,
         abandoning: Callable[[], bool],
     ) -> None:
         self._dir = directory
         self._lease = lease
         self.rel = rel
-        self._max_bytes = max_bytes
+        self._budget = budget
         self.capacity = capacity
-        self._policy = policy
-        self.events = events
         self.abandoning = abandoning
+
+    @property
+    def events(self) -> CacheEvents:
+        """Where publishes, evictions and downloaded bytes are reported."""
+        return self._budget.events
 
     @property
     def id(self) -> str:
@@ -92,8 +92,8 @@ class Reservation:
                     raise
                 freed = attempt == 1 and self._dir.make_room(
                     self.bytes,
-                    max_bytes=self._max_bytes,
-                    policy=self._policy,
+                    max_bytes=self._budget.max_bytes,
+                    policy=self._budget.policy,
                     on_evict=self.events.evicted,
                 )
                 if not freed:
@@ -110,8 +110,8 @@ class Reservation:
         return self._dir.grow(
             self._lease,
             nbytes,
-            max_bytes=self._max_bytes,
-            policy=self._policy,
+            max_bytes=self._budget.max_bytes,
+            policy=self._budget.policy,
             on_evict=self.events.evicted,
         )
 
@@ -211,12 +211,5 @@ def reserve_room(
     if lease is None:
         return None
     return Reservation(
-        directory,
-        lease,
-        info.path,
-        max_bytes=budget.max_bytes,
-        capacity=capacity,
-        policy=budget.policy,
-        events=budget.events,
-        abandoning=abandoning,
+        directory, lease, info.path, budget, capacity=capacity, abandoning=abandoning
     )

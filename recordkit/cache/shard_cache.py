@@ -152,8 +152,8 @@ class ShardCache:
             convert_options=convert_options,
             inactivity_timeout=inactivity_timeout,
         )
-        self.max_bytes = parse_size(max_bytes)
-        if self.max_bytes <= 0:
+        budget = parse_size(max_bytes)
+        if budget <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes!r}")
         if fill_workers < 0:
             raise ValueError(f"fill_workers must be >= 0, got {fill_workers}")
@@ -166,7 +166,7 @@ class ShardCache:
         self.root = self.dir.root
         self.fill_workers = fill_workers
         self.seed = seed
-        self._budget = Budget(self.max_bytes, policy, events or NoEvents())
+        self._budget = Budget(budget, policy, events or NoEvents())
         self._storage_options = storage_options
         self._retry = retry
         saved: dict[str, Any] | None = None
@@ -186,7 +186,7 @@ class ShardCache:
         context = FillContext(
             remote_url=self.remote_url,
             storage_options=storage_options,
-            max_bytes=self.max_bytes,
+            max_bytes=budget,
             fill_workers=fill_workers,
             chunk_bytes=self.chunk_bytes,
         )
@@ -208,6 +208,11 @@ class ShardCache:
         self._snapshots = Snapshots(*parts, self._workers)
 
     # -- settings and results ------------------------------------------------------------------
+
+    @property
+    def max_bytes(self) -> int:
+        """The disk budget in bytes."""
+        return self._budget.max_bytes
 
     @property
     def policy(self) -> Policy:
