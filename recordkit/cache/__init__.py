@@ -63,33 +63,34 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
-    from ._cache import ShardCache
-    from ._dir import CacheDir  # noqa: F401  (not in __all__: for the command line)
-    from ._errors import CacheFullError, DownloadError, ProduceError
-    from ._producer_options import ProducerOptions
-    from ._remote import RetryOptions
-    from ._snapshot import Snapshot
-    from ._stream import Stream, StreamGate, StreamStats, footprint, plan_capacity
-    from ._types import CacheEvents, CacheStatus
+    from ..errors import CacheFullError, DownloadError, ProduceError
+    from .directory import CacheDir  # noqa: F401  (not in __all__: for the command line)
+    from .gates import StreamGate
+    from .producer_options import ProducerOptions
+    from .remote import RetryOptions
+    from .shard_cache import ShardCache
+    from .shared import CacheEvents, CacheStatus
+    from .snapshot import Snapshot
+    from .stream import Stream, StreamStats, footprint, plan_capacity
 
 # Loaded on first use, so that a writer process, which imports only
-# ``recordkit.cache._writer``, does not load the cache (sqlite3, the fill machinery).
+# ``recordkit.cache.writer``, does not load the cache (sqlite3, the fill machinery).
 _WHERE = {
-    "CacheDir": "._dir",  # the directory's files and catalog (`recordkit cache` reads it)
-    "CacheEvents": "._types",
-    "CacheFullError": "._errors",
-    "CacheStatus": "._types",
-    "DownloadError": "._errors",
-    "ProduceError": "._errors",
-    "ProducerOptions": "._producer_options",
-    "RetryOptions": "._remote",
-    "ShardCache": "._cache",
-    "Snapshot": "._snapshot",
-    "Stream": "._stream",
-    "StreamGate": "._stream",
-    "StreamStats": "._stream",
-    "footprint": "._stream",
-    "plan_capacity": "._stream",
+    "CacheDir": ".directory",  # the directory's files and catalog (`recordkit cache` reads it)
+    "CacheEvents": ".shared",
+    "CacheFullError": "..errors",
+    "CacheStatus": ".shared",
+    "DownloadError": "..errors",
+    "ProduceError": "..errors",
+    "ProducerOptions": ".producer_options",
+    "RetryOptions": ".remote",
+    "ShardCache": ".shard_cache",
+    "Snapshot": ".snapshot",
+    "Stream": ".stream",
+    "StreamGate": ".gates",
+    "StreamStats": ".stream",
+    "footprint": ".stream",
+    "plan_capacity": ".stream",
 }
 
 __all__ = [

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit.cache import _dir
+from recordkit.cache import directory
 from tests.servers import s3_server
 
 SCHEMA = rk.Schema(i=rk.Int64(), x=rk.Tensor("uint8", (None,)))
@@ -80,7 +80,7 @@ def overhead(remote, **options) -> int:
         with tempfile.TemporaryDirectory() as scratch:
             cache = ShardCache(remote, scratch, max_bytes="1GiB", fill_workers=0, **options)
             cache.fill()
-            _OVERHEAD[key] = cache.status().bookkeeping + _dir.BOOKKEEPING_SLACK
+            _OVERHEAD[key] = cache.status().bookkeeping + directory.BOOKKEEPING_SLACK
     return _OVERHEAD[key]
 
 

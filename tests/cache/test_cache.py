@@ -10,7 +10,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.cache import CacheFullError, DownloadError, RetryOptions, ShardCache
-from recordkit.cache._locks import HeldFile
+from recordkit.cache.locks import HeldFile
 from recordkit.format.manifest import read_manifest
 
 from .conftest import (
@@ -94,7 +94,7 @@ def test_background_workers_and_snapshot_wait(remote, tmp_path):
     cache = ShardCache(remote, tmp_path / "c", max_bytes="10MiB", fill_workers=2)
     with cache, cache.snapshot(0, min_shards=10, timeout=60) as snap:
         assert len(snap) == 10
-    assert not any(t.is_alive() for t in cache._threads)
+    assert not any(t.is_alive() for t in cache._workers.threads)
 
 
 def test_consumed_this_epoch_is_evicted_first(remote, tmp_path):
@@ -302,7 +302,7 @@ def test_public_surface():
 
 
 def test_no_import_circle_and_no_private_imports_of_other_packages():
-    """The cache's modules import ``_cache`` nowhere (fillers and snapshots get the pieces
+    """The cache's modules import ``shard_cache`` nowhere (fillers and snapshots get the pieces
     they use), and reach other packages only through their public modules."""
     import ast
     import pathlib
@@ -316,7 +316,7 @@ def test_no_import_circle_and_no_private_imports_of_other_packages():
             module = node.module or ""
             names = [a.name for a in node.names]
             if node.level == 1 and path.name not in ("__init__.py", "cli.py"):
-                assert module != "_cache" and "_cache" not in names, (path.name, module)
+                assert module != "shard_cache" and "shard_cache" not in names, (path.name, module)
             if node.level == 2:  # recordkit.<package>.<module>
                 parts = module.split(".")
                 assert not any(p.startswith("_") for p in parts[1:]), (path.name, module)
@@ -328,15 +328,15 @@ def test_a_writer_process_loads_only_what_it_needs():
     import sys
 
     code = (
-        "import json, sys, recordkit.cache._writer; "
+        "import json, sys, recordkit.cache.writer; "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('recordkit.cache'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [
         "recordkit.cache",
-        "recordkit.cache._staged",
-        "recordkit.cache._writer",
+        "recordkit.cache.staged",
+        "recordkit.cache.writer",
     ]
 
 

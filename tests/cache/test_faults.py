@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import recordkit as rk
-from recordkit.cache import CacheFullError, ShardCache, _fill
+from recordkit.cache import CacheFullError, ShardCache, fetch
 from recordkit.format.index import scan_index
 from recordkit.format.manifest import read_manifest
 
@@ -111,8 +111,8 @@ def test_filler_sigkilled_mid_download_leaves_nothing_visible(remote, tmp_path, 
     filler = child(
         f"""
         import time
-        from recordkit.cache import ShardCache, _fill
-        real = _fill._write_all
+        from recordkit.cache import ShardCache, fetch
+        real = fetch._write_all
         calls = []
         def slow_write(fd, data):
             real(fd, data)
@@ -120,7 +120,7 @@ def test_filler_sigkilled_mid_download_leaves_nothing_visible(remote, tmp_path, 
             if len(calls) == 10:  # 4 writes a shard (3 chunks, 1 index): 2 done, 1 half
                 print("downloading", flush=True)
                 time.sleep(120)
-        _fill._write_all = slow_write
+        fetch._write_all = slow_write
         ShardCache({str(remote)!r}, {str(root)!r}, max_bytes="1GiB", fill_workers=1,
                    chunk_bytes="16KiB").fill()
         """
@@ -160,7 +160,7 @@ def test_injected_enospc_is_a_clear_error(remote, tmp_path, monkeypatch):
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(_fill, "_write_all", full)
+    monkeypatch.setattr(fetch, "_write_all", full)
     cache = ShardCache(remote, tmp_path / "c", max_bytes="1GiB", fill_workers=1)
     with pytest.raises(CacheFullError, match=r"disk under .* is full") as info:
         cache.fill()
@@ -181,7 +181,7 @@ def test_enospc_evicts_read_shards_then_retries(remote, tmp_path, monkeypatch):
     with cache.snapshot(0) as snap:
         for s in snap.shards:
             snap.mark_consumed(s)
-    real, failures = _fill._write_all, [1]
+    real, failures = fetch._write_all, [1]
 
     def full_once(fd, data):
         if failures:
@@ -189,7 +189,7 @@ def test_enospc_evicts_read_shards_then_retries(remote, tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(_fill, "_write_all", full_once)
+    monkeypatch.setattr(fetch, "_write_all", full_once)
     assert cache.fill_one() == "worked"
     assert len(visible_shards(root)) == 1  # both read shards went; the new one arrived
     assert_intact(root, remote)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import recordkit as rk
-from recordkit.cache import DownloadError, ShardCache, _cache
-from recordkit.cache._remote import Remote
+from recordkit.cache import DownloadError, ShardCache, workers
+from recordkit.cache.remote import Remote
 from recordkit.cli import main
 from recordkit.errors import AccessDeniedError
 from recordkit.format.manifest import read_manifest
@@ -256,7 +256,7 @@ def test_record_dataset_through_a_faulty_server_reads_the_same_dataset(tmp_path,
 
     # A shard whose download failed is retried after 0.2 s, not 5 s (the one setting a
     # reader's own cache takes from the default policy that this test changes).
-    monkeypatch.setattr(_cache, "DEFAULT_POLICY", RetryPolicy(cooldown=0.2, max_cooldown=1.0))
+    monkeypatch.setattr(workers, "DEFAULT_POLICY", RetryPolicy(cooldown=0.2, max_cooldown=1.0))
     write_fixed(str(tmp_path / "www" / "ds"), shards=6, records=12)
     total = 72
 
@@ -289,7 +289,7 @@ def test_record_dataset_through_a_faulty_server_reads_the_same_dataset(tmp_path,
 def test_cache_fill_exit_status_says_whether_the_budget_was_filled(
     www, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(_cache, "DEFAULT_POLICY", RetryPolicy(backoff=0.01, cooldown=0.05))
+    monkeypatch.setattr(workers, "DEFAULT_POLICY", RetryPolicy(backoff=0.01, cooldown=0.05))
     with http_server(www) as http:
         url = http.url + "/ds"
         # two shards' downloads fail (a flipped bit, another object's bytes), and each

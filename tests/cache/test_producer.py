@@ -19,8 +19,8 @@ import pytest
 
 import recordkit as rk
 from recordkit import converters
-from recordkit.cache import CacheFullError, ProduceError, ShardCache, _cache
-from recordkit.cache._dir import BOOKKEEPING_SLACK
+from recordkit.cache import CacheFullError, ProduceError, ShardCache, workers
+from recordkit.cache.directory import BOOKKEEPING_SLACK
 from recordkit.cli import main
 from recordkit.retry import RetryPolicy
 
@@ -36,7 +36,7 @@ LINES = 40  # samples per source file; each file is one partition, so one shard
 @pytest.fixture(autouse=True)
 def _test_sources(monkeypatch):
     # a failed partition is retried soon
-    monkeypatch.setattr(_cache, "DEFAULT_POLICY", RetryPolicy(cooldown=0.2))
+    monkeypatch.setattr(workers, "DEFAULT_POLICY", RetryPolicy(cooldown=0.2))
     converters.register(GatedJsonl.name, GatedJsonl)
     converters.register(DiskFullJsonl.name, DiskFullJsonl)
     converters.register(FlakyJsonl.name, FlakyJsonl)

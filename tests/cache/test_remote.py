@@ -9,8 +9,8 @@ import pytest
 
 import recordkit as rk
 from recordkit.cache import DownloadError, RetryOptions, ShardCache
-from recordkit.cache._dir import BOOKKEEPING_SLACK
-from recordkit.cache._fill import index_bound
+from recordkit.cache.directory import BOOKKEEPING_SLACK
+from recordkit.cache.fetch import index_bound
 from recordkit.reader.shards import ShardSet
 
 from .conftest import (

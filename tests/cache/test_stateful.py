@@ -35,7 +35,7 @@ from hypothesis.stateful import (
 )
 
 from recordkit.cache import RetryOptions, ShardCache
-from recordkit.cache._staged import staged_names
+from recordkit.cache.staged import staged_names
 from recordkit.format.manifest import read_manifest
 
 from .conftest import disk_bytes, overhead, visible_shards, write_dataset

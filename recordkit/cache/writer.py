@@ -27,7 +27,7 @@ from ..conversion import Tally, write_items
 from ..errors import OutgrewError
 from ..retry import RetryPolicy, is_transient
 from ..writer.sequence import ShardSequence
-from ._staged import Staged, discard, is_disk_full, staged_names
+from .staged import Staged, discard, is_disk_full, staged_names
 
 __all__ = ["OutgrewError", "ProduceTask", "WriterPool", "produce", "run_task"]
 

@@ -8,7 +8,7 @@ Layout of a cache directory::
     LOCAL/.recordkit-cache/lock          the directory mutex (flock)
     LOCAL/.recordkit-cache/leases/<id>.json   a reservation of disk budget (held, flock'ed)
     LOCAL/.recordkit-cache/pins/<id>.json     shards a reader has pinned (held, flock'ed)
-    LOCAL/.recordkit-cache/state.db      per-shard state in sqlite (WAL mode, see ``_store``):
+    LOCAL/.recordkit-cache/state.db      per-shard state in sqlite (WAL mode, see ``store``):
                                          published or not, sizes, times seen, last use, reads
     LOCAL/.recordkit-cache/catalog.json  the remote's manifest or listing, for offline restarts
 
@@ -35,64 +35,28 @@ import contextlib
 import json
 import logging
 import os
-import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..format import TMP_MARKER, atomic_write_bytes, fsync_dir
+from ..errors import CacheFullError
+from ..format import atomic_write_bytes, fsync_dir
 from ..format.index import INDEX_SUFFIX
-from ._catalog import catalog_problem
-from ._errors import CacheFullError
-from ._locks import DirLock, HeldFile, live_claims
-from ._remote import is_shard_name
-from ._staged import discard, staged_names
-from ._store import WAL_LIMIT, Store
+from .catalog import catalog_problem
+from .locks import DirLock, HeldFile, live_claims
+from .scan import META, Scan, is_temp, walk
+from .staged import discard, staged_names
+from .store import WAL_LIMIT, Store
+
+__all__ = ["BOOKKEEPING_SLACK", "POLICIES", "CacheDir", "Scan"]
 
 log = logging.getLogger(__name__)
 
-META = ".recordkit-cache"
-_OUR_TEMP = re.compile(re.escape(TMP_MARKER) + "[0-9a-f]{12}$")
 POLICIES = ("consumed-lru", "lru")
 # Kept free beyond the bookkeeping counted at a decision, for what may be written
 # before the next one measures again: the database grows by the rows of the shards
 # published meanwhile (a page or two), a reader's pin file by ~30 bytes a shard.
 BOOKKEEPING_SLACK = 64 * 1024
-
-
-@dataclass
-class Scan:
-    """The cache directory as it is now.
-
-    Attributes:
-        complete: published shards (shard and index present): path -> (shard bytes, index bytes).
-        used: bytes counted against the budget (bookkeeping included, slack not).
-        leases: live reservations by claim name.
-        pinned: shards that some live reader pins (``None`` in it: pin everything).
-        bookkeeping: bytes under ``.recordkit-cache/``.
-        orphans: temp files and half-evicted indexes that no live process owns
-            (found by :meth:`CacheDir.rescan` only).
-        incomplete: shard files without an index (never left by recordkit itself;
-            :meth:`CacheDir.rescan` only).
-        foreign: bytes of files that are not the cache's (``rescan`` only).
-    """
-
-    complete: dict[str, tuple[int, int]] = field(default_factory=dict)
-    used: int = 0
-    leases: dict[str, dict[str, Any]] = field(default_factory=dict)
-    pinned: set[str | None] = field(default_factory=set)
-    bookkeeping: int = 0
-    orphans: list[str] = field(default_factory=list)
-    incomplete: list[str] = field(default_factory=list)
-    foreign: int = 0
-
-    @property
-    def leased(self) -> set[str]:
-        return {str(c.get("shard")) for c in self.leases.values()}
-
-    def is_pinned(self, rel: str) -> bool:
-        return None in self.pinned or rel in self.pinned
 
 
 class CacheDir:
@@ -240,50 +204,13 @@ class CacheDir:
 
     # -- the directory walk (start, gc, status) ---------------------------------------------
 
-    def _files(self) -> Iterable[tuple[str, str, int]]:
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            if dirpath == self.root:
-                dirnames[:] = [d for d in dirnames if d != META]
-            for name in filenames:
-                full = os.path.join(dirpath, name)
-                try:
-                    size = os.lstat(full).st_size
-                except FileNotFoundError:
-                    continue
-                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                yield rel, name, size
-
     def rescan(self) -> Scan:
         """Walk the directory: what is on disk, whatever the store says."""
         out = Scan()
         self._claims(out)
-        live_ids = {str(c.get("id")) for c in out.leases.values()}
-        shards: dict[str, int] = {}
-        indexes: dict[str, int] = {}
-        for rel, name, size in self._files():
-            if _OUR_TEMP.search(name):
-                if name.rsplit(TMP_MARKER, 1)[1] in live_ids:
-                    continue  # counted through its reservation
-                out.orphans.append(rel)
-            elif name.endswith(INDEX_SUFFIX) and is_shard_name(name[: -len(INDEX_SUFFIX)]):
-                indexes[rel[: -len(INDEX_SUFFIX)]] = size
-            elif is_shard_name(name):
-                shards[rel] = size
-            else:
-                out.foreign += size  # not ours: counted against the budget, never removed
-            out.used += size
+        walk(self.root, out)
         out.bookkeeping = self.bookkeeping()
         out.used += sum(int(c.get("bytes", 0)) for c in out.leases.values()) + out.bookkeeping
-        leased = out.leased
-        for rel, size in shards.items():
-            if rel in indexes:
-                out.complete[rel] = (size, indexes[rel])
-            else:
-                out.incomplete.append(rel)
-        # An index without its shard: a publish in progress (leased) or an eviction cut short.
-        out.orphans += [
-            rel + INDEX_SUFFIX for rel in indexes if rel not in shards and rel not in leased
-        ]
         return out
 
     def adopt(self) -> Scan:
@@ -322,7 +249,7 @@ class CacheDir:
         with self.lock():
             self._import_state_json()
             for name in os.listdir(self.meta):  # an atomic write cut short
-                if _OUR_TEMP.search(name):
+                if is_temp(name):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(os.path.join(self.meta, name))
             scan = self.rescan()

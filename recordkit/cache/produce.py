@@ -49,15 +49,15 @@ from typing import Any
 from .._version import __version__
 from ..codec.schema import Schema
 from ..conversion import ConvertOptions, Plan, Tally
+from ..errors import CacheFullError, ProduceError
 from ..format.manifest import Manifest, ShardInfo
 from ..retry import is_transient
-from ._dir import CacheDir
-from ._errors import CacheFullError, ProduceError
-from ._producer_options import ProducerOptions
-from ._reservation import Reservation, ShardState
-from ._staged import Staged, discard
-from ._types import FillContext
-from ._writer import ProduceTask, WriterPool, run_task
+from .directory import CacheDir
+from .producer_options import ProducerOptions
+from .reservation import Reservation, ShardState
+from .shared import FillContext
+from .staged import Staged, discard
+from .writer import ProduceTask, WriterPool, run_task
 
 __all__ = ["Producer", "shard_name"]
 

@@ -51,7 +51,16 @@ class DirLock:
         self._fd = -1
         _LOCKS.add(self)
 
-    def _forget_after_fork(self) -> None:
+    def before_fork(self) -> None:
+        """Wait for the current holder to leave, and hold the lock across the fork."""
+        self._thread_lock.acquire()
+
+    def after_fork_in_parent(self) -> None:
+        """Let this process's threads in again."""
+        self._thread_lock.release()
+
+    def after_fork_in_child(self) -> None:
+        """Start afresh: the parent's holder does not exist in the child."""
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)  # the child's copy; the parent's stays locked
@@ -88,19 +97,19 @@ def _before_fork() -> None:
     # No thread may be between opening the lock file and recording the descriptor
     # (or blocked in flock on it) while the process is copied.
     for lock in list(_LOCKS):
-        lock._thread_lock.acquire()
+        lock.before_fork()
         _HELD_FOR_FORK.append(lock)
 
 
 def _after_fork_in_parent() -> None:
     while _HELD_FOR_FORK:
-        _HELD_FOR_FORK.pop()._thread_lock.release()
+        _HELD_FOR_FORK.pop().after_fork_in_parent()
 
 
 def _after_fork_in_child() -> None:
     _HELD_FOR_FORK.clear()
     for lock in list(_LOCKS):
-        lock._forget_after_fork()
+        lock.after_fork_in_child()
 
 
 if hasattr(os, "register_at_fork"):

@@ -9,8 +9,8 @@ from types import TracebackType
 from typing import Any
 
 from ..format.manifest import Manifest, ShardInfo
-from ._dir import CacheDir
-from ._locks import HeldFile
+from .directory import CacheDir
+from .locks import HeldFile
 
 __all__ = ["Snapshot"]
 

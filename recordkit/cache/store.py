@@ -8,25 +8,25 @@ by construction (a commit is a frame append with a checksum; a torn frame is
 ignored on recovery), it is in the standard library, and it has been read by
 more eyes than a journal-plus-compaction we would write ourselves. Its one
 weakness here, sharing between processes, is moot: every access happens under
-the cache directory's ``flock`` (:class:`~recordkit.cache._locks.DirLock`), so
+the cache directory's ``flock`` (:class:`~recordkit.cache.locks.DirLock`), so
 sqlite never waits on its own locks and a checkpoint always completes.
 
 Durability: ``synchronous=NORMAL``. A commit survives the death of the process
 (SIGKILL included: the frames are in the kernel's page cache); a power cut may
 lose the last commits but never corrupts the database, and the files those
 commits described are found again by the rescan at the next start
-(:meth:`CacheDir.rescan <recordkit.cache._dir.CacheDir.rescan>`).
+(:meth:`CacheDir.rescan <recordkit.cache.directory.CacheDir.rescan>`).
 
 Size: the WAL is checkpointed and truncated whenever a commit leaves it past
 :data:`WAL_LIMIT`, so it never holds more than that plus one transaction (which
 rewrites at most every page of the database); the budget counts the WAL at
-that bound (``_dir.CacheDir.bookkeeping``).
+that bound (``directory.CacheDir.bookkeeping``).
 
 A database that cannot be read — not sqlite at all, corrupt, or of another
 layout — is set aside with a log line and rebuilt empty; the rescan then
 re-adopts every complete shard in the directory (only their LRU history is lost).
 
-Only :class:`~recordkit.cache._dir.CacheDir` uses this module, always under the
+Only :class:`~recordkit.cache.directory.CacheDir` uses this module, always under the
 directory lock.
 """
 
@@ -41,9 +41,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import RecordkitError
+from ..errors import CacheFullError, RecordkitError
 from ..format.manifest import normalize_shard_path
-from ._errors import CacheFullError
 
 log = logging.getLogger(__name__)
 

@@ -32,12 +32,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import AccessDeniedError, ManifestError, ShardNotFoundError
+from ..errors import AccessDeniedError, DownloadError, ManifestError, ShardNotFoundError
 from ..format.index import INDEX_SUFFIX
 from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo
 from ..retry import DEFAULT_POLICY, RetryPolicy, classify, describe
 from ..storage import Location, is_remote, is_temp_name, strip_file_scheme
-from ._errors import DownloadError
 
 __all__ = ["Remote", "RetryOptions", "is_shard_name"]
 

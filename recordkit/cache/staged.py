@@ -1,7 +1,7 @@
 """Staged shards: the temp names a reservation's files live under until published.
 
-Shared by the download filler (``_fill``), the writer processes (``_writer``)
-and the directory's bookkeeping (``_dir``), which removes what a dead process
+Shared by the download filler (``fetch``), the writer processes (``writer``)
+and the directory's bookkeeping (``directory``), which removes what a dead process
 staged; it imports nothing of the cache, so a writer process stays light.
 """
 

@@ -10,32 +10,29 @@ let go (unpinned, marked consumed, so evicted first) when the reader says it is
 done with them; the window then moves on. Room for a download is made by
 evicting unpinned shards, consumed ones first.
 
-Readers ask through a *gate* (``ShardSet.gate``): :class:`StreamGate` in the
+Readers ask through a *gate* (``ShardSet.gate``): a ``StreamGate`` in the
 process that runs the stream; in other processes (DataLoader workers, the
-loader process), the :class:`DirGate` a ``StreamGate`` pickles into, which polls
-the cache directory for the shard to be complete and pinned.
+loader process), the ``DirGate`` a ``StreamGate`` pickles into, which polls
+the cache directory for the shard to be complete and pinned (both in ``gates``).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from ..errors import CacheFullError
 from ..format.manifest import ShardInfo
-from ._dir import BOOKKEEPING_SLACK, CacheDir
-from ._errors import CacheFullError
-from ._fill import index_bound
-from ._locks import HeldFile
-from ._reservation import Filler, Reservation
-from ._types import CacheEvents
+from .directory import BOOKKEEPING_SLACK, CacheDir
+from .fetch import index_bound
+from .locks import HeldFile
 
-__all__ = ["DirGate", "Stream", "StreamGate", "StreamStats", "fetch_one", "footprint"]
+__all__ = ["POLL_S", "Stream", "StreamHost", "StreamStats", "footprint", "plan_capacity"]
 
 log = logging.getLogger(__name__)
 
@@ -46,83 +43,48 @@ _RETRY_S = 1.0
 # How often blocked or waiting threads look again for changes made by other
 # processes (an eviction, a released pin, a publish); this process's changes wake
 # them at once.
-_POLL_S = 0.25
+POLL_S = 0.25
 # Bytes kept free per shard of the order for the claim file and the state rows
 # that the pass adds (the budget counts the bookkeeping).
 _PER_SHARD_BOOKKEEPING = 512
 _STATS_LOCK = threading.Lock()
 
 
-class _Cache(Protocol):
-    """What a stream uses of its :class:`~recordkit.cache.ShardCache`."""
+class StreamHost(Protocol):
+    """What a stream uses of its cache (``ShardCache``'s streams, ``reading.Streams``).
+
+    Attributes:
+        dir: the cache directory.
+    """
 
     dir: CacheDir
-    max_bytes: int
-
-    def info(self, rel: str) -> ShardInfo: ...
-
-    def _fetch_for_stream(self, info: ShardInfo) -> str: ...
 
     @property
-    def _retriable(self) -> tuple[type[BaseException], ...]: ...
+    def max_bytes(self) -> int:
+        """The cache's budget."""
 
-    def _stream_ended(self, stream: Stream) -> None: ...
+    @property
+    def retriable(self) -> tuple[type[BaseException], ...]:
+        """The errors of :meth:`fetch` that a later try may not meet."""
 
-    def _notify(self) -> None: ...
+    def info(self, rel: str) -> ShardInfo:
+        """The catalog's entry for ``rel`` (a shard asked for outside the order)."""
 
+    def fetch(self, info: ShardInfo) -> str:
+        """Fetch one shard in this thread: ``"fetched"``, ``"present"`` (here already),
+        ``"elsewhere"`` (another process fetches it) or ``"blocked"`` (no room: pinned
+        shards fill the budget). Room is made by evicting any unpinned shard, consumed
+        ones first.
 
-def fetch_one(
-    directory: CacheDir,
-    filler: Filler,
-    info: ShardInfo,
-    *,
-    max_bytes: int,
-    policy: str,
-    events: CacheEvents,
-) -> str:
-    """Fetch one shard a stream needs, in this thread (``ShardCache._fetch_for_stream``).
+        Raises:
+            CacheFullError: the shard is larger than the budget, or the disk is full.
+        """
 
-    Returns ``"fetched"``, ``"present"`` (it is here already), ``"elsewhere"``
-    (another process is fetching it) or ``"blocked"`` (no room: pinned shards
-    fill the budget). Room is made by evicting any unpinned shard, consumed ones
-    first.
+    def ended(self, stream: Stream) -> None:
+        """The stream closed (the cache's own fill workers may fetch again)."""
 
-    Raises:
-        CacheFullError: the shard is larger than the budget, or the disk is full.
-        DownloadError: the download failed after its retries.
-    """
-    with directory.lock():
-        scan = directory.scan()
-        if info.path in scan.complete:
-            return "present"
-        if info.path in scan.leased:
-            return "elsewhere"
-        capacity = max(0, max_bytes - directory.fixed_bytes(scan))
-        lease = directory.reserve(
-            info.path,
-            filler.need(info, directory.store, capacity),
-            max_bytes=max_bytes,
-            policy=policy,
-            displace=False,
-            on_evict=events.evicted,
-        )
-        if lease is None:
-            return "blocked"
-    room = Reservation(
-        directory,
-        lease,
-        info.path,
-        max_bytes=max_bytes,
-        capacity=capacity,
-        policy=policy,
-        events=events,
-        abandoning=lambda: False,
-    )
-    try:
-        filler.fill(info, room)
-    finally:
-        room.release()
-    return "fetched"
+    def room_freed(self) -> None:
+        """The stream let shards go: the cache's fill workers may look again."""
 
 
 def footprint(info: ShardInfo) -> int:
@@ -169,7 +131,7 @@ class Stream:
     Made by :meth:`ShardCache.stream`; see the module docs.
 
     Args:
-        cache: the cache.
+        cache: what the stream uses of its cache.
         order: the shards, in the order the reader first needs them (each once).
         epoch: the epoch (for the eviction policy's "consumed this epoch").
         workers: concurrent downloads.
@@ -186,7 +148,7 @@ class Stream:
 
     def __init__(
         self,
-        cache: _Cache,
+        cache: StreamHost,
         order: Sequence[ShardInfo],
         *,
         epoch: int | None,
@@ -282,7 +244,7 @@ class Stream:
                 left = None if self.timeout is None else self.timeout - (time.monotonic() - t0)
                 if left is not None and left <= 0:
                     raise TimeoutError(self._stuck(rel))
-                self._cv.wait(_POLL_S if left is None else min(_POLL_S, left))
+                self._cv.wait(POLL_S if left is None else min(POLL_S, left))
             waited = time.monotonic() - t0
         self.stats.add(wait_seconds=waited, waits=1)
         return waited
@@ -319,7 +281,7 @@ class Stream:
                 t.join(60.0)
                 if t.is_alive():
                     log.warning("stream thread %s did not stop within 60 s", t.name)
-        self.cache._stream_ended(self)
+        self.cache.ended(self)
         consumed = [r for r in self._releases if r in self._present]
         if consumed:
             self.dir.touch(consumed, epoch=self.epoch, consumed=True)
@@ -337,7 +299,7 @@ class Stream:
             while True:
                 with self._cv:
                     while not self._dirty and not self._closed:
-                        self._cv.wait(_POLL_S if self._elsewhere else None)
+                        self._cv.wait(POLL_S if self._elsewhere else None)
                         if self._elsewhere:
                             break
                     if self._closed:
@@ -414,7 +376,7 @@ class Stream:
         if cached:
             self.stats.add(cached=cached)
         if releases:
-            self.cache._notify()  # room for the cache's own fill workers too
+            self.cache.room_freed()  # room for the cache's own fill workers too
 
     # -- fetching ------------------------------------------------------------------------------
 
@@ -428,20 +390,20 @@ class Stream:
             while not self._closed:
                 now = time.monotonic()
                 if self._fetching and not self._present and not self._arrived_once:
-                    self._cv.wait(_POLL_S)
+                    self._cv.wait(POLL_S)
                     continue
                 for k, rel in enumerate(self._queue):
                     if self._retry_at.get(rel, 0.0) <= now:
                         del self._queue[k]
                         self._fetching.add(rel)
                         return rel
-                self._cv.wait(_POLL_S if self._queue else None)
+                self._cv.wait(POLL_S if self._queue else None)
             return None
 
     def _fetch(self) -> None:
         while (rel := self._take()) is not None:
             try:
-                outcome = self.cache._fetch_for_stream(self._info[rel])
+                outcome = self.cache.fetch(self._info[rel])
             except CacheFullError as exc:
                 with self._cv:
                     self._fetching.discard(rel)
@@ -449,7 +411,7 @@ class Stream:
                     self._closed = True
                     self._cv.notify_all()
                 return
-            except self.cache._retriable as exc:
+            except self.cache.retriable as exc:
                 self._failure(rel, exc)
                 continue
             except BaseException as exc:  # handed to the waiting readers
@@ -469,7 +431,7 @@ class Stream:
                     self._cv.notify_all()
                 else:  # "blocked": no room yet (others' pins); try again soon
                     self._queue.appendleft(rel)
-                    self._retry_at[rel] = time.monotonic() + _POLL_S
+                    self._retry_at[rel] = time.monotonic() + POLL_S
             if outcome == "fetched":
                 self.stats.add(fetched=1, fetched_bytes=self._info[rel].bytes)
 
@@ -493,95 +455,6 @@ class Stream:
             f"Stream({self.dir.root!r}, epoch={self.epoch}, {self._next}/{len(self._order)} "
             f"shards admitted, window {self._window_bytes:,}/{self.capacity:,} bytes)"
         )
-
-
-class StreamGate:
-    """The gate of the process that runs a :class:`Stream` (``ShardSet.gate``).
-
-    Pickles into a ``DirGate`` for other processes; in a forked child
-    (DataLoader workers), where the stream's threads do not run, it acts as one.
-    """
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-        self.limit = stream.task_limit
-        self._pid = os.getpid()
-        self._forked: DirGate | None = None
-
-    def _other(self) -> DirGate | None:
-        if os.getpid() == self._pid:
-            return None
-        if self._forked is None or self._forked._pid != os.getpid():
-            self._forked = DirGate(self.stream.dir.root, self.stream.timeout, self.limit)
-        return self._forked
-
-    def ready(self, rel: str) -> bool:
-        """Whether shard ``rel`` is complete in the cache and pinned for this pass."""
-        other = self._other()
-        return self.stream.ready(rel) if other is None else other.ready(rel)
-
-    def wait(self, rel: str) -> float:
-        """Block until ``rel`` is ready; returns the seconds waited (see :meth:`Stream.wait`)."""
-        other = self._other()
-        return self.stream.wait(rel) if other is None else other.wait(rel)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (DirGate, (self.stream.dir.root, self.stream.timeout, self.limit))
-
-
-class DirGate:
-    """A gate for processes that read a cache some other process streams into.
-
-    A shard is ready once it is complete in the cache directory and some live
-    reader pins it (the stream pins its window), so it cannot be evicted while
-    it is opened here.
-
-    Args:
-        root: the cache directory.
-        timeout: seconds :meth:`wait` waits for one shard.
-        limit: the most shard bytes one reader task may touch (0: no limit).
-    """
-
-    def __init__(self, root: str, timeout: float | None, limit: int = 0) -> None:
-        self.root = root
-        self.timeout = timeout
-        self.limit = limit
-        self._pid = os.getpid()
-        self._ready: set[str] = set()
-        self._dir: CacheDir | None = None
-        self._checked = 0.0
-
-    def _check(self) -> None:
-        if self._dir is None:
-            self._dir = CacheDir(self.root)
-        self._ready |= self._dir.readable()
-        self._checked = time.monotonic()
-
-    def ready(self, rel: str) -> bool:
-        if rel not in self._ready and time.monotonic() - self._checked > 0.02:
-            self._check()
-        return rel in self._ready
-
-    def wait(self, rel: str) -> float:
-        t0 = time.monotonic()
-        delay = 0.005
-        while True:
-            self._check()
-            if rel in self._ready:
-                return time.monotonic() - t0
-            if self.timeout is not None and time.monotonic() - t0 > self.timeout:
-                raise TimeoutError(
-                    f"cache {self.root}: shard {rel} was not complete and pinned within "
-                    f"{self.timeout} s (the process that streams into the cache is slow or gone)"
-                )
-            time.sleep(delay)
-            delay = min(_POLL_S, delay * 2)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"root": self.root, "timeout": self.timeout, "limit": self.limit}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"], state["timeout"], state["limit"])  # type: ignore[misc]
 
 
 def plan_capacity(max_bytes: int, shards: int) -> int:

@@ -1,6 +1,6 @@
 """A reservation: room in the cache's budget for filling one entry.
 
-What a filler (``_fill.Fetcher``, ``_produce.Producer``) gets instead of the
+What a filler (``fetch.Fetcher``, ``produce.Producer``) gets instead of the
 cache: it stages into :attr:`Reservation.staged`, runs its writes through
 :meth:`Reservation.stage` (a full disk evicts and retries once), may
 :meth:`~Reservation.grow` the room, and ends with :meth:`~Reservation.publish`
@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from ..errors import RecordkitError
+from ..errors import CacheFullError, RecordkitError
 from ..format.manifest import Manifest, ShardInfo
-from ._dir import CacheDir
-from ._errors import CacheFullError
-from ._locks import HeldFile
-from ._staged import Staged, discard, is_disk_full, staged_names
-from ._types import CacheEvents
+from .directory import CacheDir
+from .locks import HeldFile
+from .scan import Scan
+from .shared import Budget, CacheEvents
+from .staged import Staged, discard, is_disk_full, staged_names
 
-__all__ = ["Filler", "Reservation", "ShardState"]
+__all__ = ["Filler", "Reservation", "ShardState", "reserve_room"]
 
 _T = TypeVar("_T")
 
@@ -32,11 +32,10 @@ class Reservation:
         directory: the cache directory.
         lease: the reservation's claim (its file holds the id, shard and bytes).
         rel: the entry, relative to the cache root.
-        max_bytes: the cache's budget.
+        budget: the cache's budget, eviction policy, and events (where publishes,
+            evictions and downloaded bytes are reported: :attr:`events`).
         capacity: the most one entry may take: the budget less the bookkeeping
             (and files that are not the cache's), when the room was reserved.
-        policy: the eviction policy.
-        events: where publishes, evictions and downloaded bytes are reported.
         abandoning: True once the cache is stopping and this fill may be given up.
     """
 
@@ -45,21 +44,22 @@ class Reservation:
         directory: CacheDir,
         lease: HeldFile,
         rel: str,
+        budget: Budget,
         *,
-        max_bytes: int,
         capacity: int,
-        policy: str,
-        events: CacheEvents,
         abandoning: Callable[[], bool],
     ) -> None:
         self._dir = directory
         self._lease = lease
         self.rel = rel
-        self._max_bytes = max_bytes
+        self._budget = budget
         self.capacity = capacity
-        self._policy = policy
-        self.events = events
         self.abandoning = abandoning
+
+    @property
+    def events(self) -> CacheEvents:
+        """Where publishes, evictions and downloaded bytes are reported."""
+        return self._budget.events
 
     @property
     def id(self) -> str:
@@ -92,8 +92,8 @@ class Reservation:
                     raise
                 freed = attempt == 1 and self._dir.make_room(
                     self.bytes,
-                    max_bytes=self._max_bytes,
-                    policy=self._policy,
+                    max_bytes=self._budget.max_bytes,
+                    policy=self._budget.policy,
                     on_evict=self.events.evicted,
                 )
                 if not freed:
@@ -110,8 +110,8 @@ class Reservation:
         return self._dir.grow(
             self._lease,
             nbytes,
-            max_bytes=self._max_bytes,
-            policy=self._policy,
+            max_bytes=self._budget.max_bytes,
+            policy=self._budget.policy,
             on_evict=self.events.evicted,
         )
 
@@ -142,7 +142,7 @@ class Reservation:
 
 
 class ShardState(Protocol):
-    """What a filler may read of the cache's per-shard state (``_store.Store``)."""
+    """What a filler may read of the cache's per-shard state (``store.Store``)."""
 
     def meta(self, rel: str) -> dict[str, Any]:
         """What is known of one shard: its history and what its publish recorded."""
@@ -180,3 +180,36 @@ class Filler(Protocol):
 
     def close(self) -> None:
         """Release what filling holds (writer processes)."""
+
+
+def reserve_room(
+    directory: CacheDir,
+    filler: Filler,
+    info: ShardInfo,
+    scan: Scan,
+    budget: Budget,
+    *,
+    displace: bool,
+    abandoning: Callable[[], bool],
+) -> Reservation | None:
+    """Reserve the room ``filler`` needs to fill ``info`` (under the directory lock,
+    ``scan`` taken under it), evicting as ``budget``'s policy allows; ``None`` when
+    no room can be made now. ``displace``: see :meth:`CacheDir.victims`.
+
+    Raises:
+        CacheFullError: the entry cannot fit in the whole budget.
+    """
+    capacity = max(0, budget.max_bytes - directory.fixed_bytes(scan))
+    lease = directory.reserve(
+        info.path,
+        filler.need(info, directory.store, capacity),
+        max_bytes=budget.max_bytes,
+        policy=budget.policy,
+        displace=displace,
+        on_evict=budget.events.evicted,
+    )
+    if lease is None:
+        return None
+    return Reservation(
+        directory, lease, info.path, budget, capacity=capacity, abandoning=abandoning
+    )

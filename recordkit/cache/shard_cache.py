@@ -1,24 +1,25 @@
 """``ShardCache``: background workers fill a budgeted local directory from a remote.
 
-The cache itself owns what both modes share: the budget, reservations,
-eviction, pins, the fill order, the worker threads and snapshots. What differs
-between shard mode and producer mode is a *filler* (``_reservation.Filler``):
-what the catalog's entries are, how much room filling one needs up front, and
-how it is staged and published (``_fill.Fetcher`` downloads,
-``_produce.Producer`` runs a conversion in a writer subprocess). A filler gets
-the pieces it uses, never the cache: a :class:`~._types.FillContext` of
-settings, the :class:`~._dir.CacheDir` for its catalog, and per entry a
-:class:`~._reservation.Reservation` (stage with disk room, grow, publish).
+The cache is a face over parts, each given the pieces it uses, never the cache:
+
+- :class:`~.directory.CacheDir`, the directory: budget, reservations, eviction, pins;
+- a *filler* (``reservation.Filler``): what the catalog's entries are, how much
+  room filling one needs up front, and how it is staged and published
+  (``fetch.Fetcher`` downloads, ``produce.Producer`` runs a conversion in a
+  writer subprocess); per entry it gets a :class:`~.reservation.Reservation`;
+- :class:`~.catalog.Catalog`, the entries and their fill order;
+- :class:`~.workers.FillWorkers`, the fill threads and their retry state;
+- :class:`~.reading.Snapshots` and :class:`~.reading.Streams`, the reader side
+  (a :class:`~.stream.Stream` is handed its ``Streams``, a small public interface);
+- a :class:`~.shared.Budget` (budget, policy, events) and a
+  :class:`~.shared.Wakeup` (the threads' in-process signal), shared by the parts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
-import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -26,17 +27,18 @@ from .._keywords import accepts_options
 from .._units import parse_size
 from ..errors import ShardNotFoundError
 from ..format.manifest import Manifest, ShardInfo
-from ..retry import DEFAULT_POLICY
 from ..storage import is_remote
-from ._dir import POLICIES, CacheDir
-from ._errors import CacheFullError
-from ._fill import Fetcher
-from ._producer_options import ProducerOptions, producer_options
-from ._reading import POLL_S, Reading
-from ._remote import Remote, RetryOptions
-from ._reservation import Filler, Reservation
-from ._stream import Stream, StreamStats
-from ._types import CacheEvents, CacheStatus, FillContext, NoEvents
+from .catalog import Catalog
+from .directory import POLICIES, CacheDir
+from .fetch import Fetcher
+from .producer_options import ProducerOptions, producer_options
+from .reading import Snapshots, Streams
+from .remote import Remote, RetryOptions
+from .reservation import Filler
+from .shared import Budget, CacheEvents, CacheStatus, FillContext, NoEvents, Wakeup
+from .snapshot import Snapshot
+from .stream import Stream, StreamStats
+from .workers import FillWorkers
 
 if TYPE_CHECKING:
     from ..codec.schema import Schema
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 Policy = Literal["consumed-lru", "lru"]
 
 
-class ShardCache(Reading):
+class ShardCache:
     """A local, size-limited copy of a remote dataset's shards, filled in the background.
 
     ``start()`` launches ``fill_workers`` threads that download the shards this
@@ -115,19 +117,7 @@ class ShardCache(Reading):
             (the source bytes one partition, so one shard, covers: keep it a
             small fraction of ``max_bytes``; ``"zstd"`` compresses tensor
             features); not beside ``convert_options=``.
-
-    Attributes:
-        errors: every failed download or production so far (each was retried).
-        failed: shards whose last download failed and that are still missing,
-            with that error (what :meth:`fill` gave up on).
-        budget_full: whether the last :meth:`fill` stopped because the budget
-            was full of shards it may not displace.
     """
-
-    # Documented here: the reader-facing methods are defined in the base, by subject.
-    snapshot = Reading.snapshot
-    stream = Reading.stream
-    status = Reading.status
 
     @accepts_options
     def __init__(
@@ -162,8 +152,8 @@ class ShardCache(Reading):
             convert_options=convert_options,
             inactivity_timeout=inactivity_timeout,
         )
-        self.max_bytes = parse_size(max_bytes)
-        if self.max_bytes <= 0:
+        budget = parse_size(max_bytes)
+        if budget <= 0:
             raise ValueError(f"max_bytes must be positive, got {max_bytes!r}")
         if fill_workers < 0:
             raise ValueError(f"fill_workers must be >= 0, got {fill_workers}")
@@ -175,9 +165,8 @@ class ShardCache(Reading):
         self.dir = CacheDir(local_dir)
         self.root = self.dir.root
         self.fill_workers = fill_workers
-        self.policy: Policy = policy
         self.seed = seed
-        self.events: CacheEvents = events or NoEvents()
+        self._budget = Budget(budget, policy, events or NoEvents())
         self._storage_options = storage_options
         self._retry = retry
         saved: dict[str, Any] | None = None
@@ -194,44 +183,72 @@ class ShardCache(Reading):
             url = os.fspath(remote)
             self.remote_url = url if is_remote(url) else os.path.abspath(url)
         self._remote: Remote | None = None
-        self._infos: list[ShardInfo] | None = None
-        self._tiebreak: dict[str, int] = {}
-        self._by_path: dict[str, ShardInfo] = {}
-        self._order: list[ShardInfo] = []  # the catalog by seeded hash
-        self._cursor = 0  # every entry before it has been fetched at least once
-        self._filler: Filler
         context = FillContext(
             remote_url=self.remote_url,
             storage_options=storage_options,
-            max_bytes=self.max_bytes,
+            max_bytes=budget,
             fill_workers=fill_workers,
             chunk_bytes=self.chunk_bytes,
         )
+        self._filler: Filler
         if producer is not None or (saved is not None and saved.get("mode") == "producer"):
-            from ._produce import Producer  # the conversion machinery, only when needed
+            from .produce import Producer  # the conversion machinery, only when needed
 
             self._filler = Producer(context, self.dir, producer=producer, saved=saved)
         else:
             self._filler = Fetcher(context, self.dir, lambda: self.remote)
-        self._threads: list[threading.Thread] = []
-        self._fill_idents: set[int] = set()  # threads whose work stop() abandons
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._failure: BaseException | None = None
-        self._cooldown: dict[str, float] = {}
-        self._failures: dict[str, int] = {}
-        self._cv = threading.Condition()
-        self._gen = 0  # bumped by every in-process change that may unblock the workers
-        self._last: dict[int, tuple[str, int]] = {}  # worker -> (last outcome, _gen then)
-        self._state_lock = threading.Lock()
-        self.errors: list[BaseException] = []
-        # the last failure of each shard that failed, until it is fetched
-        self.failed: dict[str, BaseException] = {}
-        self.budget_full = False  # whether the last fill() stopped on a full budget
-        self._give_up: int | None = None  # fill(): failed downloads after which a shard waits
-        self._streams: set[Stream] = set()  # whole-epoch readers' streams (they fetch first)
-        #: what whole-epoch readers' streams did, over all passes (see :meth:`stream`)
-        self.stream_stats = StreamStats()
+        # the parts, each with the pieces it uses
+        self._catalog = Catalog(self._filler.catalog, seed=seed, remote_url=self.remote_url)
+        wakeup = Wakeup()
+        parts = (self.dir, self._filler, self._catalog, self._budget, wakeup)
+        self._streams = Streams(*parts)
+        self._workers = FillWorkers(
+            *parts, retry=retry, workers=fill_workers, streaming=self._streams.running
+        )
+        self._snapshots = Snapshots(*parts, self._workers)
+
+    # -- settings and results ------------------------------------------------------------------
+
+    @property
+    def max_bytes(self) -> int:
+        """The disk budget in bytes."""
+        return self._budget.max_bytes
+
+    @property
+    def policy(self) -> Policy:
+        """The eviction policy (see the class doc)."""
+        return self._budget.policy  # type: ignore[return-value]
+
+    @property
+    def events(self) -> CacheEvents:
+        """Where progress is reported (may be replaced while the cache is open)."""
+        return self._budget.events
+
+    @events.setter
+    def events(self, events: CacheEvents) -> None:
+        self._budget.events = events
+
+    @property
+    def errors(self) -> list[BaseException]:
+        """Every failed download or production so far (each was retried)."""
+        return self._workers.errors
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        """Shards whose last download failed and that are still missing, with that error
+        (what :meth:`fill` gave up on)."""
+        return self._workers.failed
+
+    @property
+    def budget_full(self) -> bool:
+        """Whether the last :meth:`fill` stopped because the budget was full of shards
+        it may not displace."""
+        return self._workers.budget_full
+
+    @property
+    def stream_stats(self) -> StreamStats:
+        """What whole-epoch readers' streams did, over all passes (see :meth:`stream`)."""
+        return self._streams.stats
 
     # -- the remote's catalog ------------------------------------------------------------------
 
@@ -251,18 +268,7 @@ class ShardCache(Reading):
         """What the cache may hold, listed once: the remote's shards, or in producer
         mode one entry per partition (``bytes`` is then the partition's source size).
         A cache whose remote is unreachable uses the copy saved in the directory."""
-        if self._infos is None:
-            infos = self._filler.catalog()
-            self._tiebreak = {i.path: zlib.crc32(f"{self.seed}:{i.path}".encode()) for i in infos}
-            self._by_path = {i.path: i for i in infos}
-            self._order = sorted(infos, key=lambda i: (self._tiebreak[i.path], i.path))
-            self._cursor = 0
-            self._infos = infos
-        return self._infos
-
-    def _known(self) -> dict[str, ShardInfo]:
-        self.catalog()
-        return self._by_path
+        return self._catalog.entries()
 
     def info(self, rel: str) -> ShardInfo:
         """The catalog's entry for shard ``rel``.
@@ -270,10 +276,7 @@ class ShardCache(Reading):
         Raises:
             ShardNotFoundError: the remote does not list it.
         """
-        info = self._known().get(rel)
-        if info is None:
-            raise ShardNotFoundError(f"not in the remote {self.remote_url}: {rel}")
-        return info
+        return self._catalog.info(rel)
 
     @property
     def manifest(self) -> Manifest | None:
@@ -284,68 +287,18 @@ class ShardCache(Reading):
             return None
         return self._filler.snapshot_manifest([])  # shard mode: the remote's
 
-    def _next(self, present: Mapping[str, Any], leased: set[str]) -> ShardInfo | None:
-        """The next shard to fetch: fetched least often first, then by seeded hash.
-
-        While some shard was never fetched, the answer comes from a cursor over the
-        hash order that only moves forward past shards already fetched, so the
-        first pass over a catalog costs O(1) per decision, not O(shards); after it,
-        one pass over the catalog picks among the shards fetched before.
-        """
-        now = time.monotonic()
-        cooldown = self._cooldown
-        seen = self.dir.store.seen(absent=True)  # evicted shards: how often fetched
-        order = self._order
-
-        def fetched(info: ShardInfo) -> bool:
-            return info.path in present or info.path in seen
-
-        give_up, failures = self._give_up, self._failures
-
-        def free(info: ShardInfo) -> bool:
-            return (
-                info.path not in leased
-                and cooldown.get(info.path, 0) <= now
-                and (give_up is None or failures.get(info.path, 0) < give_up)
-            )
-
-        while self._cursor < len(order) and fetched(order[self._cursor]):
-            self._cursor += 1
-        for k in range(self._cursor, len(order)):
-            info = order[k]
-            if not fetched(info) and free(info):
-                return info
-        again = [i for i in order if i.path not in present and free(i)]
-        if not again:
-            return None
-        return min(again, key=lambda i: (seen.get(i.path, 0), self._tiebreak[i.path]))
-
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> ShardCache:
         """Rescan and clean the directory, then start the fill workers. Returns ``self``."""
         self.gc()
-        self._stop.clear()
-        self._failure = None
-        self._last.clear()
-        for i in range(self.fill_workers if self._threads == [] else 0):
-            t = threading.Thread(target=self._worker, name=f"recordkit-cache-fill-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._workers.start()
         return self
 
     def stop(self, timeout: float | None = 60.0) -> None:
         """Stop the fill workers (downloads in progress are abandoned and cleaned up;
         in producer mode the writer processes are stopped too)."""
-        self._stop.set()
-        self._wake.set()
-        for t in self._threads:
-            t.join(timeout)
-            if t.is_alive():
-                log.warning("fill worker %s did not stop within %s s", t.name, timeout)
-        self._threads = [t for t in self._threads if t.is_alive()]
-        if not self._threads:
-            self._filler.close()
+        self._workers.stop(timeout)
 
     def __enter__(self) -> ShardCache:
         return self.start()
@@ -361,12 +314,12 @@ class ShardCache(Reading):
     @property
     def failure(self) -> BaseException | None:
         """The error that stopped the fill workers (a full disk, a shard over budget)."""
-        return self._failure
+        return self._workers.failure
 
     def gc(self) -> list[str]:
         """Remove orphans left by dead processes and shards the remote no longer has
         (in producer mode: shards of another conversion plan)."""
-        known = self._known()
+        known = self._catalog.known()
         meta = self.dir.store.metas()
 
         def keep(rel: str, size: int) -> bool:
@@ -391,67 +344,11 @@ class ShardCache(Reading):
 
     # -- filling ---------------------------------------------------------------------------------
 
-    def _notify(self) -> None:
-        """Something in this process freed room (a release, a consumption): look again."""
-        with self._cv:
-            self._gen += 1
-        self._wake.set()
-
     def wait_settled(self, timeout: float | None = None) -> bool:
         """Wait until the fill workers have nothing they may do (all shards present, or
         the budget full of shards they may not displace), counting only from changes
         made in this process before the call. Returns False on timeout."""
-        target = self._gen
-        n = len(self._threads)
-
-        def settled() -> bool:
-            last = list(self._last.values())
-            return self._failure is not None or (
-                len(last) >= n and all(o != "worked" and g >= target for o, g in last)
-            )
-
-        with self._cv:
-            return self._cv.wait_for(settled, timeout)
-
-    def _abandoning(self) -> bool:
-        """True in a fill worker once the cache is stopping (its work in progress may go)."""
-        return self._stop.is_set() and threading.get_ident() in self._fill_idents
-
-    def _worker(self) -> None:
-        me = threading.get_ident()
-        self._fill_idents.add(me)
-        try:
-            self._work()
-        finally:
-            self._fill_idents.discard(me)
-
-    def _work(self) -> None:
-        delay = 0.01
-        me = threading.get_ident()
-        while not self._stop.is_set():
-            gen = self._gen
-            try:
-                outcome = self.fill_one()
-            except CacheFullError as exc:
-                log.error("cache fill stopped: %s", exc)
-                self._failure = exc
-                self._stop.set()
-                with self._cv:
-                    self._cv.notify_all()
-                return
-            except Exception as exc:  # a remote that is down for good: keep trying, slowly
-                log.error("cache fill error: %r", exc)
-                self.errors.append(exc)
-                outcome = "blocked"
-            with self._cv:
-                self._last[me] = (outcome, gen)
-                self._cv.notify_all()
-            if outcome == "worked":
-                delay = 0.01
-                continue
-            self._wake.wait(min(delay, POLL_S))
-            self._wake.clear()
-            delay = min(POLL_S, delay * 2)
+        return self._workers.wait_settled(timeout)
 
     def fill_one(self, only: str | None = None) -> Literal["worked", "blocked", "idle"]:
         """Download one shard now, in this thread.
@@ -468,57 +365,7 @@ class ShardCache(Reading):
             CacheFullError: the shard exceeds the budget, or the disk is full
                 even after eviction.
         """
-        known = self._known()
-        if only is None and self._streams:
-            return "idle"  # whole-epoch readers decide what comes next
-        with self.dir.lock():
-            scan = self.dir.scan()
-            leased, present = scan.leased, scan.complete
-            if only is not None:
-                wanted = known.get(only)
-                ok = wanted is not None and only not in present and only not in leased
-                info = wanted if ok else None
-            else:
-                info = self._next(present, leased)
-            if info is None:
-                return "idle"
-            capacity = max(0, self.max_bytes - self.dir.fixed_bytes(scan))
-            lease = self.dir.reserve(
-                info.path,
-                self._filler.need(info, self.dir.store, capacity),
-                max_bytes=self.max_bytes,
-                policy=self.policy,
-                # a shard a reader asks for (a resume) may displace any unpinned one
-                displace=only is None,
-                on_evict=self.events.evicted,
-            )
-            if lease is None:
-                return "blocked"
-        room = Reservation(
-            self.dir,
-            lease,
-            info.path,
-            max_bytes=self.max_bytes,
-            capacity=capacity,
-            policy=self.policy,
-            events=self.events,
-            abandoning=self._abandoning,
-        )
-        try:
-            self._filler.fill(info, room)
-        except self._filler.retriable as exc:
-            # Retried later, less and less often: the remote may recover, a corrupt
-            # object may be rewritten. Meanwhile the other shards go ahead.
-            fails = self._failures[info.path] = self._failures.get(info.path, 0) + 1
-            wait = (self._retry or DEFAULT_POLICY).cooldown_after(fails)
-            self._cooldown[info.path] = time.monotonic() + wait
-            self.errors.append(exc)
-            self.failed[info.path] = exc
-            verb = "fetch" if self._filler.mode == "shards" else "produce"
-            log.error("could not %s %s (retrying in %.0f s): %s", verb, info.path, wait, exc)
-        finally:
-            room.release()
-        return "worked"
+        return self._workers.fill_one(only)
 
     def fill(self) -> int:
         """Fill in this thread (with ``fill_workers`` threads) until nothing is left to do.
@@ -534,60 +381,97 @@ class ShardCache(Reading):
             CacheFullError: as :meth:`fill_one`.
         """
         self.gc()
-        failures: list[BaseException] = []
-        outcomes: list[str] = []
+        return self._workers.fill()
 
-        def run() -> None:
-            self._fill_idents.add(threading.get_ident())
-            try:
-                while (outcome := self.fill_one()) == "worked" and not self._stop.is_set():
-                    pass
-                outcomes.append(outcome)
-            except BaseException as exc:
-                failures.append(exc)
-                self._stop.set()
-            finally:
-                self._fill_idents.discard(threading.get_ident())
+    # -- reading ---------------------------------------------------------------------------------
 
-        self._give_up = (self._retry or DEFAULT_POLICY).shard_attempts
-        try:
-            while True:
-                outcomes.clear()
-                threads = [threading.Thread(target=run) for _ in range(max(1, self.fill_workers))]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                wait = self._retry_wait()
-                if failures or self._stop.is_set() or "blocked" in outcomes or wait is None:
-                    break
-                self._stop.wait(wait)  # a failed shard's cooldown: the fill is not done yet
-        finally:
-            self._give_up = None
-        self.budget_full = "blocked" in outcomes
-        self._stop.clear()
-        if not self._threads:
-            self._filler.close()  # no writer processes idle beside a finished fill
-        if failures:
-            raise failures[0]
+    def snapshot(
+        self,
+        epoch: int | None = None,
+        *,
+        min_shards: int = 1,
+        shards: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> Snapshot:
+        """Pin and list the complete shards now present (call it at each epoch start).
+
+        Args:
+            epoch: the epoch about to be read; a larger epoch than any before
+                starts a new epoch for the eviction policy.
+            min_shards: wait until at least this many shards are complete (or
+                all the remote has, if fewer).
+            shards: exactly these shards (relative paths) — for an exact resume
+                from a ``state_dict``; missing ones are fetched in this thread.
+            timeout: seconds to wait; ``None`` waits as long as it takes.
+
+        Raises:
+            TimeoutError: not enough shards before ``timeout``.
+            CacheFullError: the fill workers stopped on a full cache/disk.
+        """
+        return self._snapshots.take(epoch, min_shards=min_shards, shards=shards, timeout=timeout)
+
+    def stream(
+        self,
+        order: Sequence[ShardInfo],
+        *,
+        epoch: int | None = None,
+        timeout: float | None = None,
+        workers: int | None = None,
+        capacity: int | None = None,
+    ) -> Stream:
+        """Fetch shards in the order a reader needs them, ahead of it (whole epochs).
+
+        The returned :class:`~recordkit.cache.Stream` pins a read-ahead
+        window of the next shards of ``order`` (as many as the budget holds
+        beside what the reader still reads), downloads them in order with
+        ``workers`` threads (default ``fill_workers``, at least 1), evicting
+        unpinned shards (consumed first) to make room, and moves the window on
+        as the reader lets shards go (``stream.release``). While a stream runs,
+        this cache's own fill workers fetch nothing else. ``stream.close()``
+        when the pass ends.
+
+        Args:
+            order: the shards, in the order they are first needed.
+            epoch: the epoch read (for the eviction policy).
+            timeout: seconds a reader waits for one shard.
+            workers: concurrent downloads.
+            capacity: hold at most this many bytes of shards (and their indexes)
+                in the window (default: all the budget leaves beside the cache's
+                own files).
+        """
+        if self._filler.mode != "shards":
+            raise ValueError(
+                f"cache {self.root} is in producer mode: its shards are made while training "
+                "runs, so an epoch cannot be planned over all of them (read it with growing "
+                "epochs)"
+            )
+        return self._streams.open(
+            order,
+            epoch=epoch,
+            timeout=timeout,
+            workers=workers or max(1, self.fill_workers),
+            capacity=capacity,
+        )
+
+    def status(self) -> CacheStatus:
+        """What the cache directory holds now."""
+        catalog = self.dir.load_catalog() or {}
         with self.dir.lock():
-            return len(self.dir.scan().complete)
-
-    def _retry_wait(self) -> float | None:
-        """Seconds until a missing shard that failed fewer than ``shard_attempts`` times
-        may be tried again (0 if now), or ``None`` if there is none."""
-        limit = (self._retry or DEFAULT_POLICY).shard_attempts
-        with self.dir.lock():
-            present = self.dir.scan().complete
-        for rel in list(self.failed):
-            if rel in present:
-                del self.failed[rel]
-        due = [
-            self._cooldown[rel]
-            for rel, n in self._failures.items()
-            if rel not in present and n < limit and rel in self._cooldown
-        ]
-        return max(0.0, min(due) - time.monotonic()) if due else None
+            scan = self.dir.rescan()
+        return CacheStatus(
+            root=self.root,
+            remote=catalog.get("remote"),
+            max_bytes=self.max_bytes,
+            used=scan.used,
+            complete=len(scan.complete),
+            remote_shards=len(catalog["shards"]) if "shards" in catalog else None,
+            downloading=len(scan.leases),
+            pinned=len(scan.pinned),
+            orphans=len(scan.orphans),
+            mode=str(catalog.get("mode") or "shards"),
+            format=catalog.get("format"),
+            bookkeeping=scan.bookkeeping,
+        )
 
     def __repr__(self) -> str:
         fmt = getattr(self._filler, "format", None)

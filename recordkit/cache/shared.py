@@ -1,13 +1,15 @@
-"""The cache's small types: its events protocol, its status, what a filler is told."""
+"""The cache's small types: its events protocol, its status, what a filler is told, and
+what the cache's parts share (its budget rules, the wake-up of its waiting threads)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..format.manifest import ShardInfo
 
-__all__ = ["CacheEvents", "CacheStatus", "FillContext", "NoEvents"]
+__all__ = ["Budget", "CacheEvents", "CacheStatus", "FillContext", "NoEvents", "Wakeup"]
 
 
 class CacheEvents(Protocol):
@@ -37,6 +39,47 @@ class NoEvents:
 
     def evicted(self, path: str) -> None:
         pass
+
+
+@dataclass(slots=True)
+class Budget:
+    """The rules a cache fills and evicts by, one object shared by the cache's parts
+    (so that events set after the cache is made, as the command line does, reach them).
+
+    Attributes:
+        max_bytes: the disk budget.
+        policy: the eviction policy (``"consumed-lru"`` or ``"lru"``).
+        events: where publishes, evictions and downloaded bytes are reported.
+    """
+
+    max_bytes: int
+    policy: str
+    events: CacheEvents
+
+
+class Wakeup:
+    """How one process's threads of a cache tell each other that something changed.
+
+    ``cv`` is notified when a fill worker finishes a step (snapshots waiting for
+    shards wake up); :meth:`notify` counts an in-process change that may unblock
+    the fill workers (a release, a consumption) and wakes them.
+
+    Attributes:
+        cv: the condition the cache's waiting threads wait on.
+        gen: bumped by every :meth:`notify`.
+        wake: set to wake idle fill workers.
+    """
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.gen = 0
+        self.wake = threading.Event()
+
+    def notify(self) -> None:
+        """Something in this process freed room (a release, a consumption): look again."""
+        with self.cv:
+            self.gen += 1
+        self.wake.set()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AccessDeniedError, CorruptRecordError, InvalidIndexError, ShardNotFoundError
+from ..errors import (
+    AccessDeniedError,
+    CorruptRecordError,
+    DownloadError,
+    InvalidIndexError,
+    ShardNotFoundError,
+)
 from ..format.crc import crc32c, file_crc32c
 from ..format.index import (
     INDEX_SUFFIX,
@@ -34,12 +40,11 @@ from ..format.index import (
     validate_index,
 )
 from ..format.manifest import Manifest, ShardInfo
-from ._dir import CacheDir
-from ._errors import DownloadError
-from ._remote import Remote
-from ._reservation import Reservation, ShardState
-from ._staged import Staged, discard, is_disk_full, staged_names
-from ._types import FillContext
+from .directory import CacheDir
+from .remote import Remote
+from .reservation import Reservation, ShardState
+from .shared import FillContext
+from .staged import Staged, discard, is_disk_full, staged_names
 
 __all__ = [
     "Fetcher",
@@ -179,7 +184,7 @@ class Fetcher:
     entry is filled by downloading it (see the module doc).
 
     One of the two fillers of :class:`~recordkit.cache.ShardCache` (the other is
-    producer mode's :class:`~recordkit.cache._produce.Producer`): the cache owns the
+    producer mode's :class:`~recordkit.cache.produce.Producer`): the cache owns the
     budget, eviction, pins and threads; a filler says what the entries are, how much
     room one needs, and how it gets there.
 
