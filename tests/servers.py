@@ -1,7 +1,7 @@
 """Real servers for remote tests, started on 127.0.0.1 and stopped by the test.
 
 Two context managers, usable directly or wrapped in fixtures (see
-``tests/convert/conftest.py``)::
+``tests/conversion/conftest.py``)::
 
     with s3_server() as s3:                 # moto's S3 in server mode, port chosen by the OS
         url = s3.bucket()                   # a fresh, empty bucket: "s3://b-1a2b3c..."

@@ -53,7 +53,7 @@ def test_byte_identical_whatever_the_workers(tmp_path):
     assert _read(tmp_path / "w2") == fns.expected(inputs)
     ds = rk.Dataset(tmp_path / "w2")
     assert ds.schema == fns.SCHEMA and rk.verify(tmp_path / "w2").ok
-    assert ds.metadata["write"] == {"function": "tests.convert._write_fns:squares"}
+    assert ds.metadata["write"] == {"function": "tests.conversion._write_fns:squares"}
     # The same call again: complete with the same plan, nothing to do.
     again = rk.write(fns.squares, inputs, tmp_path / "w2", schema=fns.SCHEMA, shard_size="1KiB")
     assert again.resumed == again.partitions == 50 and tree(tmp_path / "w2") == trees[0]
@@ -62,7 +62,8 @@ def test_byte_identical_whatever_the_workers(tmp_path):
 
 
 def test_what_a_function_may_give_and_be(tmp_path):
-    result = rk.write("tests.convert._write_fns:one", range(10), tmp_path / "a", schema=fns.SCHEMA)
+    one = "tests.conversion._write_fns:one"
+    result = rk.write(one, range(10), tmp_path / "a", schema=fns.SCHEMA)
     assert [s[0] for s in _read(tmp_path / "a")] == [0, 2, 4, 6, 8] and result.partitions == 10
     rk.write(fns.Tagged("t"), range(3), tmp_path / "b", schema=fns.SCHEMA, workers=2)
     assert _read(tmp_path / "b") == [(0, 1, b"t"), (1, 1, b"t"), (2, 1, b"t")]
@@ -92,7 +93,7 @@ def test_functions_writers_cannot_import_are_refused_up_front(tmp_path):
         rk.write(namespace["cell"], [1], tmp_path / "o", schema=schema, workers=2)
     rk.write(namespace["cell"], [1], tmp_path / "o", schema=schema, workers=0)  # in-process
     with pytest.raises(ImportError, match="has no 'nope'"):
-        rk.write("tests.convert._write_fns:nope", [1], tmp_path / "p", schema=schema)
+        rk.write("tests.conversion._write_fns:nope", [1], tmp_path / "p", schema=schema)
     with pytest.raises(ValueError, match="expected module:function"):
         rk.write("squares", [1], tmp_path / "p", schema=schema)
     # A function from an interactive session (python -c): only workers=0 can call it.
@@ -129,7 +130,7 @@ def test_a_function_in_the_users_script(tmp_path, guarded):
     if guarded:
         call = f'if __name__ == "__main__":\n    print({_CALL}.records)'
     else:
-        call = f"try:\n    {_CALL}\nexcept rk.conversion.PartitionsFailedError as e:\n"
+        call = f"try:\n    {_CALL}\nexcept rk.errors.PartitionsFailedError as e:\n"
         call += "    print(e.exceptions[0])"
     (tmp_path / "job.py").write_text(_JOB.format(call=call))
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -182,7 +183,8 @@ def test_a_raising_input_is_named_and_a_rerun_resumes(tmp_path, monkeypatch):
     with pytest.raises(PartitionsFailedError) as info:
         rk.write(fns.fails_where_told, range(40), tmp_path / "out", **run)
     group = info.value
-    assert "2 of 8 partitions failed writing the samples of tests.convert._write_fns:" in str(group)
+    said = "2 of 8 partitions failed writing the samples of tests.conversion._write_fns:"
+    assert said in str(group)
     first, second = group.exceptions
     assert type(first) is ValueError and str(first) == "input 13 is unlucky"
     assert "while converting input '13'" in first.__notes__
@@ -221,7 +223,7 @@ def test_cli_killed_with_sigkill_then_rerun_is_byte_identical(tmp_path):
     rk.write(fns.squares, range(150), tmp_path / "ref", schema=fns.SCHEMA, workers=0,
              shard_size="1KiB", inputs_per_partition=3)  # fmt: skip
     cmd = [
-        SCRIPT, "write", "tests.convert._write_fns:slow_squares", str(inputs),
+        SCRIPT, "write", "tests.conversion._write_fns:slow_squares", str(inputs),
         str(tmp_path / "out"),
         "--schema", fns.SPEC, "--workers", "2", "--shard-size", "1KiB",
         "--inputs-per-partition", "3", "--progress", "none",
@@ -260,12 +262,13 @@ def test_cli_killed_with_sigkill_then_rerun_is_byte_identical(tmp_path):
     assert ref.keys() == got.keys()
     assert all(got[n] == ref[n] for n in got if n != "recordkit.json")  # the function's name
     manifest = json.loads(got["recordkit.json"])
-    assert manifest["metadata"]["write"]["function"] == "tests.convert._write_fns:slow_squares"
+    assert manifest["metadata"]["write"]["function"] == "tests.conversion._write_fns:slow_squares"
 
 
 def test_cli_inputs_progress_and_errors(tmp_path):
     (tmp_path / "urls.txt").write_text("a\nbb\n\nccc\n")
-    cmd = [SCRIPT, "write", "tests.convert._write_fns:not_a_sample", "range:3", str(tmp_path / "o")]
+    fn = "tests.conversion._write_fns:not_a_sample"
+    cmd = [SCRIPT, "write", fn, "range:3", str(tmp_path / "o")]
     out = subprocess.run(
         [sys.executable, "-m", "recordkit", "write", "mod_here:lengths",
          str(tmp_path / "urls.txt"), str(tmp_path / "w"), "--schema", "s:bytes,n:int64",
@@ -281,7 +284,7 @@ def test_cli_inputs_progress_and_errors(tmp_path):
     bad = subprocess.run([*cmd, "--schema", fns.SPEC], cwd=ROOT, capture_output=True, text=True)
     err = bad.stderr
     assert bad.returncode == 1 and "recordkit write: error: 3 of 3 partitions failed" in err
-    assert "  SchemaError: sample 1: tests.convert._write_fns:not_a_sample gave a list" in err
+    assert "  SchemaError: sample 1: tests.conversion._write_fns:not_a_sample gave a list" in err
     assert "    while converting input '0'\n    partition 0 (part-00000-*), inputs: 0\n" in err
     missing = subprocess.run(
         [SCRIPT, "write", "no_such_module:f", "range:3", str(tmp_path / "x"),

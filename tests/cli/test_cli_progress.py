@@ -29,7 +29,7 @@ from recordkit.cli import build_parser, main, verbosity
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A size as every summary prints it: binary units, one decimal (or whole bytes).
 SIZE = r"(\d+ B|\d+\.\d (KiB|MiB|GiB|TiB))"
 

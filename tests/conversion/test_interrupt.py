@@ -113,7 +113,7 @@ def test_failed_conversion_to_s3_leaves_a_marker_object(tmp_path, s3):
         workers=0,
         options=rk.conversion.ConvertOptions(partition_bytes=1),
     )
-    with pytest.raises(rk.conversion.PartitionsFailedError):
+    with pytest.raises(rk.errors.PartitionsFailedError):
         rk.convert(src, dst, storage_options=s3.storage_options, **run)
     fs = s3.filesystem()
     assert fs.exists(f"{dst}/.recordkit-writing.json") and not fs.exists(f"{dst}/recordkit.json")

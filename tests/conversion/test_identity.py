@@ -122,7 +122,7 @@ def test_a_write_of_other_inputs_or_another_function_is_another_conversion(tmp_p
     with pytest.raises(DatasetExistsError, match="'19' is gone"):
         rk.write(fns.squares, range(19), tmp_path / "w", schema=fns.SCHEMA, workers=0)
     with pytest.raises(DatasetExistsError, match="different source or options"):
-        rk.write("tests.convert._write_fns:one", range(20), tmp_path / "w", schema=fns.SCHEMA)
+        rk.write("tests.conversion._write_fns:one", range(20), tmp_path / "w", schema=fns.SCHEMA)
 
 
 def test_the_listing_is_kept_beside_the_manifest_and_names_the_source(tmp_path):
