@@ -56,16 +56,7 @@ class CachedShards(ProcessLocalShards):
 
     def _init_cache(self, options: CacheOptions) -> None:
         mode = options.epochs
-        source = open_cache(
-            self.path,
-            cache=options.cache,
-            cache_dir=options.dir,
-            cache_limit=options.limit,
-            timeout=options.timeout,
-            mode=mode,
-            agree=common_shards,
-            agree_min=smallest,
-        )
+        source = open_cache(self.path, options, agree=common_shards, agree_min=smallest)
         self._whole = source if isinstance(source, WholeEpochs) else None
         self._epochs = source if isinstance(source, CacheEpochs) else None
         self.cache = source.cache if source is not None else None
@@ -78,7 +69,7 @@ class CachedShards(ProcessLocalShards):
         self._resume_shards = None
 
     def close(self) -> None:
-        """Release the cache pins and maps (and stop a cache made from ``cache_dir``)."""
+        """Release the cache pins and maps (and stop a cache made from ``CacheOptions.dir``)."""
         self._let_go()
         if self._epochs is not None:
             self._epochs.close()
@@ -179,6 +170,6 @@ class CachedShards(ProcessLocalShards):
         raise ValueError(
             f"cannot resume: the state was saved reading shard windows of {saved:,} bytes "
             f"(0: the whole dataset at once), which the cache budget of "
-            f"{whole.cache.max_bytes:,} cannot hold; give cache_limit at least the "
-            "budget it was saved with"
+            f"{whole.cache.max_bytes:,} cannot hold; give CacheOptions.limit (the cache_limit) "
+            "at least the budget it was saved with"
         )

@@ -20,16 +20,22 @@ from ..codec.limits import DecodeLimits  # noqa: E402
 from ..codec.schema import Schema  # noqa: E402
 from ..reader.buffers import BufferPool  # noqa: E402
 from ..reader.decode import BatchDecoder  # noqa: E402
+from ..reader.decoders import decoder_keywords, make_decoder  # noqa: E402
 from ..reader.mix import make_mix, refuse_cache, sources  # noqa: E402
-from ..reader.options import CacheOptions, ReadOptions, accepts_options, merge_options  # noqa: E402
-from ..reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
+from ..reader.options import (  # noqa: E402
+    CacheOptions,
+    ReadOptions,
+    check_whole_records,
+    read_options,
+)
+from ..reader.pipeline import Chunk, ReaderStats, RecordReader  # noqa: E402
 from ..reader.plan import PlanOptions, Split  # noqa: E402
 from ..reader.position import EpochCell, Pass, WorkerPosition, pass_key  # noqa: E402
-from ..reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from ..reader.process import ProcessReader  # noqa: E402
 from ..reader.ragged import ragged_axes  # noqa: E402
 from ..reader.select import take_split  # noqa: E402
-from ..reader.sequence import RawBatchDecoder, SequenceBatchDecoder, read_whole  # noqa: E402
-from ..reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
+from ..reader.sequence import read_whole  # noqa: E402
+from ..reader.tfds import TFDSInfo  # noqa: E402
 from .collate import chunk_batches, chunk_samples, chunk_sequences, collate  # noqa: E402
 from .devcopy import can_pin as _can_pin  # noqa: E402
 from .devcopy import pinned_slab as _pinned_slab  # noqa: E402
@@ -45,10 +51,9 @@ log = logging.getLogger(__name__)
 class RecordDataset(Positioned):
     """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
 
-    Every setting below but the path is a keyword, or, whole, a field of
-    ``options=`` (:class:`ReadOptions`) or, for the ``cache*`` ones, of
-    ``cache_options=`` (:class:`CacheOptions`); a keyword given beside the object
-    that holds it is an :class:`~recordkit.errors.OptionError`.
+    The everyday settings are keywords; the tuning (threads, error handling, layouts,
+    ranks, the loader process, ...) is one :class:`ReadOptions` given as
+    ``options=``, which documents each field; the cache is ``cache=``.
 
     Args:
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
@@ -57,122 +62,51 @@ class RecordDataset(Positioned):
             record of each once per epoch, shuffled together; their schemas
             must agree on the features read (else a
             :class:`~recordkit.errors.SchemaError` naming the feature).
-        options: the reading settings whole (then none of their keywords).
-        cache_options: the cache settings whole (then no ``cache*`` keyword).
-        records: read only these records, the same every epoch (shuffled among
-            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
-            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
-            syntax; the name is ``split=``). For a list of datasets, a list of
-            one range (or ``None``) per dataset.
-        weights: with a list of datasets, sample them in these proportions: an
-            epoch of ``epoch_records`` records of which each dataset gives its
-            share, a smaller one repeated (each pass a fresh permutation,
-            without replacement within a pass), a larger one subsampled
-            (different records each epoch); see ``docs/howto/mixing.md``.
-        epoch_records: records per epoch with ``weights`` (default: the datasets'
-            records together); alone, natural proportions.
         batch_size: records per batch; ``None`` yields single samples.
         shuffle: a new seeded order every epoch that mixes sorted data like a
             uniform permutation while reading in blocks (see ``docs/howto/shuffle.md``).
         seed: shuffle seed.
-        num_threads: reader threads; default: the CPUs this process may use,
-            divided among ``DataLoader`` workers.
         drop_last: make every rank see the same number of full batches (drops
             the tail of the shuffled epoch); without it every record is read
             exactly once and the last batch of a rank may be short.
-        on_error: corrupt records: ``"raise"`` (default) raises
-            :class:`~recordkit.errors.CorruptRecordError` naming file, offset and
-            record; ``"skip"`` leaves them out (a batch is then short) and counts
-            them in :attr:`stats`; ``"warn"`` does the same with a ``RuntimeWarning``.
         columns: read only these features.
+        schema: overrides the manifest's (or the inferred) schema.
         transform: applied to each batch (or sample) before it is yielded, in
             the consuming thread (or DataLoader worker), or on
-            ``transform_threads`` threads. While it runs, the item's records are
-            known (:class:`DecodeImages` names the ``file:offset:record`` of an
-            image that does not decode).
-        transform_threads: run ``transform`` on this many threads, up to twice
-            as many items ahead of the consumer (two with ``reader_process``,
-            whose shared-memory slots they hold), in order (``0``, the default:
-            in the consuming thread). For a transform that releases the GIL,
-            such as :class:`DecodeImages`, this takes it off the training thread.
-        bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
-        ragged_as: ``"padded"`` (with ``"{name}/lengths"``) or ``"list"``, for number
-            features with ``None`` dims in batches.
-        verify: check payload CRCs (length CRCs are always checked).
-        limits: the bytes one record's zstd values, and one reader task's, may
-            decompress to (default: derived from the schema; see
-            :class:`~recordkit.codec.DecodeLimits`); a record over it is a
-            :class:`~recordkit.errors.RecordTooLargeError` (``on_error`` applies).
-        schema: overrides the manifest's (or the inferred) schema.
-        block_records: records per shuffle block (0: about 64 KiB worth).
-        window_blocks: blocks whose records are mixed together (8192).
-        prefetch: decode tasks in flight ahead of the consumer (default: 2 per thread).
-        pin_memory: decode straight into page-locked (pinned) buffers, so a batch
-            can be copied to the GPU asynchronously with no staging copy (see
-            :class:`DevicePrefetcher`). Only in the process that iterates
-            without ``DataLoader`` workers, and only where an accelerator is
-            present; elsewhere ordinary memory is used (logged at INFO).
-        reader_process: decode in a separate spawned loader process (its own
-            GIL) that hands chunks over through shared memory, zero-copy and
-            without pickling arrays (:mod:`recordkit.reader.process`); for a
-            training step whose Python holds the GIL. ``num_threads`` then
-            defaults to all CPUs (the threads run in that process). Not inside
-            ``DataLoader`` workers. Keep (``clone()``) batches you hold on to
-            across many steps: a few chunks' worth may be held at a time.
-        loader_timeout: with ``reader_process``: seconds the training process
-            waits for the loader's next chunk before it kills the loader and
-            raises :class:`~recordkit.errors.LoaderTimeoutError` (a stopped or
-            wedged loader); default 300, which one stall of a hard NFS mount
-            (about 180 s) does not trip; ``None``: wait forever.
-        rank: this process's rank; default ``torch.distributed``'s, else 0.
-        world_size: number of ranks; default ``torch.distributed``'s, else 1.
-        cache: read the remote dataset through this
-            :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
-            label. How epochs read it: ``cache_epochs``. See ``docs/cache.md``.
-        cache_dir: instead of ``cache``: cache the remote ``path_or_url`` in
-            this directory, with ``cache_limit`` bytes (e.g. ``"50GiB"``).
-        cache_limit: the disk budget for ``cache_dir``.
-        cache_epochs: ``"whole"`` (default): every epoch reads every record of
-            the remote dataset in the plan's order; the shards the plan needs
-            next are fetched ahead of the readers within the budget (a
-            read-ahead window), those the epoch is done with are evicted first,
-            and ``len()`` is the whole dataset's. The remote needs a manifest.
-            Shuffled under a budget smaller than the dataset, the epoch is read
-            in shard windows sized from the budget (``docs/howto/shuffle.md``).
-            ``"growing"``: each epoch reads the shards complete in the cache
-            when it starts (a started cache fills in the background), so epochs
-            grow as the cache fills; each epoch says at WARNING how much it
-            reads. With ``torch.distributed`` the ranks read the shards every
-            rank's cache holds.
-        cache_timeout: seconds a reader waits for one shard (whole epochs) or
-            an epoch start for a first complete shard (growing epochs);
-            ``None``: no limit.
-        partial: read a directory where a write did not finish (the shards it
-            published, with a WARNING) instead of raising
-            :class:`~recordkit.errors.IncompleteDatasetError`.
+            ``ReadOptions.transform_threads`` threads. While it runs, the item's
+            records are known (:class:`DecodeImages` names the
+            ``file:offset:record`` of an image that does not decode).
         split: the split of a tensorflow-datasets folder (see
             :class:`recordkit.Dataset`): batches then hold tfds's dtypes and
             shapes (``Text`` as lists of ``str``), and ``columns`` names tfds's
             features. Such records are decoded on reader threads by the threaded
             path (not the native whole-task runner).
-        decode_images: in a tensorflow-datasets folder, decode ``Image``
-            features to ``uint8`` arrays on the reader threads (Pillow).
-        sequence_example: the records are ``tf.train.SequenceExample`` messages: read
-            each whole, as :class:`recordkit.Dataset` does with the same option
-            (``{"context": {name: value}, "feature_lists": {name: [step, ...]}}``,
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset.
+        cache: read the remote dataset through a shard cache: a
+            :class:`recordkit.cache.ShardCache` (``path_or_url`` is then only a
+            label), or a :class:`CacheOptions` (a cache made in ``dir``, within
+            ``limit`` bytes; ``epochs``, ``timeout``). With ``torch.distributed``
+            the ranks of growing epochs read the shards every rank's cache holds.
+            See ``docs/cache.md``.
+        options: the tuning, whole (:class:`ReadOptions`; its fields marked *tf*
+            are refused here). ``sequence_example=True`` reads
+            ``tf.train.SequenceExample`` messages whole, as :class:`recordkit.Dataset`
+            does (``{"context": {name: value}, "feature_lists": {name: [step, ...]}}``,
             number lists as tensors, bytes lists as ``list[bytes]``, steps ragged),
-            decoded on the reader threads. With ``batch_size`` a batch is a
-            ``list`` of such samples (pad them in ``transform``). Without it, a
+            decoded on the reader threads; with ``batch_size`` a batch is a ``list``
+            of such samples (pad them in ``transform``). Without it, a
             SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
             never its context alone. Implied when the manifest says the records
             are SequenceExamples (``recordkit convert`` of them).
-        raw: read each Example as stored, as ``rk.Dataset(raw=True)`` does (its own
-            keys, ``bytes`` lists as ``list[bytes]``, number lists as 1-d tensors),
-            for foreign data no schema fits; with ``batch_size`` a batch is a
-            ``list`` of such samples. No schema, columns or ``reader_process``.
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
+        read_options: the :class:`ReadOptions` it reads with.
+        cache_options: the :class:`CacheOptions` of ``cache=``.
     """
 
     # Documented here: these are defined in the bases, by subject (the cache, the position).
@@ -184,88 +118,47 @@ class RecordDataset(Positioned):
     state_dict = Positioned.state_dict
     load_state_dict = Positioned.load_state_dict
 
-    @accepts_options
     def __init__(
         self,
         path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
-        options: ReadOptions | None = None,
-        cache_options: CacheOptions | None = None,
         batch_size: int | None = None,
         shuffle: bool = False,
         seed: int = 0,
-        num_threads: int | None = None,
         drop_last: bool = False,
-        on_error: OnError = "raise",
         columns: Sequence[str] | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        transform_threads: int = 0,
-        bytes_as: Literal["padded", "list"] = "padded",
-        ragged_as: Literal["padded", "list"] = "padded",
-        verify: bool = True,
-        limits: DecodeLimits | None = None,
         schema: Schema | None = None,
-        block_records: int = 0,
-        window_blocks: int = 8192,
-        prefetch: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        pin_memory: bool = False,
-        reader_process: bool = False,
-        loader_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT,
-        cache: ShardCache | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        cache_epochs: Literal["whole", "growing"] = "whole",
-        cache_timeout: float | None = 600.0,
-        partial: bool = False,
+        transform: Callable[[Any], Any] | None = None,
         split: str | None = None,
-        decode_images: bool = False,
-        sequence_example: bool = False,
-        raw: bool = False,
         records: slice | str | Sequence[slice | str | None] | None = None,
-        weights: Sequence[float] | None = None,
-        epoch_records: int | None = None,
+        cache: ShardCache | CacheOptions | None = None,
+        options: ReadOptions | None = None,
     ) -> None:
-        flat = dict(locals())  # every keyword, given or default: merge_options knows which
-        read = merge_options(ReadOptions, options, flat, keyword="options")
-        cached = merge_options(CacheOptions, cache_options, flat, keyword="cache_options")
+        read = read_options(options, "recordkit.torch.RecordDataset")
+        cached = CacheOptions.of(cache)
+        check_whole_records(read, schema, columns)
         super().__init__()
         self.paths, self.path = sources(path_or_url)
-        split, records = take_split(read.split, read.records)
+        split, records = take_split(split, records)
         if cached.used:
             refuse_cache(self.path, self.paths, records, read.weights, read.epoch_records)
         self.read_options = read
         self.cache_options = cached
-        self.partial = read.partial
         self.split = split
-        self.decode_images = read.decode_images
-        self.sequence_example = read.sequence_example
-        self.raw = read.raw
-        schema = read.schema
+        self.sequence_example = read.sequence_example  # or the manifest's word (below)
         if read.sequence_example or read.raw:
             schema = Schema({})  # opens foreign data without inferring an Example schema
         given = schema
         self.options = PlanOptions(
-            shuffle=read.shuffle,
-            seed=read.seed,
+            shuffle=shuffle,
+            seed=seed,
             block_records=read.block_records,
             window_blocks=read.window_blocks,
-            batch_size=read.batch_size,
-            drop_last=read.drop_last,
+            batch_size=batch_size,
+            drop_last=drop_last,
         )
-        self.num_threads = read.num_threads
-        self.on_error: OnError = read.on_error
-        self.columns = list(read.columns) if read.columns is not None else None
-        self.transform = read.transform
-        self.transform_threads = read.transform_threads
-        self.bytes_as, self.ragged_as = read.bytes_as, read.ragged_as
-        self.verify = read.verify
-        self.limits = read.limits
-        self.prefetch = read.prefetch
-        self.pin_memory = read.pin_memory
-        self.reader_process = read.reader_process
-        self.loader_timeout = read.loader_timeout
+        self.columns = list(columns) if columns is not None else None
+        self.transform = transform
         self._rank, self._world = read.rank, read.world_size
         self._cell = EpochCell(0)  # shared with DataLoader workers' copies
         self.stats = ReaderStats()
@@ -294,6 +187,19 @@ class RecordDataset(Positioned):
         )
         self.options = dataclasses.replace(self.options, mix=mix)
 
+    # What the shard set and the tensorflow-datasets view read from the options.
+    @property
+    def partial(self) -> bool:
+        return self.read_options.partial
+
+    @property
+    def decode_images(self) -> bool:
+        return bool(self.read_options.decode_images)
+
+    @property
+    def limits(self) -> DecodeLimits | None:
+        return self.read_options.limits
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         if "_epochs" in state:  # workers read the epoch's set; the training process pins it
@@ -308,7 +214,7 @@ class RecordDataset(Positioned):
         self._pool = self._make_pool()  # batch buffers are per process too
 
     def _make_pool(self) -> BufferPool:
-        if not self.pin_memory:
+        if not self.read_options.pin_memory:
             return BufferPool()
         if get_worker_info() is not None:
             log.info("pin_memory: not in DataLoader workers (batches cross processes)")
@@ -320,30 +226,24 @@ class RecordDataset(Positioned):
         return BufferPool()
 
     def _decoder(self) -> BatchDecoder:
-        if self.sequence_example:
-            return SequenceBatchDecoder(verify=self.verify)
-        if self.raw:
-            return RawBatchDecoder(verify=self.verify)
-        view = self._view()
-        if view is not None:
-            return TFDSBatchDecoder(
-                view,
-                columns=self.columns,
-                verify=self.verify,
-                bytes_as=self.bytes_as,
-                limits=self.limits,
-            )
-        return BatchDecoder(
+        return make_decoder(
             self.schema,
-            columns=self.columns,
-            verify=self.verify,
-            bytes_as=self.bytes_as,
-            limits=self.limits,
+            self.read_options,
+            self.columns,
+            view=None if self._whole_records else self._view(),
+            sequence_example=self.sequence_example,
             ragged_as=self._ragged_mode(),
         )
 
+    @property
+    def _whole_records(self) -> bool:
+        """SequenceExamples or ``raw=True``: each record read whole."""
+        return self.sequence_example or self.read_options.raw
+
     def _ragged_mode(self) -> Literal["padded", "list"]:
-        return self.ragged_as if self.options.batch_size and self._view() is None else "list"
+        if self.options.batch_size and self._view() is None:
+            return self.read_options.ragged_as
+        return "list"
 
     # -- public API --------------------------------------------------------------------
 
@@ -420,10 +320,11 @@ class RecordDataset(Positioned):
 
     def _iter_pass(self, p: Pass, split: Split) -> Iterator[Any]:
         plan = self._plan(p.epoch)
-        threads = self.num_threads or max(1, cpus() // split.num_workers)
+        read = self.read_options
+        threads = read.num_threads or max(1, cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
-        if self.reader_process:
-            if self.sequence_example or self.raw:  # records read whole: on the threads
+        if read.reader_process:
+            if self._whole_records:  # records read whole: on the threads
                 raise ValueError("raw=True and sequence_example=True need reader_process=False")
             if self._view() is not None:
                 raise ValueError(
@@ -440,18 +341,12 @@ class RecordDataset(Positioned):
                 self.path,
                 self.schema,
                 shards.fingerprint(),
-                decoder={
-                    "columns": self.columns,
-                    "verify": self.verify,
-                    "bytes_as": self.bytes_as,
-                    "limits": self.limits,
-                    "ragged_as": self._ragged_mode(),
-                },
+                decoder=decoder_keywords(read, self.columns, ragged_as=self._ragged_mode()),
                 num_threads=threads,
-                prefetch=self.prefetch or 2 * threads,
-                on_error=self.on_error,
+                prefetch=read.prefetch or 2 * threads,
+                on_error=read.on_error,
                 stats=self.stats,
-                progress_timeout=self.loader_timeout,
+                progress_timeout=read.loader_timeout,
                 # through a cache the loader maps the cache's files: it gets the shard
                 # set (with its gate, which waits for each shard in the loader)
                 shards=shards if self.cache_epochs is not None or len(self.paths) > 1 else None,
@@ -461,8 +356,8 @@ class RecordDataset(Positioned):
                 self._open(),
                 self._decoder(),
                 num_threads=threads,
-                prefetch=self.prefetch or 2 * threads,
-                on_error=self.on_error,
+                prefetch=read.prefetch or 2 * threads,
+                on_error=read.on_error,
                 pool=self._pool,
                 stats=self.stats,
             )
@@ -525,8 +420,9 @@ class RecordDataset(Positioned):
 
         # The loader process hands chunks over in a few shared-memory slots, each held
         # while a batch made from it lives: items waiting for the transform hold them too.
-        ahead = 2 if self.reader_process else None
-        mapped = ordered_map(self.transform, located(), self.transform_threads, ahead)
+        read = self.read_options
+        ahead = 2 if read.reader_process else None
+        mapped = ordered_map(self.transform, located(), read.transform_threads, ahead)
         try:
             yield from mapped
         finally:
@@ -538,7 +434,7 @@ class RecordDataset(Positioned):
         """``(unit, item, (lo, hi))``: the chunk's batches or samples and their rows."""
         if self.sequence_example:
             return chunk_sequences(chunk, batched, self.stats)
-        if self.raw:
+        if self.read_options.raw:
             return chunk_sequences(chunk, batched, self.stats, raw=True)
         if not batched:
             return chunk_samples(chunk, self.stats)
@@ -550,11 +446,12 @@ class RecordDataset(Positioned):
     def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
         """:func:`collate` with this dataset's schema and layout: a ``collate_fn`` batching
         as ``batch_size=N`` would (SequenceExamples and ``raw=True``: a list)."""
-        if self.sequence_example or self.raw:
+        if self._whole_records:
             return list(samples)
         view = self._view()
         schema = view.output_schema if view is not None else self.schema
-        return collate(samples, schema=schema, bytes_as=self.bytes_as, ragged_as=self.ragged_as)
+        read = self.read_options
+        return collate(samples, schema=schema, bytes_as=read.bytes_as, ragged_as=read.ragged_as)
 
     @property
     def tfds(self) -> TFDSInfo | None:

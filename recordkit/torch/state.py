@@ -52,9 +52,9 @@ def refuse_dispatch(caller: FrameType | None, world_size: int) -> None:
         "for an iterable dataset): the main process alone reads it and splits every batch "
         f"among the {world_size} processes, but this RecordDataset reads one rank's share "
         f"of {world_size}, so {world_size - 1} of every {world_size} records would never "
-        "be trained on. Build it with RecordDataset(..., rank=0, world_size=1) so the main "
-        "process reads every record, or leave the DataLoader out of accelerator.prepare() "
-        "so each process reads its own share (no batches broadcast); see "
+        "be trained on. Build it with RecordDataset(..., options=ReadOptions(rank=0, "
+        "world_size=1)) so the main process reads every record, or leave the DataLoader out "
+        "of accelerator.prepare() so each process reads its own share (no batches broadcast); see "
         "docs/howto/frameworks.md"
     )
 

@@ -32,6 +32,7 @@ from recordkit.format import (
 from recordkit.format.index import format_index
 from recordkit.format.index_open import open_index
 from recordkit.format.shard_index import ShardIndex, parse_bounds, run_shift
+from recordkit.reader import ReadOptions
 
 PATHS = [pytest.param(True, id="c"), pytest.param(False, id="numpy")]
 
@@ -214,7 +215,9 @@ def test_every_reader_stops_at_the_stale_run(tmp_path, monkeypatch):
     assert got == list(range(len(got))) and len(got) <= 2000
     for native_tasks in ("1", "0"):
         monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", native_tasks)
-        ds = rkt.RecordDataset(tmp_path / "ds", batch_size=100, on_error="skip")
+        ds = rkt.RecordDataset(
+            tmp_path / "ds", batch_size=100, options=ReadOptions(on_error="skip")
+        )
         seen = []
         with pytest.raises(InvalidIndexError, match="stale index"):
             for batch in ds:

@@ -158,7 +158,8 @@ def test_loader_process_under_ulimit(many):
     out = run_limited(
         """
         import recordkit.torch as rkt
-        ds = rkt.RecordDataset(sys.argv[1], batch_size=100, reader_process=True, num_threads=2)
+        read = rkt.ReadOptions(reader_process=True, num_threads=2)
+        ds = rkt.RecordDataset(sys.argv[1], batch_size=100, options=read)
         print(sum(len(b["x"]) for b in ds))
         """,
         many,
