@@ -264,7 +264,8 @@ def whole(args: argparse.Namespace) -> dict:
             row = {"recordkit_whole": rk_remote, "recordkit_local": rk_local}
             if mds:
                 probe = CacheOptions(dir=os.path.join(work, "probe"), limit=budget)
-                window = RecordDataset(local, batch_size=64, shuffle=True, cache=probe)._window
+                probed = RecordDataset(local, batch_size=64, shuffle=True, cache=probe)
+                window = probed.source.window
                 # Streaming's shuffle block: our shard window in samples (its default,
                 # 0 here, where the budget holds the dataset and we read the local order)
                 block = window // (args.record_kib * 1024) if shuffle and window else 0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,10 +15,9 @@ from .._deps import require
 
 torch = require("torch", extra="torch")
 
-from torch.utils.data import get_worker_info  # noqa: E402
+from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 from .._origins import Origins, ordered_map  # noqa: E402
-from ..codec.limits import DecodeLimits  # noqa: E402
 from ..codec.schema import Schema  # noqa: E402
 from ..reader.buffers import BufferPool  # noqa: E402
 from ..reader.decode import BatchDecoder  # noqa: E402
@@ -29,26 +30,29 @@ from ..reader.options import (  # noqa: E402
     read_options,
 )
 from ..reader.pipeline import Chunk, ReaderStats, RecordReader  # noqa: E402
-from ..reader.plan import PlanOptions, Split  # noqa: E402
-from ..reader.position import EpochCell, Pass, WorkerPosition, pass_key  # noqa: E402
+from ..reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
+from ..reader.position import Pass, pass_key  # noqa: E402
 from ..reader.process import ProcessReader  # noqa: E402
 from ..reader.ragged import ragged_axes  # noqa: E402
 from ..reader.select import take_split  # noqa: E402
 from ..reader.sequence import read_whole  # noqa: E402
 from ..reader.tfds import TFDSInfo  # noqa: E402
+from .cache import EpochSource  # noqa: E402
 from .collate import chunk_batches, chunk_samples, chunk_sequences, collate  # noqa: E402
 from .devcopy import can_pin as _can_pin  # noqa: E402
 from .devcopy import pinned_slab as _pinned_slab  # noqa: E402
 from .distributed import cpus  # noqa: E402
-from .state import Positioned, refuse_worker_batches  # noqa: E402
+from .state import Position, refuse_dispatch, refuse_worker_batches  # noqa: E402
 
 if TYPE_CHECKING:
     from ..cache import ShardCache
 
 log = logging.getLogger(__name__)
 
+_POOL_LOCK = threading.Lock()
 
-class RecordDataset(Positioned):
+
+class RecordDataset(IterableDataset):  # type: ignore[type-arg]
     """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
 
     The everyday settings are keywords; the tuning (threads, error handling, layouts,
@@ -107,16 +111,9 @@ class RecordDataset(Positioned):
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
         read_options: the :class:`ReadOptions` it reads with.
         cache_options: the :class:`CacheOptions` of ``cache=``.
+        position: its :class:`~recordkit.torch.state.Position` (epoch, pass, resume point).
+        source: its :class:`~recordkit.torch.cache.EpochSource` (each epoch's shards).
     """
-
-    # Documented here: these are defined in the bases, by subject (the cache, the position).
-    close = Positioned.close
-    epoch = Positioned.epoch
-    set_epoch = Positioned.set_epoch
-    resume_point = Positioned.resume_point
-    worker_pass = Positioned.worker_pass
-    state_dict = Positioned.state_dict
-    load_state_dict = Positioned.load_state_dict
 
     def __init__(
         self,
@@ -137,11 +134,16 @@ class RecordDataset(Positioned):
         read = read_options(options, "recordkit.torch.RecordDataset")
         cached = CacheOptions.of(cache)
         check_whole_records(read, schema, columns)
-        super().__init__()
-        self.paths, self.path = sources(path_or_url)
+        paths, label = sources(path_or_url)
+        self.paths, self.path = paths, label
         split, records = take_split(split, records)
         if cached.used:
-            refuse_cache(self.path, self.paths, records, read.weights, read.epoch_records)
+            refuse_cache(label, paths, records, read.weights, read.epoch_records)
+            if split is not None or read.decode_images:
+                raise ValueError(
+                    f"{label}: split= and decode_images= are for a local tensorflow-datasets "
+                    "folder, not a dataset read through a shard cache"
+                )
         self.read_options = read
         self.cache_options = cached
         self.split = split
@@ -159,59 +161,157 @@ class RecordDataset(Positioned):
         )
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
-        self._rank, self._world = read.rank, read.world_size
-        self._cell = EpochCell(0)  # shared with DataLoader workers' copies
         self.stats = ReaderStats()
-        self._resume: tuple[int, int] | None = None  # a rank's (epoch, units consumed)
-        self._worker_resume: WorkerPosition | None = None  # loaded in a DataLoader worker
-        self._pass: Pass | None = None  # the pass this process reads (or left unfinished)
-        self._passes = 0  # passes started in this process: a persistent worker's pass id
-        self._fixed = False  # in worker_pass(): the epoch's shard set is fixed for the workers
-        if cached.used and (split is not None or read.decode_images):
-            raise ValueError(
-                f"{self.path}: split= and decode_images= are for a local tensorflow-datasets "
-                "folder, not a dataset read through a shard cache"
-            )
-        self._init_cache(cached)
-        if schema is not None:  # opening with it: foreign data is not inferred (and refused)
-            self.schema = schema
-        shards = self._open()  # fail early, in the main process, on a bad path or schema
+        self.position = Position(read.rank, read.world_size)
+        self._pool: BufferPool | None = None  # batch buffers, per process (_buffers)
+        self._pool_pid = -1
+        self.source = EpochSource(
+            paths,
+            label,
+            self.position,
+            read,
+            cached,
+            columns=self.columns,
+            split=split,
+            shuffle=shuffle,
+        )
+        self.source.schema = schema  # opening with it: foreign data is not inferred (and refused)
+        shards = self.source.open()  # fail early, in the main process, on a bad path or schema
         if not read.sequence_example:  # a dataset of SequenceExamples says so in its manifest
             self.sequence_example = read_whole(
-                self.path, False, shards, given, self.columns, read.decode_images
+                label, False, shards, given, self.columns, read.decode_images
             )
-        self.schema = schema or shards.schema
+        self.schema = self.source.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
         mix = make_mix(
             shards, records=records, weights=read.weights, epoch_records=read.epoch_records
         )
         self.options = dataclasses.replace(self.options, mix=mix)
 
-    # What the shard set and the tensorflow-datasets view read from the options.
-    @property
-    def partial(self) -> bool:
-        return self.read_options.partial
+    # -- the position and the shard source, held ---------------------------------------
 
     @property
-    def decode_images(self) -> bool:
-        return bool(self.read_options.decode_images)
+    def epoch(self) -> int:
+        """The epoch the next iteration reads.
+
+        It advances by itself after a full pass, in this process or in ``DataLoader``
+        workers (they share it with this object, persistent or not);
+        :meth:`set_epoch` sets it.
+        """
+        return self.position.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.position.epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``.
+
+        Raises:
+            ValueError: called by Accelerate's ``DataLoaderDispatcher`` (which reads
+                on the main process alone) while this dataset reads one rank's share.
+        """
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        refuse_dispatch(sys._getframe(1), self.position.split().world_size)
+        self.position.restart(epoch)
+
+    def resume_point(self) -> int:
+        """Units of the current epoch that the next pass skips (set by :meth:`load_state_dict`)."""
+        return self.position.resume_point()
+
+    @contextlib.contextmanager
+    def worker_pass(self) -> Iterator[int]:
+        """Start a pass whose iterating is done by copies of this dataset in worker processes.
+
+        For loaders that run ``DataLoader`` workers (:class:`DataLoader` uses it):
+        start the workers inside the ``with`` block. It fixes the epoch's shard set
+        (cache mode) before they copy the dataset, yields the units already
+        consumed (the resume point the copies start from), and spends the resume
+        point when the block ends, so a later pass starts at the epoch's beginning.
+        """
+        position = self.position
+        start = position.resume_point()
+        self.source.start_epoch(position.epoch)
+        if self.source.cache_epochs == "whole":  # this process streams the shards in
+            plan = self._plan(position.epoch)
+            self.source.begin_stream(plan, position.split(), start)
+        position.fixed = True  # the copies read the set fixed here (cache mode)
+        try:
+            yield start
+        finally:
+            position.resume = None
+            position.fixed = False
+
+    def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
+        """The position to resume from: epoch and units (batches or samples) consumed.
+
+        In a ``DataLoader`` worker (torchdata's ``StatefulDataLoader`` asks each
+        worker after each batch), the state is that worker's own position, under
+        ``"worker"``: ``{"id", "num_workers", "next"}`` (the next unit it reads), with
+        ``"consumed"`` ``None``; it resumes only in the same worker of as many.
+
+        Args:
+            consumed: units of this epoch consumed so far. Leave it out when this
+                object is iterated directly (it counts itself); :class:`DataLoader`
+                passes it when workers do the iterating.
+            epoch: with ``consumed``, the epoch they belong to (default: :attr:`epoch`).
+        """
+        return self.position.state(self.source, self.options, consumed, epoch)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration starts at the first unit not consumed.
+
+        Elastic: a state saved at one world size resumes at another with the same
+        global batch (``batch_size * world_size``), e.g. 8 ranks of 32 as 4 of 64:
+        the epoch's order is the same, and the ranks start after the global
+        batches consumed. A worker's state (see :meth:`state_dict`) resumes in
+        the same worker of as many workers, as torchdata's ``StatefulDataLoader``
+        restores it.
+
+        Raises:
+            ValueError: the state was saved with another shard set, seed, shuffle
+                options or global batch, where "the next unseen record" is undefined;
+                or it is a worker's state loaded elsewhere than in that worker.
+        """
+        self.position.load(state, self.source, self.options)
+
+    def close(self) -> None:
+        """Release the cache pins and maps (and stop a cache made from ``CacheOptions.dir``)."""
+        self.source.close()
 
     @property
-    def limits(self) -> DecodeLimits | None:
-        return self.read_options.limits
+    def cache(self) -> ShardCache | None:
+        """The shard cache read through (``None``: none)."""
+        return self.source.cache
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        if "_epochs" in state:  # workers read the epoch's set; the training process pins it
-            state["cache"] = state["_epochs"] = None
-        if "_whole" in state:  # ... or streams the shards in (the shard set's gate waits)
-            state["_whole"] = None
-        return state
+    @property
+    def cache_epochs(self) -> str | None:
+        """``"whole"`` or ``"growing"`` through a shard cache, else ``None``."""
+        return self.source.cache_epochs
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        return self.source.plan(epoch, self.options)
+
+    def _view(self) -> Any:
+        return self.source.view()
 
     # -- process-local state ---------------------------------------------------------
 
-    def _opened(self) -> None:
-        self._pool = self._make_pool()  # batch buffers are per process too
+    def _buffers(self) -> BufferPool:
+        """This process's batch buffers (made on first use in each process)."""
+        if self._pool is None or self._pool_pid != os.getpid():
+            with _POOL_LOCK:  # several threads may iterate one dataset
+                if self._pool is None or self._pool_pid != os.getpid():
+                    self._pool = self._make_pool()
+                    self._pool_pid = os.getpid()
+        assert self._pool is not None
+        return self._pool
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"], state["_pool_pid"] = None, -1  # the buffers stay in this process
+        return state
 
     def _make_pool(self) -> BufferPool:
         if not self.read_options.pin_memory:
@@ -249,7 +349,7 @@ class RecordDataset(Positioned):
 
     def __len__(self) -> int:
         """Batches (or samples) this rank reads per epoch, over all its DataLoader workers."""
-        split = self._split()
+        split = self.position.split()
         units = self._plan(self.epoch).unit_count(split.rank, split.world_size)
         refuse_worker_batches(sys._getframe(1), units, self.options.batch_size is None)
         return units
@@ -259,45 +359,47 @@ class RecordDataset(Positioned):
             return self._iter_here()
         # In a DataLoader worker the pass starts now, when the worker makes its
         # iterator: the state the loader asks for before the first batch is its start.
-        split = self._split()
+        split = self.position.split()
         p = self._begin_worker_pass(split)
         return self._iter_pass(p, split)
 
     def _iter_here(self) -> Iterator[Any]:
         """A pass in this process (no DataLoader workers); it starts at the first ``next()``."""
-        epoch = self.epoch
-        start = self.resume_point()
-        self._start_epoch(epoch)  # cache mode: this epoch's shards (before _resume goes)
-        self._resume = None
-        p = self._pass = Pass(epoch, start)
-        yield from self._iter_pass(p, self._split())
+        position = self.position
+        epoch = position.epoch
+        start = position.resume_point()
+        self.source.start_epoch(epoch)  # cache mode: this epoch's shards (before resume goes)
+        position.resume = None
+        p = position.pass_ = Pass(epoch, start)
+        yield from self._iter_pass(p, position.split())
 
     def _begin_worker_pass(self, split: Split) -> Pass:
         """A worker's pass: a restored position, or the rank's resume point dealt to it."""
         info = get_worker_info()
         assert info is not None
-        self._passes += 1
-        restored = self._worker_resume
+        position = self.position
+        position.passes += 1
+        restored = position.worker_resume
         if restored is not None:
             # saved after the epoch's last batch: this pass reads the next epoch
             count = self._plan(restored.epoch).unit_count(split.rank, split.world_size)
-            key = pass_key(info.seed - info.id, self._passes, restored.epoch)
-            restored = restored.restored(count, split.worker, split.num_workers, self._cell, key)
+            key = pass_key(info.seed - info.id, position.passes, restored.epoch)
+            restored = restored.restored(count, split.worker, split.num_workers, position.cell, key)
             epoch, first = restored.epoch, restored.next
-            self.epoch = epoch  # every worker of the restored pass writes the same epoch
+            position.epoch = epoch  # every worker of the restored pass writes the same epoch
         else:
-            epoch = self.epoch
-            first = self.resume_point() + split.worker
-        self._worker_resume = self._resume = None  # spent (in this copy: persistent workers)
-        if self.cache_epochs is not None and not self._fixed:
+            epoch = position.epoch
+            first = position.resume_point() + split.worker
+        position.worker_resume = position.resume = None  # spent (here: persistent workers)
+        if self.cache_epochs is not None and not position.fixed:
             raise RuntimeError(
                 "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
                 "(it takes each epoch's shards from the cache in the training process, or "
                 "streams them in there for whole epochs); with another loader (torchdata's "
                 "StatefulDataLoader) use num_workers=0: the dataset reads with threads"
             )
-        key = pass_key(info.seed - info.id, self._passes, epoch)
-        p = self._pass = Pass(epoch, first, split.num_workers, split.worker, key)
+        key = pass_key(info.seed - info.id, position.passes, epoch)
+        p = position.pass_ = Pass(epoch, first, split.num_workers, split.worker, key)
         if first >= self._plan(epoch).unit_count(split.rank, split.world_size):
             self._finish(p, split)  # nothing (left) to read: finished before it starts
         return p
@@ -310,13 +412,14 @@ class RecordDataset(Positioned):
         if p.finished:
             return
         p.finished = True
+        position = self.position
         if p.key != 0:
-            self._cell.finish(p.worker, split.num_workers, p.key, p.epoch)
+            position.cell.finish(p.worker, split.num_workers, p.key, p.epoch)
             return
-        if self.epoch == p.epoch:
-            self.epoch = p.epoch + 1
-        if self._pass is p:
-            self._pass = None  # the state now points at the next epoch's start
+        if position.epoch == p.epoch:
+            position.epoch = p.epoch + 1
+        if position.pass_ is p:
+            position.pass_ = None  # the state now points at the next epoch's start
 
     def _iter_pass(self, p: Pass, split: Split) -> Iterator[Any]:
         plan = self._plan(p.epoch)
@@ -336,7 +439,7 @@ class RecordDataset(Positioned):
                 raise ValueError(
                     "reader_process=True inside DataLoader workers: use one or the other"
                 )
-            shards = self._open()
+            shards = self.source.open()
             reader = ProcessReader(
                 self.path,
                 self.schema,
@@ -353,28 +456,28 @@ class RecordDataset(Positioned):
             )
         else:
             reader = RecordReader(
-                self._open(),
+                self.source.open(),
                 self._decoder(),
                 num_threads=threads,
                 prefetch=read.prefetch or 2 * threads,
                 on_error=read.on_error,
-                pool=self._pool,
+                pool=self._buffers(),
                 stats=self.stats,
             )
         count = plan.unit_count(split.rank, split.world_size)
         units = range(p.next, count, p.step)
         batched = self.options.batch_size is not None
-        release = self._releaser(plan, split, p.next)
+        release = self.source.releaser(plan, split, p.next)
         # whole epochs: the stream this pass began (only it may end it)
-        stream = self._whole.pass_ if self._whole is not None and p.key == 0 else None
+        stream = self.source.stream() if p.key == 0 else None
         chunks = reader.read(plan, split, units)
         items = self._items(chunks, batched)
 
         def stop() -> None:
             items.close()
             chunks.close()
-            if stream is not None and self._whole is not None and self._whole.pass_ is stream:
-                self._whole.end()  # the stream stops; what is left unpinned
+            if stream is not None:
+                self.source.end_stream(stream)  # the stream stops; what is left unpinned
 
         try:
             for unit, item in items:
@@ -407,7 +510,7 @@ class RecordDataset(Positioned):
                 for unit, item, _ in self._chunk_items(chunk, batched):
                     yield unit, item
             return
-        shards = self._open()
+        shards = self.source.open()
 
         def located() -> Iterator[tuple[int, Any, Origins | None]]:
             for chunk in chunks:
@@ -457,5 +560,5 @@ class RecordDataset(Positioned):
     def tfds(self) -> TFDSInfo | None:
         """The tensorflow-datasets folder read (``None`` for other data): splits,
         features, ``class_names``."""
-        view = self._open().view
+        view = self.source.open().view
         return view.info if view is not None else None

@@ -79,7 +79,7 @@ def test_two_whole_epochs_under_a_budget_of_a_third(remote, tmp_path):
     ds = rkt.RecordDataset(
         url, batch_size=8, shuffle=True, seed=1, cache=cache, options=ReadOptions(bytes_as="list")
     )
-    assert ds.cache_epochs == "whole" and ds._window > 0  # read in shard windows
+    assert ds.cache_epochs == "whole" and ds.source.window > 0  # read in shard windows
     assert len(ds) == TOTAL // 8  # the whole dataset, before anything is cached
     orders = []
     for epoch in range(2):
@@ -115,7 +115,7 @@ def test_a_budget_that_holds_the_dataset_reads_the_local_order(tmp_path):
         seed=2,
         cache=CacheOptions(dir=tmp_path / "c", limit="64MiB"),
     )
-    assert ds._window == 0
+    assert ds.source.window == 0
     assert [i for b in ds for i in b["i"].tolist()] == local
     # the second epoch finds every shard cached: nothing is fetched again
     fetched = ds.cache.stream_stats.fetched
