@@ -132,7 +132,14 @@ class ReadOptions:
             ``[H, W, C]`` (see ``recordkit.tf.dataset``); torch decodes those with
             the ``DecodeImages`` transform.
         sequence_example: the records are ``tf.train.SequenceExample`` messages,
-            read whole (see each reader); implied when the manifest says so.
+            read whole; implied when the manifest says so (``recordkit convert`` of
+            them). torch: as :class:`recordkit.Dataset` reads them (``{"context":
+            {name: value}, "feature_lists": {name: [step, ...]}}``, number lists as
+            tensors, bytes lists as ``list[bytes]``, steps ragged), decoded on the
+            reader threads; with ``batch_size`` a batch is a ``list`` of such samples
+            (pad them in ``transform``). Without it, a SequenceExample is a
+            :class:`~recordkit.errors.SequenceExampleError`, never its context
+            alone. tf: see ``recordkit.tf.dataset``.
         raw: *torch*. Read each Example as stored, as ``rk.Dataset(raw=True)`` does
             (its own keys, ``bytes`` lists as ``list[bytes]``, number lists as 1-d
             tensors), for foreign data no schema fits; with ``batch_size`` a batch

@@ -13,12 +13,11 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from ..codec.schema import Schema
 from ..reader.epochs import CacheEpochs, WholeEpochs, WholePass, open_cache
 from ..reader.local import OPEN_LOCK, ProcessLocalShards
 from ..reader.mix import open_sources
@@ -29,11 +28,20 @@ from .distributed import common_shards, smallest
 
 if TYPE_CHECKING:
     from ..cache import ShardCache
-    from .state import Position
 
-__all__ = ["EpochSource"]
+__all__ = ["EpochSource", "Placed"]
 
 log = logging.getLogger(__name__)
+
+
+class Placed(Protocol):
+    """What the source reads of its reader's position (``torch.state.Position`` has it)."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def resume(self) -> tuple[int, int] | None: ...
 
 
 class EpochSource(ProcessLocalShards):
@@ -41,15 +49,16 @@ class EpochSource(ProcessLocalShards):
 
     Args:
         paths: the datasets read (one, or several read as one); ``label`` names them.
-        position: the reader's :class:`~recordkit.torch.state.Position` (the epoch
-            and resume point say which shards a growing epoch takes).
+        position: the reader's position (its epoch and resume point say which
+            shards a growing epoch takes).
         options: the reader's settings (``partial``, ``decode_images``, ``limits``).
         cache: the reader's cache settings (``open_cache`` turns them into a source).
         columns: the features read; ``split``: a tensorflow-datasets split.
         shuffle: the plan shuffles (whole epochs then read in shard windows).
 
     Attributes:
-        schema: the schema the shards are opened with (set by the reader).
+        schema: the schema the shards are opened with (set by the reader; unset: the
+            manifest's, or inferred).
         cache: the cache read through (``None``: none, or in a DataLoader worker).
         cache_epochs: ``"whole"``, ``"growing"`` or ``None`` (no cache).
         window: the plan's shard window in bytes (whole epochs under a small budget).
@@ -60,7 +69,7 @@ class EpochSource(ProcessLocalShards):
         self,
         paths: list[str],
         label: str,
-        position: Position,
+        position: Placed,
         options: ReadOptions,
         cache: CacheOptions,
         *,
@@ -73,7 +82,6 @@ class EpochSource(ProcessLocalShards):
         self.read_options = options
         self.columns = columns
         self.split = split
-        self.schema: Schema | None = None
         source = open_cache(label, cache, agree=common_shards, agree_min=smallest)
         self._whole = source if isinstance(source, WholeEpochs) else None
         self._epochs = source if isinstance(source, CacheEpochs) else None
@@ -86,17 +94,18 @@ class EpochSource(ProcessLocalShards):
         self._fresh = False  # the epoch taken last is not yet started
         self._resume_shards: list[str] | None = None
 
-    # What ProcessLocalShards (the maps, the tensorflow-datasets view) reads.
+    # What ProcessLocalShards (the maps, the tensorflow-datasets view) reads, from the
+    # options (read-only here, where the base class has plain attributes).
     @property
     def partial(self) -> bool:
         return self.read_options.partial
 
     @property
-    def decode_images(self) -> bool:
+    def decode_images(self) -> bool:  # type: ignore[override]
         return bool(self.read_options.decode_images)
 
     @property
-    def limits(self) -> Any:
+    def limits(self) -> Any:  # type: ignore[override]
         return self.read_options.limits
 
     def open(self) -> ShardSet:
@@ -134,11 +143,11 @@ class EpochSource(ProcessLocalShards):
 
     def _open_shards(self) -> ShardSet:
         if self._whole is not None:
-            return self._whole.shard_set(self.schema)
+            return self._whole.shard_set(getattr(self, "schema", None))
         if not self.cached:
             return open_sources(
                 self.paths,
-                self.schema,
+                getattr(self, "schema", None),
                 columns=self.columns,
                 partial=self.partial,
                 split=self.split,
@@ -153,7 +162,7 @@ class EpochSource(ProcessLocalShards):
         want = self._resume_shards if resume and resume[0] == epoch else None
         taken = self._epochs.take(epoch, want)
         self._fresh = True
-        return ShardSet(taken.root, taken.manifest, taken.infos, self.schema)
+        return ShardSet(taken.root, taken.manifest, taken.infos, getattr(self, "schema", None))
 
     def plan(self, epoch: int, options: PlanOptions) -> EpochPlan:
         """Epoch ``epoch``'s plan over this process's shard set."""

@@ -96,21 +96,14 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
             ``limit`` bytes; ``epochs``, ``timeout``). With ``torch.distributed``
             the ranks of growing epochs read the shards every rank's cache holds.
             See ``docs/cache.md``.
-        options: the tuning, whole (:class:`ReadOptions`; its fields marked *tf*
-            are refused here). ``sequence_example=True`` reads
-            ``tf.train.SequenceExample`` messages whole, as :class:`recordkit.Dataset`
-            does (``{"context": {name: value}, "feature_lists": {name: [step, ...]}}``,
-            number lists as tensors, bytes lists as ``list[bytes]``, steps ragged),
-            decoded on the reader threads; with ``batch_size`` a batch is a ``list``
-            of such samples (pad them in ``transform``). Without it, a
-            SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
-            never its context alone. Implied when the manifest says the records
-            are SequenceExamples (``recordkit convert`` of them).
+        options: the tuning, whole (:class:`ReadOptions`, which documents each
+            field; those marked *tf* are refused here).
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
         read_options: the :class:`ReadOptions` it reads with.
         cache_options: the :class:`CacheOptions` of ``cache=``.
+        plan_options: the :class:`~recordkit.reader.plan.PlanOptions` of its epoch plans.
         position: its :class:`~recordkit.torch.state.Position` (epoch, pass, resume point).
         source: its :class:`~recordkit.torch.cache.EpochSource` (each epoch's shards).
     """
@@ -151,7 +144,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         if read.sequence_example or read.raw:
             schema = Schema({})  # opens foreign data without inferring an Example schema
         given = schema
-        self.options = PlanOptions(
+        self.plan_options = PlanOptions(
             shuffle=shuffle,
             seed=seed,
             block_records=read.block_records,
@@ -175,7 +168,8 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
             split=split,
             shuffle=shuffle,
         )
-        self.source.schema = schema  # opening with it: foreign data is not inferred (and refused)
+        if schema is not None:  # opening with it: foreign data is not inferred (and refused)
+            self.source.schema = schema
         shards = self.source.open()  # fail early, in the main process, on a bad path or schema
         if not read.sequence_example:  # a dataset of SequenceExamples says so in its manifest
             self.sequence_example = read_whole(
@@ -186,7 +180,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         mix = make_mix(
             shards, records=records, weights=read.weights, epoch_records=read.epoch_records
         )
-        self.options = dataclasses.replace(self.options, mix=mix)
+        self.plan_options = dataclasses.replace(self.plan_options, mix=mix)
 
     # -- the position and the shard source, held ---------------------------------------
 
@@ -257,7 +251,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
                 passes it when workers do the iterating.
             epoch: with ``consumed``, the epoch they belong to (default: :attr:`epoch`).
         """
-        return self.position.state(self.source, self.options, consumed, epoch)
+        return self.position.state(self.source, self.plan_options, consumed, epoch)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration starts at the first unit not consumed.
@@ -274,7 +268,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
                 options or global batch, where "the next unseen record" is undefined;
                 or it is a worker's state loaded elsewhere than in that worker.
         """
-        self.position.load(state, self.source, self.options)
+        self.position.load(state, self.source, self.plan_options)
 
     def close(self) -> None:
         """Release the cache pins and maps (and stop a cache made from ``CacheOptions.dir``)."""
@@ -291,7 +285,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         return self.source.cache_epochs
 
     def _plan(self, epoch: int) -> EpochPlan:
-        return self.source.plan(epoch, self.options)
+        return self.source.plan(epoch, self.plan_options)
 
     def _view(self) -> Any:
         return self.source.view()
@@ -341,7 +335,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         return self.sequence_example or self.read_options.raw
 
     def _ragged_mode(self) -> Literal["padded", "list"]:
-        if self.options.batch_size and self._view() is None:
+        if self.plan_options.batch_size and self._view() is None:
             return self.read_options.ragged_as
         return "list"
 
@@ -351,7 +345,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         """Batches (or samples) this rank reads per epoch, over all its DataLoader workers."""
         split = self.position.split()
         units = self._plan(self.epoch).unit_count(split.rank, split.world_size)
-        refuse_worker_batches(sys._getframe(1), units, self.options.batch_size is None)
+        refuse_worker_batches(sys._getframe(1), units, self.plan_options.batch_size is None)
         return units
 
     def __iter__(self) -> Iterator[Any]:
@@ -466,7 +460,7 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
             )
         count = plan.unit_count(split.rank, split.world_size)
         units = range(p.next, count, p.step)
-        batched = self.options.batch_size is not None
+        batched = self.plan_options.batch_size is not None
         release = self.source.releaser(plan, split, p.next)
         # whole epochs: the stream this pass began (only it may end it)
         stream = self.source.stream() if p.key == 0 else None

@@ -87,17 +87,18 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
             bytes_as="list",
         )
 
-    # What the shard set and the tensorflow-datasets view read from the options.
+    # What ProcessLocalShards (the maps, the tensorflow-datasets view) reads, from the
+    # options (read-only here, where the base class has plain attributes).
     @property
     def partial(self) -> bool:
         return self.read_options.partial
 
     @property
-    def decode_images(self) -> bool:
+    def decode_images(self) -> bool:  # type: ignore[override]
         return bool(self.read_options.decode_images)
 
     @property
-    def limits(self) -> DecodeLimits | None:
+    def limits(self) -> DecodeLimits | None:  # type: ignore[override]
         return self.read_options.limits
 
     def __len__(self) -> int:
