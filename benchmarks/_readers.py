@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from recordkit.reader import ReadOptions
+
 BATCH = 64
 
 # The default collate makes tensors of read-only arrays (np.frombuffer over bytes) before
@@ -136,10 +138,12 @@ def _recordkit_pool(wl: Workload, files: Files) -> Iterator[int]:
 
 
 def _recordkit_proc(wl: Workload, files: Files) -> Iterator[int]:
-    """``RecordDataset(reader_process=True)``: decoding in a loader process (its own GIL)."""
+    """``ReadOptions(reader_process=True)``: decoding in a loader process (its own GIL)."""
     import recordkit.torch as rkt
 
-    ds = rkt.RecordDataset(files.tfrecord_dir, batch_size=BATCH, reader_process=True)
+    ds = rkt.RecordDataset(
+        files.tfrecord_dir, batch_size=BATCH, options=ReadOptions(reader_process=True)
+    )
     return _count(_epochs(ds), lambda b: b["label"])
 
 

@@ -54,6 +54,8 @@ import time
 
 import numpy as np
 
+from recordkit.reader import CacheOptions
+
 
 def make_dataset(path: str, shards: int, shard_mib: int, record_kib: int) -> None:
     import recordkit as rk
@@ -261,10 +263,9 @@ def whole(args: argparse.Namespace) -> dict:
             )
             row = {"recordkit_whole": rk_remote, "recordkit_local": rk_local}
             if mds:
-                window = RecordDataset(
-                    local, batch_size=64, cache_dir=os.path.join(work, "probe"),
-                    cache_limit=budget, shuffle=True,
-                )._window  # fmt: skip
+                probe = CacheOptions(dir=os.path.join(work, "probe"), limit=budget)
+                probed = RecordDataset(local, batch_size=64, shuffle=True, cache=probe)
+                window = probed.source.window
                 # Streaming's shuffle block: our shard window in samples (its default,
                 # 0 here, where the budget holds the dataset and we read the local order)
                 block = window // (args.record_kib * 1024) if shuffle and window else 0

@@ -8,9 +8,9 @@ and runs the ``gpu``-marked tests first); writes Markdown under ``OUT``:
   process, without the prefetcher and with it at depths 1 to 4 (target: step <= 1.15
   x max(load, compute));
 - ``h2d.md``: host-to-device throughput of W1 (256 KiB records, page-cached) through
-  ``RecordDataset(pin_memory=True)`` + ``DevicePrefetcher`` into device memory, against a
-  plain pinned ``copy_`` loop (the link's ceiling) and ``DataLoader`` with worker
-  processes and ``pin_memory=True``, in the same run;
+  ``RecordDataset(options=ReadOptions(pin_memory=True))`` + ``DevicePrefetcher`` into
+  device memory, against a plain pinned ``copy_`` loop (the link's ceiling) and
+  ``DataLoader`` with worker processes and ``pin_memory=True``, in the same run;
 - ``threads.md``: reader threads 2, 4, 8, 16 on W1 and W2 (1 KiB records);
 - ``summary.md``: all of it in the shape of ``docs/performance.md``'s tables, with the
   GPU, driver, CUDA and torch versions and the date; ``results.json``: the numbers.
@@ -34,6 +34,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from recordkit.reader import ReadOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # tests.standin_cuda, for the dry run
@@ -162,9 +164,9 @@ def _loader(root: str, reader: str, pin: bool = True, threads: int | None = None
     return rkt.RecordDataset(
         root,
         batch_size=BATCH,
-        pin_memory=pin,
-        reader_process=reader == "process",
-        num_threads=threads,
+        options=ReadOptions(
+            pin_memory=pin, reader_process=reader == "process", num_threads=threads
+        ),
     )
 
 
@@ -254,9 +256,9 @@ def h2d(w1: str, dev: Device, steps: int) -> list[dict[str, Any]]:
             close()
 
     pf = rkt.DevicePrefetcher(_loader(w1, "threads", pin=True), "cuda")
-    through(pf, "RecordDataset(pin_memory=True) + DevicePrefetcher")
+    through(pf, "RecordDataset(options=ReadOptions(pin_memory=True)) + DevicePrefetcher")
     pf.close()
-    ds = rkt.RecordDataset(w1, batch_size=BATCH, num_threads=1)
+    ds = rkt.RecordDataset(w1, batch_size=BATCH, options=ReadOptions(num_threads=1))
     workers = max(1, min(8, (os.cpu_count() or 2) // 2))
     dl = torch.utils.data.DataLoader(
         ds, batch_size=None, num_workers=workers, pin_memory=not dev.dry
@@ -272,7 +274,9 @@ def threads(w1: str, w2: str, steps: int) -> list[dict[str, Any]]:
         for n in THREADS:
             import recordkit.torch as rkt
 
-            ds = rkt.RecordDataset(root, batch_size=256 if name == "W2" else BATCH, num_threads=n)
+            ds = rkt.RecordDataset(
+                root, batch_size=256 if name == "W2" else BATCH, options=ReadOptions(num_threads=n)
+            )
             it = iter(ds)
             next(it)
             moved, t0 = 0, time.perf_counter()

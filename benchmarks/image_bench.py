@@ -9,10 +9,10 @@ does not import beside this torch build):
 - ``inline``: ``transform=DecodeImages()`` in the consuming (training) thread;
 - ``threads=N``: the same transform on ``transform_threads=N`` threads, ahead of it;
 - ``workers=2``: ``DataLoader`` with 2 worker processes (one reader thread each);
-- ``tf``: ``recordkit.tf.dataset(decode_images="image")`` (``tf.io.decode_image``),
-  and ``tf-bare``: a hand-written ``TFRecordDataset`` + ``parse_single_example`` +
-  ``tf.io.decode_image`` pipeline of the same features, without recordkit's
-  guard that names a failing record (what that costs).
+- ``tf``: ``recordkit.tf.dataset(options=ReadOptions(decode_images="image"))``
+  (``tf.io.decode_image``), and ``tf-bare``: a hand-written ``TFRecordDataset`` +
+  ``parse_single_example`` + ``tf.io.decode_image`` pipeline of the same features,
+  without recordkit's guard that names a failing record (what that costs).
 
 Each mode runs in a fresh interpreter, ``--repeat`` times (median; the modes
 interleaved, so that a busy spell on a shared machine hits them all): once unloaded,
@@ -39,6 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import median, run_child
+
+from recordkit.reader import ReadOptions
 
 BATCH = 64
 
@@ -71,10 +73,15 @@ def _torch_loader(path: str, mode: str):  # type: ignore[no-untyped-def]
     if mode.startswith("threads="):
         threads = int(mode.split("=")[1])
         return RecordDataset(
-            path, batch_size=BATCH, transform=DecodeImages(), transform_threads=threads
+            path,
+            batch_size=BATCH,
+            transform=DecodeImages(),
+            options=ReadOptions(transform_threads=threads),
         )
     if mode == "workers=2":
-        ds = RecordDataset(path, batch_size=BATCH, num_threads=1, transform=DecodeImages())
+        ds = RecordDataset(
+            path, batch_size=BATCH, transform=DecodeImages(), options=ReadOptions(num_threads=1)
+        )
         return DataLoader(ds, num_workers=2)
     raise ValueError(mode)
 
@@ -85,7 +92,7 @@ def _tf_loader(path: str, mode: str):  # type: ignore[no-untyped-def]
     import recordkit.tf as rtf
 
     if mode == "tf":
-        return rtf.dataset(path, decode_images="image", batch_size=BATCH)
+        return rtf.dataset(path, batch_size=BATCH, options=ReadOptions(decode_images="image"))
     files = sorted(str(p) for p in Path(path).glob("*.tfrecord"))
     spec = {
         "image": tf.io.FixedLenFeature([], tf.string),

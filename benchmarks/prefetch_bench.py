@@ -11,8 +11,10 @@ pressure (after each batch, pure-Python work as long as the threads mode's unloa
 batch; the step holds the GIL, as a Python-heavy training step does):
 
 - ``threads``: ``RecordDataset(batch_size=64)``, reader threads in the training process;
-- ``workers``: ``recordkit.torch.DataLoader(RecordDataset(..., num_threads=1), num_workers=2)``;
-- ``process``: ``RecordDataset(batch_size=64, reader_process=True)``, a loader process
+- ``workers``: ``recordkit.torch.DataLoader(RecordDataset(...,
+  options=ReadOptions(num_threads=1)), num_workers=2)``;
+- ``process``: ``RecordDataset(batch_size=64, options=ReadOptions(reader_process=True))``,
+  a loader process
   handing chunks over through shared memory.
 
 ``cuda`` (needs a GPU): raw batches of the ``big`` data set (64 records of 128 kB, 8 MiB
@@ -42,6 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import median, run_child
 from read_bench import _busy, _cpu_seconds, _time_busy
+
+from recordkit.reader import ReadOptions
 
 BATCH = 64
 # Two page-cached data sets, generated here: big records (one 8 MiB batch is one
@@ -133,7 +137,9 @@ def _cuda_loader(root: str, reader: str, pin: bool) -> Any:
     import recordkit.torch as rkt
 
     process = reader == "process"
-    return rkt.RecordDataset(root, batch_size=BATCH, pin_memory=pin, reader_process=process)
+    return rkt.RecordDataset(
+        root, batch_size=BATCH, options=ReadOptions(pin_memory=pin, reader_process=process)
+    )
 
 
 def _cycles_per_ms() -> float:
@@ -244,9 +250,9 @@ def _loader(mode: str, root: str) -> Any:
     if mode == "threads":
         return rkt.RecordDataset(root, batch_size=BATCH)
     if mode == "workers":
-        ds = rkt.RecordDataset(root, batch_size=BATCH, num_threads=1)
+        ds = rkt.RecordDataset(root, batch_size=BATCH, options=ReadOptions(num_threads=1))
         return rkt.DataLoader(ds, num_workers=2)
-    return rkt.RecordDataset(root, batch_size=BATCH, reader_process=True)
+    return rkt.RecordDataset(root, batch_size=BATCH, options=ReadOptions(reader_process=True))
 
 
 def child(mode: str, root: str, limit: int, step_ms: float) -> dict[str, Any]:

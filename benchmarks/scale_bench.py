@@ -19,7 +19,7 @@ readers: ``recordkit.Dataset(path)`` and
   batch and after reading on: ``--batches`` more batches for ``RecordDataset``,
   ``--spread`` records spread evenly over the whole dataset for ``Dataset``;
 - ``--readers ...,tf`` adds ``recordkit.tf.dataset(path, batch_size=256,
-  shuffle=True)`` (TensorFlow opens ``num_parallel_reads`` files at a time);
+  shuffle=True)`` (TensorFlow opens ``ReadOptions.num_threads`` files at a time);
 - growth: each size N divisible by ``--growth`` (16) is also measured at
   N/16 shards, and the ratios 16x records in 16x shards are printed;
 - ``--repeat N``: each cell measured N times (sizes and readers alternating),

@@ -11,7 +11,7 @@ read time only by whoever asks. This module holds what the decoders share:
 
 The framework decoders: ``recordkit.torch.DecodeImages`` (a ``transform``;
 ``torchvision.io.decode_image`` when torchvision imports, Pillow otherwise) and
-``recordkit.tf.dataset(..., decode_images=...)`` (``tf.io.decode_image``). Both
+``recordkit.tf.dataset(..., options=ReadOptions(decode_images=...))`` (``tf.io.decode_image``). Both
 name the record's ``file:offset:record`` and the source key when an image does
 not decode. Resizing, cropping and augmenting are left to your transforms:
 they decide the output shape, and a batch of decoded images of different sizes

@@ -12,6 +12,7 @@ import pytest
 import recordkit as rk
 from recordkit.cli import main
 from recordkit.errors import IncompleteDatasetError
+from recordkit.reader import ReadOptions
 
 
 def assert_refused_everywhere(path: Path, says: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,5 +62,5 @@ def assert_partial_reads(
         from recordkit.torch import RecordDataset, RecordMapDataset
     except ImportError:
         return
-    assert sum(1 for _ in RecordDataset(path, partial=True)) == records
-    assert len(RecordMapDataset(path, partial=True)) == records
+    assert sum(1 for _ in RecordDataset(path, options=ReadOptions(partial=True))) == records
+    assert len(RecordMapDataset(path, options=ReadOptions(partial=True))) == records

@@ -15,8 +15,9 @@ and the epoch, so the resumed run reads what the uninterrupted one did.
 
 On several processes the ``Trainer`` (through Accelerate) reads an iterable
 dataset on the main process alone and gives each process a slice of every batch,
-so the dataset there must read every record: ``RecordDataset(..., rank=0,
-world_size=1)`` (one that reads one rank's share is refused by name).
+so the dataset there must read every record: ``RecordDataset(...,
+options=ReadOptions(rank=0, world_size=1))`` (one that reads one rank's share is
+refused by name).
 
 ``--labels FILE`` writes ``[epoch, [labels]]`` for every step, one JSON line each
 (``FILE.rankN`` on several processes; ``label`` is the record's number).
@@ -81,7 +82,7 @@ def main() -> None:
 
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from recordkit.torch import RecordDataset
+    from recordkit.torch import ReadOptions, RecordDataset
 
     class Steps(TrainerCallback):
         """Note the epoch; save and stop after ``--stop-after`` steps (a preempted job)."""
@@ -96,7 +97,7 @@ def main() -> None:
     # Single samples (the Trainer batches); on several processes the main process
     # reads every record and the Trainer slices each batch (see above).
     split = {"rank": 0, "world_size": 1} if world > 1 else {}
-    ds = RecordDataset(args.data, shuffle=True, seed=0, **split)
+    ds = RecordDataset(args.data, shuffle=True, seed=0, options=ReadOptions(**split))
     training = TrainingArguments(
         output_dir=str(output),
         per_device_train_batch_size=BATCH,

@@ -23,7 +23,7 @@ the native runner (``decode.py``,               automatically, inside the thread
                                                 turns it off.
 the loader process, ``ProcessReader``           the training step's Python holds the GIL
 (``process.py``)                                so hard that reader threads starve
-                                                (``RecordDataset(reader_process=True)``):
+                                                (``ReadOptions(reader_process=True)``):
                                                 the same threads in a spawned process,
                                                 chunks handed over in shared memory.
 :class:`recordkit.torch.RecordMapDataset`       your own sampler needs random access by

@@ -48,15 +48,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from .._deps import require
 from ..codec import Schema
-from ..codec.limits import DecodeLimits
-from ..images import ImageOptions
 from ..reader.epochs import open_cache
 from ..reader.mix import refuse_cache, sources
-from ..reader.options import CacheOptions, accepts_options, merge_options
+from ..reader.options import CacheOptions, ReadOptions, read_options
 from ..reader.select import take_split
 from ..storage import strip_file_scheme
 from .build import PASSES, Request, choose
@@ -64,39 +62,33 @@ from .files import feature_spec, says_sequences, shard_files
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["EpochCallback", "dataset", "feature_spec", "set_epoch", "shard_files"]
+__all__ = [
+    "CacheOptions",
+    "EpochCallback",
+    "ReadOptions",
+    "dataset",
+    "feature_spec",
+    "set_epoch",
+    "shard_files",
+]
 
 
-@accepts_options
 def dataset(
     path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     batch_size: int | None = None,
     shuffle: bool = False,
     seed: int = 0,
+    drop_last: bool = False,
+    columns: Sequence[str] | None = None,
+    schema: Schema | None = None,
+    split: str | None = None,
+    records: slice | str | Sequence[slice | str | None] | None = None,
+    cache: Any = None,
+    options: ReadOptions | None = None,
     epoch: int = 0,
     epochs: int | None = 1,
-    shuffle_buffer: int = 10_000,
-    drop_remainder: bool = False,
-    columns: Sequence[str] | None = None,
     input_context: Any = None,
-    deterministic: bool = True,
-    schema: Schema | None = None,
-    num_parallel_reads: int | None = None,
-    cache_options: CacheOptions | None = None,
-    cache: Any = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_limit: int | str | None = None,
-    cache_epochs: Literal["whole", "growing"] = "whole",
-    cache_timeout: float | None = 600.0,
-    partial: bool = False,
-    limits: DecodeLimits | None = None,
-    split: str | None = None,
-    decode_images: bool | str | Sequence[str] | ImageOptions | None = None,
-    sequence_example: bool = False,
-    records: slice | str | Sequence[slice | str | None] | None = None,
-    weights: Sequence[float] | None = None,
-    epoch_records: int | None = None,
 ) -> Any:
     """A ``tf.data.Dataset`` of a recordkit dataset (or a folder of TFRecords).
 
@@ -107,7 +99,7 @@ def dataset(
     change it, and an iterator saved with ``tf.train.Checkpoint(iterator=it)``
     continues the same stream, mid-epoch and across epochs, in a new process.
     One unshuffled pipeline of a schema the native path does not take (or given
-    ``num_parallel_reads``) reads through TensorFlow's own ``TFRecordDataset``;
+    ``ReadOptions.num_threads``) reads through TensorFlow's own ``TFRecordDataset``;
     ``docs/tensorflow.md`` says which path reads what.
 
     Args:
@@ -117,18 +109,6 @@ def dataset(
             record of each once per epoch, shuffled together; their schemas
             must agree on the features read (else a
             :class:`~recordkit.errors.SchemaError` naming the feature).
-        records: read only these records, the same every epoch (shuffled among
-            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
-            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
-            syntax; the name is ``split=``). For a list of datasets, a list of
-            one range (or ``None``) per dataset. Read through the epoch plan.
-        weights: with a list of datasets, sample them in these proportions: an
-            epoch of ``epoch_records`` records of which each dataset gives its
-            share, a smaller one repeated (each pass a fresh permutation,
-            without replacement within a pass), a larger one subsampled
-            (different records each epoch); see ``docs/howto/mixing.md``.
-        epoch_records: records per epoch with ``weights`` (default: the datasets'
-            records together); alone, natural proportions.
         batch_size: batch this many records (``parse_example`` on whole batches);
             ``None`` yields single records.
         shuffle: a new order every epoch, mixed like a uniform permutation on
@@ -136,83 +116,57 @@ def dataset(
             within windows of many blocks). Every pass over the dataset (each
             ``iter(ds)`` that is read from) reads the next epoch.
         seed: the shuffle seed (0 to 2**63 - 1).
-        epoch: the number of the first epoch this dataset yields (the plan's
-            epoch: with ``shuffle``, each epoch number has its own order).
-        epochs: epochs one pass over the dataset (one iterator) yields,
-            numbered ``epoch``, ``epoch + 1``, ...; ``None`` repeats without
-            end. Iterating the same dataset again reads the next epochs: each
-            Keras ``fit`` epoch, or each ``for batch in ds`` of a loop, has a
-            new order (see :func:`set_epoch` and :class:`EpochCallback` to
-            number them yourself).
-        shuffle_buffer: records in TensorFlow's shuffle buffer, used only where
-            the plan is not (a shard cache, ``gs://``).
-        drop_remainder: drop the last, smaller batch; with ``input_context``
-            the shuffled epoch is cut to a multiple of the global batch
+        drop_last: drop the last, smaller batch; with ``input_context`` the
+            shuffled epoch is cut to a multiple of the global batch
             (``batch_size`` times the number of pipelines), so every pipeline
             yields the same number of full batches.
         columns: decode only these features (default: all).
-        input_context: a ``tf.distribute.InputContext``: pipelines split each
-            epoch by global batch, as ``torch.distributed`` ranks do: pipeline
-            *i* takes the *i*-th ``batch_size`` slice of each global batch.
-            Each record is read by exactly one pipeline per epoch (the last,
-            partial global batch is shared evenly unless ``drop_remainder``).
-        deterministic: keep the order fixed; ``False`` lets TensorFlow trade
-            order for speed where it interleaves files (the native path).
         schema: the schema of a foreign folder (default: inferred from its first
             records); overrides a manifest's.
-        cache_options: the cache settings below as one
-            ``CacheOptions`` (``from recordkit.reader import CacheOptions``;
-            documented with ``recordkit.torch``); then none of the
-            ``cache*`` keywords: a setting is given one way.
-        cache: read the remote dataset through this
-            :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
-            label. How epochs read it: ``cache_epochs``.
-        cache_dir: instead of ``cache``: cache the remote ``path_or_url`` here,
-            within ``cache_limit`` bytes.
-        cache_limit: the disk budget for ``cache_dir`` (e.g. ``"50GiB"``).
-        cache_epochs: ``"whole"`` (default): every epoch reads every record of
-            the remote dataset in the plan's order (the records of
-            ``recordkit.torch``), the shards fetched ahead of the readers within
-            the budget and evicted once the epoch is done with them; the length
-            is known and ``tf.train.Checkpoint`` resumes mid-epoch. One iterator
-            at a time. ``"growing"``: each time the dataset is iterated (each
-            epoch) it takes every complete shard a started cache holds then,
-            pinned until the next epoch starts, so epochs grow as the cache
-            fills (each says at WARNING how much it reads); ``input_context``
-            then splits by shard only, the length is unknown, and the order is
-            not the plan's. See ``docs/cache.md``.
-        cache_timeout: seconds a reader waits for one shard (whole epochs), or
-            an epoch start for a first complete shard (growing epochs).
-        num_parallel_reads: given, an unshuffled pipeline reads through
-            TensorFlow's ``TFRecordDataset``: this many shards at once (default
-            4, for the schemas the native path does not take), in parallel;
-            their records (small records: chunks of up to 1024 records or
-            1 MiB) alternate, so the order is fixed but not the dataset order.
-            ``1`` reads shard after shard, in the manifest's order.
-        partial: read a directory where a write of ours did not finish (the
-            shards it published, with a WARNING) instead of raising
-            :class:`~recordkit.errors.IncompleteDatasetError`.
-        limits: the bytes a zstd value may decompress to (its
-            :class:`~recordkit.codec.DecodeLimits` ``record_bytes``; default
-            derived from the schema); a value over it fails the pipeline with
-            :class:`~recordkit.errors.RecordTooLargeError` before it is allocated.
         split: the split of a local tensorflow-datasets folder (needed when it
             has several; or give one of its shards): elements then hold tfds's
             dtypes and shapes, as ``tfds.load`` gives them (``columns`` names
             tfds's features). Read through the epoch plan, record by record.
-        decode_images: ``Bytes()`` features holding encoded images (a name, names,
-            or :class:`~recordkit.images.ImageOptions` for the channels and the
-            key feature) to decode with ``tf.io.decode_image``, per record, into
-            ``uint8`` ``[H, W, C]`` (``[B, None, None, C]`` ragged when batched:
-            resize in a ``map`` with ``batch_size=None``, then batch). An image
-            that does not decode fails the pipeline with TensorFlow's
-            ``InvalidArgumentError`` carrying the
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset. Read through the epoch plan.
+        cache: read the remote dataset through a shard cache: a
+            :class:`recordkit.cache.ShardCache` (``path_or_url`` is then only a
+            label) or a :class:`CacheOptions` (a cache made in ``dir`` within
+            ``limit`` bytes). Its ``epochs``: ``"whole"`` (default): every epoch
+            reads every record of the remote dataset in the plan's order (the
+            records of ``recordkit.torch``), the shards fetched ahead of the
+            readers within the budget and evicted once the epoch is done with
+            them; the length is known and ``tf.train.Checkpoint`` resumes
+            mid-epoch. One iterator at a time. ``"growing"``: each time the
+            dataset is iterated (each epoch) it takes every complete shard a
+            started cache holds then, pinned until the next epoch starts, so
+            epochs grow as the cache fills (each says at WARNING how much it
+            reads); ``input_context`` then splits by shard only, the length is
+            unknown, and the order is not the plan's. See ``docs/cache.md``.
+        options: the tuning, whole (:class:`ReadOptions`; its fields marked
+            *torch* are refused here). ``num_threads``: given, an unshuffled
+            pipeline reads through TensorFlow's ``TFRecordDataset``, this many
+            shards at once. ``weights``, ``epoch_records``: mixing a list of
+            datasets (``docs/howto/mixing.md``). ``limits``: the bytes a zstd
+            value may decompress to (its :class:`~recordkit.codec.DecodeLimits`
+            ``record_bytes``); a value over it fails the pipeline with
+            :class:`~recordkit.errors.RecordTooLargeError` before it is
+            allocated. ``decode_images``: ``Bytes()`` features holding encoded
+            images (a name, names, or :class:`~recordkit.images.ImageOptions`
+            for the channels and the key feature) to decode with
+            ``tf.io.decode_image``, per record, into ``uint8`` ``[H, W, C]``
+            (``[B, None, None, C]`` ragged when batched: resize in a ``map`` with
+            ``batch_size=None``, then batch). An image that does not decode fails
+            the pipeline with TensorFlow's ``InvalidArgumentError`` carrying the
             :class:`~recordkit.errors.ImageDecodeError` message: the record's
             ``file:offset:record``, the feature, the source key (``path``) and
             why. Records are then read one by one (no vectorised batch parse).
             In a tensorflow-datasets folder, ``True`` decodes its ``Image``
             features with ``tf.io.decode_image`` (as tfds does).
-        sequence_example: the records are ``tf.train.SequenceExample``
+            ``sequence_example``: the records are ``tf.train.SequenceExample``
             messages: each element is ``{"context": {name: 1-d tensor},
             "feature_lists": {name: ragged [steps, None]}}`` from
             ``tf.io.parse_single_sequence_example``, with specs (each feature's
@@ -225,6 +179,19 @@ def dataset(
             (``recordkit convert`` of them): the specs are then its schema,
             which names every feature each record holds, and TensorFlow parses
             with no check per record.
+        epoch: the number of the first epoch this dataset yields (the plan's
+            epoch: with ``shuffle``, each epoch number has its own order).
+        epochs: epochs one pass over the dataset (one iterator) yields,
+            numbered ``epoch``, ``epoch + 1``, ...; ``None`` repeats without
+            end. Iterating the same dataset again reads the next epochs: each
+            Keras ``fit`` epoch, or each ``for batch in ds`` of a loop, has a
+            new order (see :func:`set_epoch` and :class:`EpochCallback` to
+            number them yourself).
+        input_context: a ``tf.distribute.InputContext``: pipelines split each
+            epoch by global batch, as ``torch.distributed`` ranks do: pipeline
+            *i* takes the *i*-th ``batch_size`` slice of each global batch.
+            Each record is read by exactly one pipeline per epoch (the last,
+            partial global batch is shared evenly unless ``drop_last``).
 
     The dataset knows its length (``len(ds)``: batches, or records, of this
     pipeline, times ``epochs``) where there is a manifest or a local folder, so
@@ -236,20 +203,19 @@ def dataset(
     """
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if shuffle_buffer < 1:
-        raise ValueError(f"shuffle_buffer must be >= 1, got {shuffle_buffer}")
     if epoch < 0:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
     if epochs is not None and epochs < 1:
         raise ValueError(f"epochs must be >= 1 or None, got {epochs}")
-    cached = merge_options(CacheOptions, cache_options, locals(), keyword="cache_options")
+    read = read_options(options, "recordkit.tf.dataset")
+    cached = CacheOptions.of(cache)
     paths, label = sources(path_or_url)
     split, records = take_split(split, records)
     if cached.used:  # a list, a record range or weights: refused with a cache
-        refuse_cache(label, paths, records, weights, epoch_records)
+        refuse_cache(label, paths, records, read.weights, read.epoch_records)
     if input_context is not None:  # validates the pipeline numbers
         shard_files([], input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if cached.used and (split is not None or decode_images):
+    if cached.used and (split is not None or read.decode_images):
         raise ValueError(
             f"{label}: split= and decode_images= are for a local "
             "tensorflow-datasets folder, not a dataset read through a shard cache"
@@ -259,36 +225,20 @@ def dataset(
         batch_size=batch_size,
         shuffle=shuffle,
         seed=seed,
+        drop_last=drop_last,
+        columns=columns,
+        schema=schema,
+        split=split,
+        records=records,
+        options=read,
         epoch=epoch,
         epochs=epochs,
-        shuffle_buffer=shuffle_buffer,
-        drop_remainder=drop_remainder,
-        columns=columns,
         input_context=input_context,
-        deterministic=deterministic,
-        schema=schema,
-        num_parallel_reads=num_parallel_reads,
-        partial=partial,
-        limits=limits,
-        split=split,
-        decode_images=decode_images,
-        sequence_example=sequence_example,
         paths=paths,
-        records=records,
-        weights=weights,
-        epoch_records=epoch_records,
     )
-    if request.mixing and (sequence_example or says_sequences(strip_file_scheme(paths[0]))):
+    if request.mixing and (read.sequence_example or says_sequences(strip_file_scheme(paths[0]))):
         raise ValueError(f"{label}: SequenceExamples are not read as a list, records= or weights=")
-    source = open_cache(
-        request.path_or_url,
-        cache=cached.cache,
-        cache_dir=cached.dir,
-        cache_limit=cached.limit,
-        timeout=cached.timeout,
-        mode=cached.epochs,
-    )
-    ds = choose(request, source)
+    ds = choose(request, open_cache(request.path_or_url, cached))
     if not hasattr(ds, PASSES):
         setattr(ds, PASSES, None)  # not in the plan's order: no epoch number to set
     return ds

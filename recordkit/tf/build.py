@@ -34,12 +34,12 @@ from typing import Any
 
 from .._deps import require
 from ..codec import Schema
-from ..codec.limits import DecodeLimits
 from ..errors import ShardNotFoundError
 from ..format.index import INDEX_SUFFIX
 from ..images import ImageOptions
 from ..reader.epochs import CacheEpochs, TaskFeed, WholeEpochs
 from ..reader.mix import make_mix, open_sources
+from ..reader.options import ReadOptions
 from ..reader.plan import PlanOptions
 from .files import (
     cached_files,
@@ -84,30 +84,22 @@ class Request:
     batch_size: int | None
     shuffle: bool
     seed: int
+    drop_last: bool
+    columns: Sequence[str] | None
+    schema: Schema | None
+    split: str | None
+    records: Any  # a record range (or one per dataset), split name taken out
+    options: ReadOptions  # the tuning, whole
     epoch: int
     epochs: int | None
-    shuffle_buffer: int
-    drop_remainder: bool
-    columns: Sequence[str] | None
     input_context: Any
-    deterministic: bool
-    schema: Schema | None
-    num_parallel_reads: int | None
-    partial: bool
-    limits: DecodeLimits | None
-    split: str | None
-    decode_images: bool | str | Sequence[str] | ImageOptions | None
-    sequence_example: bool
     paths: Sequence[str]  # the datasets read (one, or several read as one)
-    records: Any = None  # a record range (or one per dataset), split name taken out
-    weights: Sequence[float] | None = None
-    epoch_records: int | None = None
 
     @property
     def mixing(self) -> bool:
         """Several datasets, a record range or weights: read through the epoch plan."""
         return len(self.paths) > 1 or any(
-            x is not None for x in (self.records, self.weights, self.epoch_records)
+            x is not None for x in (self.records, self.options.weights, self.options.epoch_records)
         )
 
     @property
@@ -130,14 +122,15 @@ class Request:
     @property
     def tfds_images(self) -> bool:
         """``decode_images=True``: a tensorflow-datasets folder's ``Image`` features."""
-        return self.decode_images is True
+        return self.options.decode_images is True
 
     @property
     def named_images(self) -> str | Sequence[str] | ImageOptions | None:
         """``decode_images=`` names or options: ``Bytes()`` features of any other data."""
-        if isinstance(self.decode_images, (bool, type(None))):
+        images = self.options.decode_images
+        if isinstance(images, (bool, type(None))):
             return None
-        return self.decode_images
+        return images
 
     def wants_tfds(self) -> bool:
         """A local tensorflow-datasets folder (asked for, or found there)."""
@@ -158,7 +151,7 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
     known and ``tf.train.Checkpoint`` resumes mid-epoch.
     """
     assert source.manifest is not None
-    if req.sequence_example or source.manifest.sequence_example:
+    if req.options.sequence_example or source.manifest.sequence_example:
         raise ValueError(
             f"{req.path_or_url}: sequence_example=True, or a manifest that says its "
             "records are SequenceExamples: they are read whole, not through a shard cache"
@@ -169,7 +162,7 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
         shuffle=req.shuffle,
         seed=req.seed,
         batch_size=req.batch_size,
-        drop_last=req.drop_remainder,
+        drop_last=req.drop_last,
         shard_window_bytes=source.window_bytes(req.shuffle),
     )
     shards = source.shard_set(schema)
@@ -187,9 +180,9 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
         rank=pipeline,
         world_size=pipelines,
     )
-    dense = NativeTasks(tasks, schema, names, req.limits) if takes(schema, names) else None
+    dense = NativeTasks(tasks, schema, names, req.options.limits) if takes(schema, names) else None
     ds, passes = planned(
-        tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.limits, dense=dense
+        tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.options.limits, dense=dense
     )
     return numbered(ds, passes)
 
@@ -203,14 +196,14 @@ def sequence_examples(req: Request) -> Any:
             f"{path}: sequence_example=True, or a manifest that says so: records are read "
             "whole: no schema, columns or cache"
         )
-    if req.decode_images:
+    if req.options.decode_images:
         raise ValueError(
             f"{path}: sequence_example=True, or a manifest that says so: records are read "
             "whole: no decode_images"
         )
     from .sequence import pipeline as sequences
 
-    check_finished(path, req.partial)
+    check_finished(path, req.options.partial)
     files, _, manifest = locate(req.path_or_url, Schema({}))
     by_record = False
     if req.input_context is not None:
@@ -220,8 +213,8 @@ def sequence_examples(req: Request) -> Any:
         req.batch_size,
         req.shuffle,
         req.seed,
-        req.shuffle_buffer,
-        req.drop_remainder,
+        req.options.shuffle_buffer,
+        req.drop_last,
         by_record,
         req.input_context,
         manifest,
@@ -250,7 +243,7 @@ def _plan_ordered_local(req: Request) -> Any:
         list(req.paths),
         req.schema,
         columns=req.columns,
-        partial=req.partial,
+        partial=req.options.partial,
         split=req.split,
     )
     view = shards.view
@@ -259,25 +252,28 @@ def _plan_ordered_local(req: Request) -> Any:
     if view is not None and req.named_images is not None:
         raise ValueError(
             "a tensorflow-datasets folder's Image features are decoded with "
-            f"decode_images=True, not decode_images={req.decode_images!r}"
+            f"decode_images=True, not decode_images={req.options.decode_images!r}"
         )
     finish = None
     if view is not None:
         from .tfds import finisher
 
-        view = view.with_options(decode_images=req.tfds_images, limits=req.limits)
+        view = view.with_options(decode_images=req.tfds_images, limits=req.options.limits)
         names = view.stored_columns(req.columns) or list(shards.schema.names)
         finish = finisher(view, req.columns)
     else:
         names = column_names(shards.schema, req.columns)
     mix = make_mix(
-        shards, records=req.records, weights=req.weights, epoch_records=req.epoch_records
+        shards,
+        records=req.records,
+        weights=req.options.weights,
+        epoch_records=req.options.epoch_records,
     )
     options = PlanOptions(
         shuffle=req.shuffle,
         seed=req.seed,
         batch_size=req.batch_size,
-        drop_last=req.drop_remainder,
+        drop_last=req.drop_last,
         mix=mix,
     )
     pipelines, pipeline = req.pipelines
@@ -285,7 +281,7 @@ def _plan_ordered_local(req: Request) -> Any:
     images = images_step(req.named_images, shards.schema, names, task_locator(tasks))
     dense = None
     if images is None and finish is None and takes(shards.schema, names):
-        dense = NativeTasks(tasks, shards.schema, names, req.limits)
+        dense = NativeTasks(tasks, shards.schema, names, req.options.limits)
     ds, passes = planned(
         tasks,
         shards.schema,
@@ -293,7 +289,7 @@ def _plan_ordered_local(req: Request) -> Any:
         req.batch_size,
         req.epoch,
         req.epochs,
-        req.limits,
+        req.options.limits,
         images,
         finish,
         dense,
@@ -313,7 +309,7 @@ def growing_epochs(req: Request, source: CacheEpochs) -> Any:
 def tfrecord_files(req: Request) -> Any:
     """The shard list through TensorFlow's own ``TFRecordDataset`` with a parallel
     interleave: one unshuffled pipeline over local data, or anything under ``gs://``."""
-    check_finished(req.path, req.partial)
+    check_finished(req.path, req.options.partial)
     files, schema, manifest = locate(req.path_or_url, req.schema)
     return _native(req, files, schema, manifest, None)
 
@@ -342,12 +338,12 @@ def _native(req: Request, files: list[str], schema: Schema, manifest: Any, epoch
         batch_size=req.batch_size,
         shuffle=req.shuffle,
         seed=req.seed,
-        shuffle_buffer=req.shuffle_buffer,
-        drop_remainder=req.drop_remainder,
+        shuffle_buffer=req.options.shuffle_buffer,
+        drop_remainder=req.drop_last,
         input_context=req.input_context,
-        deterministic=req.deterministic,
-        num_parallel_reads=req.num_parallel_reads,
-        limits=req.limits,
+        deterministic=req.options.deterministic,
+        num_parallel_reads=req.options.num_threads,
+        limits=req.options.limits,
         images=images,
     )
     return req.repeated(ds)
@@ -368,7 +364,7 @@ def choose(req: Request, source: WholeEpochs | CacheEpochs | None) -> Any:
     """The dataset ``req`` asks for, from the one builder that reads it."""
     if isinstance(source, WholeEpochs):
         return whole_epochs(req, source)
-    if req.sequence_example or (source is None and says_sequences(req.path)):
+    if req.options.sequence_example or (source is None and says_sequences(req.path)):
         if source is not None:
             raise ValueError(
                 f"{req.path}: sequence_example=True, or a manifest that says so: records are "
@@ -381,7 +377,12 @@ def choose(req: Request, source: WholeEpochs | CacheEpochs | None) -> Any:
         return tfds_split(req)
     if req.mixing or (req.local and (req.shuffle or req.pipelines[0] > 1)):
         return plan_ordered(req)
-    if req.local and req.num_parallel_reads is None and not req.decode_images and dense(req):
+    if (
+        req.local
+        and req.options.num_threads is None
+        and not req.options.decode_images
+        and dense(req)
+    ):
         return plan_ordered(req)
     return tfrecord_files(req)
 
@@ -391,7 +392,7 @@ def dense(req: Request) -> bool:
     plan's order (dataset order), rather than through ``TFRecordDataset``: every feature
     read is one :mod:`recordkit.tf.native` takes, and the shards are indexed (a foreign
     folder without ``.idx`` sidecars is streamed by TensorFlow, never scanned first)."""
-    check_finished(req.path, req.partial)
+    check_finished(req.path, req.options.partial)
     files, schema, manifest = locate(req.path_or_url, req.schema)
     if not takes(schema, column_names(schema, req.columns)):
         return False

@@ -1,4 +1,5 @@
-"""``recordkit.tf.dataset(decode_images=...)``: ``tf.io.decode_image`` that names what fails.
+"""``ReadOptions(decode_images=...)`` of ``recordkit.tf.dataset``: ``tf.io.decode_image``
+that names what fails.
 
 Used by :mod:`recordkit.tf` alone. A TensorFlow op that fails cannot be caught
 inside a pipeline, and its error knows nothing of records; so each image is

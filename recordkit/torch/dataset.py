@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,42 +15,49 @@ from .._deps import require
 
 torch = require("torch", extra="torch")
 
-from torch.utils.data import get_worker_info  # noqa: E402
+from torch.utils.data import IterableDataset, get_worker_info  # noqa: E402
 
 from .._origins import Origins, ordered_map  # noqa: E402
-from ..codec.limits import DecodeLimits  # noqa: E402
 from ..codec.schema import Schema  # noqa: E402
 from ..reader.buffers import BufferPool  # noqa: E402
 from ..reader.decode import BatchDecoder  # noqa: E402
+from ..reader.decoders import decoder_keywords, make_decoder  # noqa: E402
 from ..reader.mix import make_mix, refuse_cache, sources  # noqa: E402
-from ..reader.options import CacheOptions, ReadOptions, accepts_options, merge_options  # noqa: E402
-from ..reader.pipeline import Chunk, OnError, ReaderStats, RecordReader  # noqa: E402
-from ..reader.plan import PlanOptions, Split  # noqa: E402
-from ..reader.position import EpochCell, Pass, WorkerPosition, pass_key  # noqa: E402
-from ..reader.process import DEFAULT_PROGRESS_TIMEOUT, ProcessReader  # noqa: E402
+from ..reader.options import (  # noqa: E402
+    CacheOptions,
+    ReadOptions,
+    check_whole_records,
+    read_options,
+)
+from ..reader.pipeline import Chunk, ReaderStats, RecordReader  # noqa: E402
+from ..reader.plan import EpochPlan, PlanOptions, Split  # noqa: E402
+from ..reader.position import Pass, pass_key  # noqa: E402
+from ..reader.process import ProcessReader  # noqa: E402
 from ..reader.ragged import ragged_axes  # noqa: E402
 from ..reader.select import take_split  # noqa: E402
-from ..reader.sequence import RawBatchDecoder, SequenceBatchDecoder, read_whole  # noqa: E402
-from ..reader.tfds import TFDSBatchDecoder, TFDSInfo  # noqa: E402
+from ..reader.sequence import read_whole  # noqa: E402
+from ..reader.tfds import TFDSInfo  # noqa: E402
+from .cache import EpochSource  # noqa: E402
 from .collate import chunk_batches, chunk_samples, chunk_sequences, collate  # noqa: E402
 from .devcopy import can_pin as _can_pin  # noqa: E402
 from .devcopy import pinned_slab as _pinned_slab  # noqa: E402
 from .distributed import cpus  # noqa: E402
-from .state import Positioned, refuse_worker_batches  # noqa: E402
+from .state import Position, refuse_dispatch, refuse_worker_batches  # noqa: E402
 
 if TYPE_CHECKING:
     from ..cache import ShardCache
 
 log = logging.getLogger(__name__)
 
+_POOL_LOCK = threading.Lock()
 
-class RecordDataset(Positioned):
+
+class RecordDataset(IterableDataset):  # type: ignore[type-arg]
     """Stream a recordkit dataset (or a folder of TFRecords) into PyTorch.
 
-    Every setting below but the path is a keyword, or, whole, a field of
-    ``options=`` (:class:`ReadOptions`) or, for the ``cache*`` ones, of
-    ``cache_options=`` (:class:`CacheOptions`); a keyword given beside the object
-    that holds it is an :class:`~recordkit.errors.OptionError`.
+    The everyday settings are keywords; the tuning (threads, error handling, layouts,
+    ranks, the loader process, ...) is one :class:`ReadOptions` given as
+    ``options=``, which documents each field; the cache is ``cache=``.
 
     Args:
         path_or_url: a dataset directory, a folder of ``.tfrecord`` files, or one
@@ -57,258 +66,249 @@ class RecordDataset(Positioned):
             record of each once per epoch, shuffled together; their schemas
             must agree on the features read (else a
             :class:`~recordkit.errors.SchemaError` naming the feature).
-        options: the reading settings whole (then none of their keywords).
-        cache_options: the cache settings whole (then no ``cache*`` keyword).
-        records: read only these records, the same every epoch (shuffled among
-            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
-            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
-            syntax; the name is ``split=``). For a list of datasets, a list of
-            one range (or ``None``) per dataset.
-        weights: with a list of datasets, sample them in these proportions: an
-            epoch of ``epoch_records`` records of which each dataset gives its
-            share, a smaller one repeated (each pass a fresh permutation,
-            without replacement within a pass), a larger one subsampled
-            (different records each epoch); see ``docs/howto/mixing.md``.
-        epoch_records: records per epoch with ``weights`` (default: the datasets'
-            records together); alone, natural proportions.
         batch_size: records per batch; ``None`` yields single samples.
         shuffle: a new seeded order every epoch that mixes sorted data like a
             uniform permutation while reading in blocks (see ``docs/howto/shuffle.md``).
         seed: shuffle seed.
-        num_threads: reader threads; default: the CPUs this process may use,
-            divided among ``DataLoader`` workers.
         drop_last: make every rank see the same number of full batches (drops
             the tail of the shuffled epoch); without it every record is read
             exactly once and the last batch of a rank may be short.
-        on_error: corrupt records: ``"raise"`` (default) raises
-            :class:`~recordkit.errors.CorruptRecordError` naming file, offset and
-            record; ``"skip"`` leaves them out (a batch is then short) and counts
-            them in :attr:`stats`; ``"warn"`` does the same with a ``RuntimeWarning``.
         columns: read only these features.
+        schema: overrides the manifest's (or the inferred) schema.
         transform: applied to each batch (or sample) before it is yielded, in
             the consuming thread (or DataLoader worker), or on
-            ``transform_threads`` threads. While it runs, the item's records are
-            known (:class:`DecodeImages` names the ``file:offset:record`` of an
-            image that does not decode).
-        transform_threads: run ``transform`` on this many threads, up to twice
-            as many items ahead of the consumer (two with ``reader_process``,
-            whose shared-memory slots they hold), in order (``0``, the default:
-            in the consuming thread). For a transform that releases the GIL,
-            such as :class:`DecodeImages`, this takes it off the training thread.
-        bytes_as: ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
-        ragged_as: ``"padded"`` (with ``"{name}/lengths"``) or ``"list"``, for number
-            features with ``None`` dims in batches.
-        verify: check payload CRCs (length CRCs are always checked).
-        limits: the bytes one record's zstd values, and one reader task's, may
-            decompress to (default: derived from the schema; see
-            :class:`~recordkit.codec.DecodeLimits`); a record over it is a
-            :class:`~recordkit.errors.RecordTooLargeError` (``on_error`` applies).
-        schema: overrides the manifest's (or the inferred) schema.
-        block_records: records per shuffle block (0: about 64 KiB worth).
-        window_blocks: blocks whose records are mixed together (8192).
-        prefetch: decode tasks in flight ahead of the consumer (default: 2 per thread).
-        pin_memory: decode straight into page-locked (pinned) buffers, so a batch
-            can be copied to the GPU asynchronously with no staging copy (see
-            :class:`DevicePrefetcher`). Only in the process that iterates
-            without ``DataLoader`` workers, and only where an accelerator is
-            present; elsewhere ordinary memory is used (logged at INFO).
-        reader_process: decode in a separate spawned loader process (its own
-            GIL) that hands chunks over through shared memory, zero-copy and
-            without pickling arrays (:mod:`recordkit.reader.process`); for a
-            training step whose Python holds the GIL. ``num_threads`` then
-            defaults to all CPUs (the threads run in that process). Not inside
-            ``DataLoader`` workers. Keep (``clone()``) batches you hold on to
-            across many steps: a few chunks' worth may be held at a time.
-        loader_timeout: with ``reader_process``: seconds the training process
-            waits for the loader's next chunk before it kills the loader and
-            raises :class:`~recordkit.errors.LoaderTimeoutError` (a stopped or
-            wedged loader); default 300, which one stall of a hard NFS mount
-            (about 180 s) does not trip; ``None``: wait forever.
-        rank: this process's rank; default ``torch.distributed``'s, else 0.
-        world_size: number of ranks; default ``torch.distributed``'s, else 1.
-        cache: read the remote dataset through this
-            :class:`recordkit.cache.ShardCache`; ``path_or_url`` is then only a
-            label. How epochs read it: ``cache_epochs``. See ``docs/cache.md``.
-        cache_dir: instead of ``cache``: cache the remote ``path_or_url`` in
-            this directory, with ``cache_limit`` bytes (e.g. ``"50GiB"``).
-        cache_limit: the disk budget for ``cache_dir``.
-        cache_epochs: ``"whole"`` (default): every epoch reads every record of
-            the remote dataset in the plan's order; the shards the plan needs
-            next are fetched ahead of the readers within the budget (a
-            read-ahead window), those the epoch is done with are evicted first,
-            and ``len()`` is the whole dataset's. The remote needs a manifest.
-            Shuffled under a budget smaller than the dataset, the epoch is read
-            in shard windows sized from the budget (``docs/howto/shuffle.md``).
-            ``"growing"``: each epoch reads the shards complete in the cache
-            when it starts (a started cache fills in the background), so epochs
-            grow as the cache fills; each epoch says at WARNING how much it
-            reads. With ``torch.distributed`` the ranks read the shards every
-            rank's cache holds.
-        cache_timeout: seconds a reader waits for one shard (whole epochs) or
-            an epoch start for a first complete shard (growing epochs);
-            ``None``: no limit.
-        partial: read a directory where a write did not finish (the shards it
-            published, with a WARNING) instead of raising
-            :class:`~recordkit.errors.IncompleteDatasetError`.
+            ``ReadOptions.transform_threads`` threads. While it runs, the item's
+            records are known (:class:`DecodeImages` names the
+            ``file:offset:record`` of an image that does not decode).
         split: the split of a tensorflow-datasets folder (see
             :class:`recordkit.Dataset`): batches then hold tfds's dtypes and
             shapes (``Text`` as lists of ``str``), and ``columns`` names tfds's
             features. Such records are decoded on reader threads by the threaded
             path (not the native whole-task runner).
-        decode_images: in a tensorflow-datasets folder, decode ``Image``
-            features to ``uint8`` arrays on the reader threads (Pillow).
-        sequence_example: the records are ``tf.train.SequenceExample`` messages: read
-            each whole, as :class:`recordkit.Dataset` does with the same option
-            (``{"context": {name: value}, "feature_lists": {name: [step, ...]}}``,
-            number lists as tensors, bytes lists as ``list[bytes]``, steps ragged),
-            decoded on the reader threads. With ``batch_size`` a batch is a
-            ``list`` of such samples (pad them in ``transform``). Without it, a
-            SequenceExample is a :class:`~recordkit.errors.SequenceExampleError`,
-            never its context alone. Implied when the manifest says the records
-            are SequenceExamples (``recordkit convert`` of them).
-        raw: read each Example as stored, as ``rk.Dataset(raw=True)`` does (its own
-            keys, ``bytes`` lists as ``list[bytes]``, number lists as 1-d tensors),
-            for foreign data no schema fits; with ``batch_size`` a batch is a
-            ``list`` of such samples. No schema, columns or ``reader_process``.
+        records: read only these records, the same every epoch (shuffled among
+            themselves): ``slice(0, 10_000)`` or a split string, ``"[:10%]"``,
+            ``"[1000:2000]"``, ``"train[:10%]"`` (tensorflow-datasets' split
+            syntax; the name is ``split=``). For a list of datasets, a list of
+            one range (or ``None``) per dataset.
+        cache: read the remote dataset through a shard cache: a
+            :class:`recordkit.cache.ShardCache` (``path_or_url`` is then only a
+            label), or a :class:`CacheOptions` (a cache made in ``dir``, within
+            ``limit`` bytes; ``epochs``, ``timeout``). With ``torch.distributed``
+            the ranks of growing epochs read the shards every rank's cache holds.
+            See ``docs/cache.md``.
+        options: the tuning, whole (:class:`ReadOptions`, which documents each
+            field; those marked *tf* are refused here).
 
     Attributes:
         stats: a :class:`~recordkit.reader.pipeline.ReaderStats` of this process.
+        read_options: the :class:`ReadOptions` it reads with.
+        cache_options: the :class:`CacheOptions` of ``cache=``.
+        plan_options: the :class:`~recordkit.reader.plan.PlanOptions` of its epoch plans.
+        position: its :class:`~recordkit.torch.state.Position` (epoch, pass, resume point).
+        source: its :class:`~recordkit.torch.cache.EpochSource` (each epoch's shards).
     """
 
-    # Documented here: these are defined in the bases, by subject (the cache, the position).
-    close = Positioned.close
-    epoch = Positioned.epoch
-    set_epoch = Positioned.set_epoch
-    resume_point = Positioned.resume_point
-    worker_pass = Positioned.worker_pass
-    state_dict = Positioned.state_dict
-    load_state_dict = Positioned.load_state_dict
-
-    @accepts_options
     def __init__(
         self,
         path_or_url: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
-        options: ReadOptions | None = None,
-        cache_options: CacheOptions | None = None,
         batch_size: int | None = None,
         shuffle: bool = False,
         seed: int = 0,
-        num_threads: int | None = None,
         drop_last: bool = False,
-        on_error: OnError = "raise",
         columns: Sequence[str] | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        transform_threads: int = 0,
-        bytes_as: Literal["padded", "list"] = "padded",
-        ragged_as: Literal["padded", "list"] = "padded",
-        verify: bool = True,
-        limits: DecodeLimits | None = None,
         schema: Schema | None = None,
-        block_records: int = 0,
-        window_blocks: int = 8192,
-        prefetch: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        pin_memory: bool = False,
-        reader_process: bool = False,
-        loader_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT,
-        cache: ShardCache | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        cache_epochs: Literal["whole", "growing"] = "whole",
-        cache_timeout: float | None = 600.0,
-        partial: bool = False,
+        transform: Callable[[Any], Any] | None = None,
         split: str | None = None,
-        decode_images: bool = False,
-        sequence_example: bool = False,
-        raw: bool = False,
         records: slice | str | Sequence[slice | str | None] | None = None,
-        weights: Sequence[float] | None = None,
-        epoch_records: int | None = None,
+        cache: ShardCache | CacheOptions | None = None,
+        options: ReadOptions | None = None,
     ) -> None:
-        flat = dict(locals())  # every keyword, given or default: merge_options knows which
-        read = merge_options(ReadOptions, options, flat, keyword="options")
-        cached = merge_options(CacheOptions, cache_options, flat, keyword="cache_options")
-        super().__init__()
-        self.paths, self.path = sources(path_or_url)
-        split, records = take_split(read.split, read.records)
+        read = read_options(options, "recordkit.torch.RecordDataset")
+        cached = CacheOptions.of(cache)
+        check_whole_records(read, schema, columns)
+        paths, label = sources(path_or_url)
+        self.paths, self.path = paths, label
+        split, records = take_split(split, records)
         if cached.used:
-            refuse_cache(self.path, self.paths, records, read.weights, read.epoch_records)
+            refuse_cache(label, paths, records, read.weights, read.epoch_records)
+            if split is not None or read.decode_images:
+                raise ValueError(
+                    f"{label}: split= and decode_images= are for a local tensorflow-datasets "
+                    "folder, not a dataset read through a shard cache"
+                )
         self.read_options = read
         self.cache_options = cached
-        self.partial = read.partial
         self.split = split
-        self.decode_images = read.decode_images
-        self.sequence_example = read.sequence_example
-        self.raw = read.raw
-        schema = read.schema
+        self.sequence_example = read.sequence_example  # or the manifest's word (below)
         if read.sequence_example or read.raw:
             schema = Schema({})  # opens foreign data without inferring an Example schema
         given = schema
-        self.options = PlanOptions(
-            shuffle=read.shuffle,
-            seed=read.seed,
+        self.plan_options = PlanOptions(
+            shuffle=shuffle,
+            seed=seed,
             block_records=read.block_records,
             window_blocks=read.window_blocks,
-            batch_size=read.batch_size,
-            drop_last=read.drop_last,
+            batch_size=batch_size,
+            drop_last=drop_last,
         )
-        self.num_threads = read.num_threads
-        self.on_error: OnError = read.on_error
-        self.columns = list(read.columns) if read.columns is not None else None
-        self.transform = read.transform
-        self.transform_threads = read.transform_threads
-        self.bytes_as, self.ragged_as = read.bytes_as, read.ragged_as
-        self.verify = read.verify
-        self.limits = read.limits
-        self.prefetch = read.prefetch
-        self.pin_memory = read.pin_memory
-        self.reader_process = read.reader_process
-        self.loader_timeout = read.loader_timeout
-        self._rank, self._world = read.rank, read.world_size
-        self._cell = EpochCell(0)  # shared with DataLoader workers' copies
+        self.columns = list(columns) if columns is not None else None
+        self.transform = transform
         self.stats = ReaderStats()
-        self._resume: tuple[int, int] | None = None  # a rank's (epoch, units consumed)
-        self._worker_resume: WorkerPosition | None = None  # loaded in a DataLoader worker
-        self._pass: Pass | None = None  # the pass this process reads (or left unfinished)
-        self._passes = 0  # passes started in this process: a persistent worker's pass id
-        self._fixed = False  # in worker_pass(): the epoch's shard set is fixed for the workers
-        if cached.used and (split is not None or read.decode_images):
-            raise ValueError(
-                f"{self.path}: split= and decode_images= are for a local tensorflow-datasets "
-                "folder, not a dataset read through a shard cache"
-            )
-        self._init_cache(cached)
+        self.position = Position(read.rank, read.world_size)
+        self._pool: BufferPool | None = None  # batch buffers, per process (_buffers)
+        self._pool_pid = -1
+        self.source = EpochSource(
+            paths,
+            label,
+            self.position,
+            read,
+            cached,
+            columns=self.columns,
+            split=split,
+            shuffle=shuffle,
+        )
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
-            self.schema = schema
-        shards = self._open()  # fail early, in the main process, on a bad path or schema
+            self.source.schema = schema
+        shards = self.source.open()  # fail early, in the main process, on a bad path or schema
         if not read.sequence_example:  # a dataset of SequenceExamples says so in its manifest
             self.sequence_example = read_whole(
-                self.path, False, shards, given, self.columns, read.decode_images
+                label, False, shards, given, self.columns, read.decode_images
             )
-        self.schema = schema or shards.schema
+        self.schema = self.source.schema = schema or shards.schema
         self._decoder()  # validates columns against the schema
         mix = make_mix(
             shards, records=records, weights=read.weights, epoch_records=read.epoch_records
         )
-        self.options = dataclasses.replace(self.options, mix=mix)
+        self.plan_options = dataclasses.replace(self.plan_options, mix=mix)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        if "_epochs" in state:  # workers read the epoch's set; the training process pins it
-            state["cache"] = state["_epochs"] = None
-        if "_whole" in state:  # ... or streams the shards in (the shard set's gate waits)
-            state["_whole"] = None
-        return state
+    # -- the position and the shard source, held ---------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads.
+
+        It advances by itself after a full pass, in this process or in ``DataLoader``
+        workers (they share it with this object, persistent or not);
+        :meth:`set_epoch` sets it.
+        """
+        return self.position.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.position.epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (its shuffle order), as ``DistributedSampler.set_epoch``.
+
+        Raises:
+            ValueError: called by Accelerate's ``DataLoaderDispatcher`` (which reads
+                on the main process alone) while this dataset reads one rank's share.
+        """
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        refuse_dispatch(sys._getframe(1), self.position.split().world_size)
+        self.position.restart(epoch)
+
+    def resume_point(self) -> int:
+        """Units of the current epoch that the next pass skips (set by :meth:`load_state_dict`)."""
+        return self.position.resume_point()
+
+    @contextlib.contextmanager
+    def worker_pass(self) -> Iterator[int]:
+        """Start a pass whose iterating is done by copies of this dataset in worker processes.
+
+        For loaders that run ``DataLoader`` workers (:class:`DataLoader` uses it):
+        start the workers inside the ``with`` block. It fixes the epoch's shard set
+        (cache mode) before they copy the dataset, yields the units already
+        consumed (the resume point the copies start from), and spends the resume
+        point when the block ends, so a later pass starts at the epoch's beginning.
+        """
+        position = self.position
+        start = position.resume_point()
+        self.source.start_epoch(position.epoch)
+        if self.source.cache_epochs == "whole":  # this process streams the shards in
+            plan = self._plan(position.epoch)
+            self.source.begin_stream(plan, position.split(), start)
+        position.fixed = True  # the copies read the set fixed here (cache mode)
+        try:
+            yield start
+        finally:
+            position.resume = None
+            position.fixed = False
+
+    def state_dict(self, consumed: int | None = None, epoch: int | None = None) -> dict[str, Any]:
+        """The position to resume from: epoch and units (batches or samples) consumed.
+
+        In a ``DataLoader`` worker (torchdata's ``StatefulDataLoader`` asks each
+        worker after each batch), the state is that worker's own position, under
+        ``"worker"``: ``{"id", "num_workers", "next"}`` (the next unit it reads), with
+        ``"consumed"`` ``None``; it resumes only in the same worker of as many.
+
+        Args:
+            consumed: units of this epoch consumed so far. Leave it out when this
+                object is iterated directly (it counts itself); :class:`DataLoader`
+                passes it when workers do the iterating.
+            epoch: with ``consumed``, the epoch they belong to (default: :attr:`epoch`).
+        """
+        return self.position.state(self.source, self.plan_options, consumed, epoch)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration starts at the first unit not consumed.
+
+        Elastic: a state saved at one world size resumes at another with the same
+        global batch (``batch_size * world_size``), e.g. 8 ranks of 32 as 4 of 64:
+        the epoch's order is the same, and the ranks start after the global
+        batches consumed. A worker's state (see :meth:`state_dict`) resumes in
+        the same worker of as many workers, as torchdata's ``StatefulDataLoader``
+        restores it.
+
+        Raises:
+            ValueError: the state was saved with another shard set, seed, shuffle
+                options or global batch, where "the next unseen record" is undefined;
+                or it is a worker's state loaded elsewhere than in that worker.
+        """
+        self.position.load(state, self.source, self.plan_options)
+
+    def close(self) -> None:
+        """Release the cache pins and maps (and stop a cache made from ``CacheOptions.dir``)."""
+        self.source.close()
+
+    @property
+    def cache(self) -> ShardCache | None:
+        """The shard cache read through (``None``: none)."""
+        return self.source.cache
+
+    @property
+    def cache_epochs(self) -> str | None:
+        """``"whole"`` or ``"growing"`` through a shard cache, else ``None``."""
+        return self.source.cache_epochs
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        return self.source.plan(epoch, self.plan_options)
+
+    def _view(self) -> Any:
+        return self.source.view()
 
     # -- process-local state ---------------------------------------------------------
 
-    def _opened(self) -> None:
-        self._pool = self._make_pool()  # batch buffers are per process too
+    def _buffers(self) -> BufferPool:
+        """This process's batch buffers (made on first use in each process)."""
+        if self._pool is None or self._pool_pid != os.getpid():
+            with _POOL_LOCK:  # several threads may iterate one dataset
+                if self._pool is None or self._pool_pid != os.getpid():
+                    self._pool = self._make_pool()
+                    self._pool_pid = os.getpid()
+        assert self._pool is not None
+        return self._pool
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pool"], state["_pool_pid"] = None, -1  # the buffers stay in this process
+        return state
 
     def _make_pool(self) -> BufferPool:
-        if not self.pin_memory:
+        if not self.read_options.pin_memory:
             return BufferPool()
         if get_worker_info() is not None:
             log.info("pin_memory: not in DataLoader workers (batches cross processes)")
@@ -320,38 +320,32 @@ class RecordDataset(Positioned):
         return BufferPool()
 
     def _decoder(self) -> BatchDecoder:
-        if self.sequence_example:
-            return SequenceBatchDecoder(verify=self.verify)
-        if self.raw:
-            return RawBatchDecoder(verify=self.verify)
-        view = self._view()
-        if view is not None:
-            return TFDSBatchDecoder(
-                view,
-                columns=self.columns,
-                verify=self.verify,
-                bytes_as=self.bytes_as,
-                limits=self.limits,
-            )
-        return BatchDecoder(
+        return make_decoder(
             self.schema,
-            columns=self.columns,
-            verify=self.verify,
-            bytes_as=self.bytes_as,
-            limits=self.limits,
+            self.read_options,
+            self.columns,
+            view=None if self._whole_records else self._view(),
+            sequence_example=self.sequence_example,
             ragged_as=self._ragged_mode(),
         )
 
+    @property
+    def _whole_records(self) -> bool:
+        """SequenceExamples or ``raw=True``: each record read whole."""
+        return self.sequence_example or self.read_options.raw
+
     def _ragged_mode(self) -> Literal["padded", "list"]:
-        return self.ragged_as if self.options.batch_size and self._view() is None else "list"
+        if self.plan_options.batch_size and self._view() is None:
+            return self.read_options.ragged_as
+        return "list"
 
     # -- public API --------------------------------------------------------------------
 
     def __len__(self) -> int:
         """Batches (or samples) this rank reads per epoch, over all its DataLoader workers."""
-        split = self._split()
+        split = self.position.split()
         units = self._plan(self.epoch).unit_count(split.rank, split.world_size)
-        refuse_worker_batches(sys._getframe(1), units, self.options.batch_size is None)
+        refuse_worker_batches(sys._getframe(1), units, self.plan_options.batch_size is None)
         return units
 
     def __iter__(self) -> Iterator[Any]:
@@ -359,45 +353,47 @@ class RecordDataset(Positioned):
             return self._iter_here()
         # In a DataLoader worker the pass starts now, when the worker makes its
         # iterator: the state the loader asks for before the first batch is its start.
-        split = self._split()
+        split = self.position.split()
         p = self._begin_worker_pass(split)
         return self._iter_pass(p, split)
 
     def _iter_here(self) -> Iterator[Any]:
         """A pass in this process (no DataLoader workers); it starts at the first ``next()``."""
-        epoch = self.epoch
-        start = self.resume_point()
-        self._start_epoch(epoch)  # cache mode: this epoch's shards (before _resume goes)
-        self._resume = None
-        p = self._pass = Pass(epoch, start)
-        yield from self._iter_pass(p, self._split())
+        position = self.position
+        epoch = position.epoch
+        start = position.resume_point()
+        self.source.start_epoch(epoch)  # cache mode: this epoch's shards (before resume goes)
+        position.resume = None
+        p = position.pass_ = Pass(epoch, start)
+        yield from self._iter_pass(p, position.split())
 
     def _begin_worker_pass(self, split: Split) -> Pass:
         """A worker's pass: a restored position, or the rank's resume point dealt to it."""
         info = get_worker_info()
         assert info is not None
-        self._passes += 1
-        restored = self._worker_resume
+        position = self.position
+        position.passes += 1
+        restored = position.worker_resume
         if restored is not None:
             # saved after the epoch's last batch: this pass reads the next epoch
             count = self._plan(restored.epoch).unit_count(split.rank, split.world_size)
-            key = pass_key(info.seed - info.id, self._passes, restored.epoch)
-            restored = restored.restored(count, split.worker, split.num_workers, self._cell, key)
+            key = pass_key(info.seed - info.id, position.passes, restored.epoch)
+            restored = restored.restored(count, split.worker, split.num_workers, position.cell, key)
             epoch, first = restored.epoch, restored.next
-            self.epoch = epoch  # every worker of the restored pass writes the same epoch
+            position.epoch = epoch  # every worker of the restored pass writes the same epoch
         else:
-            epoch = self.epoch
-            first = self.resume_point() + split.worker
-        self._worker_resume = self._resume = None  # spent (in this copy: persistent workers)
-        if self.cache_epochs is not None and not self._fixed:
+            epoch = position.epoch
+            first = position.resume_point() + split.worker
+        position.worker_resume = position.resume = None  # spent (here: persistent workers)
+        if self.cache_epochs is not None and not position.fixed:
             raise RuntimeError(
                 "a cached RecordDataset in DataLoader workers needs recordkit.torch.DataLoader "
                 "(it takes each epoch's shards from the cache in the training process, or "
                 "streams them in there for whole epochs); with another loader (torchdata's "
                 "StatefulDataLoader) use num_workers=0: the dataset reads with threads"
             )
-        key = pass_key(info.seed - info.id, self._passes, epoch)
-        p = self._pass = Pass(epoch, first, split.num_workers, split.worker, key)
+        key = pass_key(info.seed - info.id, position.passes, epoch)
+        p = position.pass_ = Pass(epoch, first, split.num_workers, split.worker, key)
         if first >= self._plan(epoch).unit_count(split.rank, split.world_size):
             self._finish(p, split)  # nothing (left) to read: finished before it starts
         return p
@@ -410,20 +406,22 @@ class RecordDataset(Positioned):
         if p.finished:
             return
         p.finished = True
+        position = self.position
         if p.key != 0:
-            self._cell.finish(p.worker, split.num_workers, p.key, p.epoch)
+            position.cell.finish(p.worker, split.num_workers, p.key, p.epoch)
             return
-        if self.epoch == p.epoch:
-            self.epoch = p.epoch + 1
-        if self._pass is p:
-            self._pass = None  # the state now points at the next epoch's start
+        if position.epoch == p.epoch:
+            position.epoch = p.epoch + 1
+        if position.pass_ is p:
+            position.pass_ = None  # the state now points at the next epoch's start
 
     def _iter_pass(self, p: Pass, split: Split) -> Iterator[Any]:
         plan = self._plan(p.epoch)
-        threads = self.num_threads or max(1, cpus() // split.num_workers)
+        read = self.read_options
+        threads = read.num_threads or max(1, cpus() // split.num_workers)
         reader: RecordReader | ProcessReader
-        if self.reader_process:
-            if self.sequence_example or self.raw:  # records read whole: on the threads
+        if read.reader_process:
+            if self._whole_records:  # records read whole: on the threads
                 raise ValueError("raw=True and sequence_example=True need reader_process=False")
             if self._view() is not None:
                 raise ValueError(
@@ -435,51 +433,45 @@ class RecordDataset(Positioned):
                 raise ValueError(
                     "reader_process=True inside DataLoader workers: use one or the other"
                 )
-            shards = self._open()
+            shards = self.source.open()
             reader = ProcessReader(
                 self.path,
                 self.schema,
                 shards.fingerprint(),
-                decoder={
-                    "columns": self.columns,
-                    "verify": self.verify,
-                    "bytes_as": self.bytes_as,
-                    "limits": self.limits,
-                    "ragged_as": self._ragged_mode(),
-                },
+                decoder=decoder_keywords(read, self.columns, ragged_as=self._ragged_mode()),
                 num_threads=threads,
-                prefetch=self.prefetch or 2 * threads,
-                on_error=self.on_error,
+                prefetch=read.prefetch or 2 * threads,
+                on_error=read.on_error,
                 stats=self.stats,
-                progress_timeout=self.loader_timeout,
+                progress_timeout=read.loader_timeout,
                 # through a cache the loader maps the cache's files: it gets the shard
                 # set (with its gate, which waits for each shard in the loader)
                 shards=shards if self.cache_epochs is not None or len(self.paths) > 1 else None,
             )
         else:
             reader = RecordReader(
-                self._open(),
+                self.source.open(),
                 self._decoder(),
                 num_threads=threads,
-                prefetch=self.prefetch or 2 * threads,
-                on_error=self.on_error,
-                pool=self._pool,
+                prefetch=read.prefetch or 2 * threads,
+                on_error=read.on_error,
+                pool=self._buffers(),
                 stats=self.stats,
             )
         count = plan.unit_count(split.rank, split.world_size)
         units = range(p.next, count, p.step)
-        batched = self.options.batch_size is not None
-        release = self._releaser(plan, split, p.next)
+        batched = self.plan_options.batch_size is not None
+        release = self.source.releaser(plan, split, p.next)
         # whole epochs: the stream this pass began (only it may end it)
-        stream = self._whole.pass_ if self._whole is not None and p.key == 0 else None
+        stream = self.source.stream() if p.key == 0 else None
         chunks = reader.read(plan, split, units)
         items = self._items(chunks, batched)
 
         def stop() -> None:
             items.close()
             chunks.close()
-            if stream is not None and self._whole is not None and self._whole.pass_ is stream:
-                self._whole.end()  # the stream stops; what is left unpinned
+            if stream is not None:
+                self.source.end_stream(stream)  # the stream stops; what is left unpinned
 
         try:
             for unit, item in items:
@@ -512,7 +504,7 @@ class RecordDataset(Positioned):
                 for unit, item, _ in self._chunk_items(chunk, batched):
                     yield unit, item
             return
-        shards = self._open()
+        shards = self.source.open()
 
         def located() -> Iterator[tuple[int, Any, Origins | None]]:
             for chunk in chunks:
@@ -525,8 +517,9 @@ class RecordDataset(Positioned):
 
         # The loader process hands chunks over in a few shared-memory slots, each held
         # while a batch made from it lives: items waiting for the transform hold them too.
-        ahead = 2 if self.reader_process else None
-        mapped = ordered_map(self.transform, located(), self.transform_threads, ahead)
+        read = self.read_options
+        ahead = 2 if read.reader_process else None
+        mapped = ordered_map(self.transform, located(), read.transform_threads, ahead)
         try:
             yield from mapped
         finally:
@@ -538,7 +531,7 @@ class RecordDataset(Positioned):
         """``(unit, item, (lo, hi))``: the chunk's batches or samples and their rows."""
         if self.sequence_example:
             return chunk_sequences(chunk, batched, self.stats)
-        if self.raw:
+        if self.read_options.raw:
             return chunk_sequences(chunk, batched, self.stats, raw=True)
         if not batched:
             return chunk_samples(chunk, self.stats)
@@ -550,15 +543,16 @@ class RecordDataset(Positioned):
     def collate(self, samples: Sequence[dict[str, Any]]) -> Any:
         """:func:`collate` with this dataset's schema and layout: a ``collate_fn`` batching
         as ``batch_size=N`` would (SequenceExamples and ``raw=True``: a list)."""
-        if self.sequence_example or self.raw:
+        if self._whole_records:
             return list(samples)
         view = self._view()
         schema = view.output_schema if view is not None else self.schema
-        return collate(samples, schema=schema, bytes_as=self.bytes_as, ragged_as=self.ragged_as)
+        read = self.read_options
+        return collate(samples, schema=schema, bytes_as=read.bytes_as, ragged_as=read.ragged_as)
 
     @property
     def tfds(self) -> TFDSInfo | None:
         """The tensorflow-datasets folder read (``None`` for other data): splits,
         features, ``class_names``."""
-        view = self._open().view
+        view = self.source.open().view
         return view.info if view is not None else None

@@ -77,7 +77,7 @@ class DecodeImages:
     list of ``bytes`` (``bytes_as="list"``, or a plain ``DataLoader``), or one
     sample's ``bytes``.
 
-    Run it off the training thread with ``RecordDataset(transform_threads=N)``
+    Run it off the training thread with ``RecordDataset(options=ReadOptions(transform_threads=N))``
     (both decoders release the GIL while they decode) or in ``DataLoader``
     workers. An image that does not decode raises
     :class:`~recordkit.errors.ImageDecodeError` naming its record

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader as _TorchDataLoader
 
-from .state import Positioned
+from .dataset import RecordDataset
 
 __all__ = ["DataLoader"]
 
@@ -29,11 +29,9 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
     """
 
     def __init__(
-        self, dataset: Positioned, *, batch_size: int | None = None, **kwargs: Any
+        self, dataset: RecordDataset, *, batch_size: int | None = None, **kwargs: Any
     ) -> None:
-        # recordkit.torch.RecordDataset is the one Positioned reader (this module sits
-        # below recordkit.torch, which exports both classes)
-        if not isinstance(dataset, Positioned):
+        if not isinstance(dataset, RecordDataset):
             raise TypeError("recordkit.torch.DataLoader takes a recordkit.torch.RecordDataset")
         if batch_size is not None:
             raise ValueError(
@@ -61,7 +59,7 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
         if self.num_workers > 0:
             with ds.worker_pass() as start:  # the workers copy the dataset in here
                 it = super().__iter__()
-            stream = ds._stream()
+            stream = ds.source.stream()
         else:  # the dataset iterates in this process and resumes itself
             start, it = ds.resume_point(), super().__iter__()
         total = len(self)  # this rank's units of the epoch (ds.epoch is still ``epoch``)
@@ -74,7 +72,7 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
                 return
             ended = True
             if stream is not None:
-                ds._end_pass(stream)  # whole epochs: the pass's stream stops
+                ds.source.end_stream(stream)  # whole epochs: the pass's stream stops
             if not full:
                 # Left early: the next pass reads this epoch again (workers that had
                 # read their share ahead have marked it finished), unless a later
@@ -99,7 +97,7 @@ class DataLoader(_TorchDataLoader):  # type: ignore[type-arg]
                     return
                 yield item
                 if self.num_workers > 0:
-                    ds._delivered(self._consumed - 1)  # whole epochs: finished shards go
+                    ds.source.delivered(self._consumed - 1)  # whole epochs: finished shards go
             end(True)  # fewer than counted (on_error="skip" left out a whole unit)
         finally:
             if not ended and self.num_workers > 0 and not self.persistent_workers:

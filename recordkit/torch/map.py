@@ -15,10 +15,10 @@ from torch.utils.data import Dataset as _TorchDataset
 from .._origins import Origins, using
 from ..codec.limits import DecodeLimits
 from ..codec.schema import Schema
-from ..reader.decode import BatchDecoder
+from ..reader.decoders import make_decoder
 from ..reader.local import ProcessLocalShards
-from ..reader.sequence import SAMPLE, SequenceBatchDecoder, read_whole
-from ..reader.tfds import TFDSBatchDecoder
+from ..reader.options import ReadOptions, read_options
+from ..reader.sequence import SAMPLE, read_whole
 from .collate import collate, sequence_sample, to_torch
 
 __all__ = ["RecordMapDataset"]
@@ -37,18 +37,17 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
         transform: applied to each sample; while it runs the sample's record is
             known (:class:`~recordkit.torch.DecodeImages` names it when an image
             does not decode).
-        verify: check payload CRCs.
-        limits: the bytes a record's (and one ``__getitems__`` call's) zstd
-            values may decompress to (see :class:`~recordkit.codec.DecodeLimits`).
         schema: overrides the manifest's (or the inferred) schema.
-        partial: read a directory where a write did not finish (see
-            :class:`~recordkit.torch.RecordDataset`).
         split: the split of a tensorflow-datasets folder (see
             :class:`~recordkit.torch.RecordDataset`).
-        decode_images: decode a tensorflow-datasets folder's ``Image`` features.
-        sequence_example: the records are ``tf.train.SequenceExample`` messages:
-            ``ds[i]`` is one whole, as :class:`~recordkit.torch.RecordDataset` gives
-            it (implied when the manifest says so); :meth:`collate` then makes a list.
+        options: a :class:`~recordkit.reader.options.ReadOptions` of which this
+            reads ``verify``, ``limits`` (a record's, and one ``__getitems__``
+            call's, zstd values), ``partial``, ``decode_images`` (a
+            tensorflow-datasets folder's ``Image`` features) and
+            ``sequence_example`` (``ds[i]`` is one whole, as
+            :class:`~recordkit.torch.RecordDataset` gives it; implied when the
+            manifest says so; :meth:`collate` then makes a list); the others are
+            refused.
     """
 
     def __init__(
@@ -56,46 +55,51 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
         path: str | os.PathLike[str],
         *,
         columns: Sequence[str] | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        verify: bool = True,
-        limits: DecodeLimits | None = None,
         schema: Schema | None = None,
-        partial: bool = False,
+        transform: Callable[[Any], Any] | None = None,
         split: str | None = None,
-        decode_images: bool = False,
-        sequence_example: bool = False,
+        options: ReadOptions | None = None,
     ) -> None:
+        read = read_options(options, "recordkit.torch.RecordMapDataset")
+        self.read_options = read
         self.path = os.fspath(path)
-        self.partial = partial
         self.split = split
-        self.decode_images = decode_images
-        self.limits = limits
         self.columns = list(columns) if columns is not None else None
         self.transform = transform
-        self.verify = verify
         given = schema
-        if sequence_example and schema is None:
+        if read.sequence_example and schema is None:
             schema = Schema({})  # opens foreign data without inferring an Example schema
         if schema is not None:  # opening with it: foreign data is not inferred (and refused)
             self.schema = schema
         shards = self._open()
         self.sequence_example = read_whole(
-            self.path, sequence_example, shards, given, columns, decode_images
+            self.path, read.sequence_example, shards, given, columns, read.decode_images
         )
         self.schema = schema or shards.schema
         self._starts = np.concatenate(([0], np.cumsum(shards.counts)))
-        view = self._view()
-        self._dec: BatchDecoder
-        if self.sequence_example:
-            self._dec = SequenceBatchDecoder(verify=verify)
-        elif view is not None:
-            self._dec = TFDSBatchDecoder(
-                view, columns=self.columns, verify=verify, bytes_as="list", limits=limits
-            )
-        else:
-            self._dec = BatchDecoder(
-                self.schema, columns=self.columns, verify=verify, bytes_as="list", limits=limits
-            )
+        self._dec = make_decoder(
+            self.schema,
+            read,
+            self.columns,
+            view=None if self.sequence_example else self._view(),
+            sequence_example=self.sequence_example,
+            ragged_as="list",
+            bytes_as="list",
+        )
+
+    # What ProcessLocalShards (the maps, the tensorflow-datasets view) reads, from the
+    # options (read-only here, where the base class has plain attributes).
+    @property
+    def partial(self) -> bool:
+        return self.read_options.partial
+
+    @property
+    def decode_images(self) -> bool:  # type: ignore[override]
+        return bool(self.read_options.decode_images)
+
+    @property
+    def limits(self) -> DecodeLimits | None:  # type: ignore[override]
+        return self.read_options.limits
 
     def __len__(self) -> int:
         return int(self._starts[-1])

@@ -16,7 +16,7 @@ XPU) it also moves each batch to the device there (:mod:`recordkit.torch.devcopy
    again before the consumer's kernels that use it have run;
 4. the host memory a copy reads (a reader's pinned batch, a staging arena) is
    kept until that copy's event has completed, and no longer, so a reader that
-   recycles buffers (``RecordDataset(pin_memory=True)``, the loader process's
+   recycles buffers (``RecordDataset(options=ReadOptions(pin_memory=True))``, the loader process's
    shared-memory slots) is neither overwritten mid-copy nor starved.
 
 Other devices (``mps``, ``meta``) get blocking copies in the background thread;

@@ -23,6 +23,7 @@ from recordkit.cache.remote import Remote
 from recordkit.cli import main
 from recordkit.errors import AccessDeniedError
 from recordkit.format.manifest import read_manifest
+from recordkit.reader import CacheOptions
 from recordkit.retry import RetryPolicy
 from tests.servers import FAULT_KINDS, Faults, http_server
 
@@ -119,7 +120,7 @@ def test_index_503s_are_retried_and_missing_indexes_mean_a_checked_scan(www, tmp
         from recordkit.torch import RecordDataset
 
         ds = RecordDataset(
-            http.url + "/ds", batch_size=40, cache_dir=tmp_path / "c3", cache_limit="10MiB"
+            http.url + "/ds", batch_size=40, cache=CacheOptions(dir=tmp_path / "c3", limit="10MiB")
         )
         try:
             while True:  # growing epochs read what has arrived; whole epochs read it all
@@ -263,7 +264,9 @@ def test_record_dataset_through_a_faulty_server_reads_the_same_dataset(tmp_path,
     def run(faults: Faults | None, name: str):
         with http_server(tmp_path / "www", faults) as http:
             ds = RecordDataset(
-                http.url + "/ds", batch_size=8, cache_dir=tmp_path / name, cache_limit="10MiB"
+                http.url + "/ds",
+                batch_size=8,
+                cache=CacheOptions(dir=tmp_path / name, limit="10MiB"),
             )
             try:
                 shapes, records = set(), {}

@@ -22,6 +22,7 @@ from recordkit import converters
 from recordkit.cache import CacheFullError, ProduceError, ShardCache, workers
 from recordkit.cache.directory import BOOKKEEPING_SLACK
 from recordkit.cli import main
+from recordkit.reader import CacheOptions, ReadOptions
 from recordkit.retry import RetryPolicy
 
 from ._sources import DiskFullJsonl, FlakyJsonl, GatedJsonl
@@ -138,10 +139,8 @@ def test_training_on_raw_samples_five_times_the_budget(s3, tmp_path):
             url,
             batch_size=16,
             shuffle=True,
-            cache=cache,
-            cache_timeout=60,
-            bytes_as="list",
-            cache_epochs="growing",
+            cache=CacheOptions(cache=cache, timeout=60, epochs="growing"),
+            options=ReadOptions(bytes_as="list"),
         )
         for epoch in range(7):
             if epoch >= 2:
@@ -175,7 +174,7 @@ def test_tf_dataset_reads_a_producer_cache(tmp_path):
     src, _ = local_source(tmp_path / "raw", 3)
     with ShardCache(src, tmp_path / "c", max_bytes="1MiB", format="jsonl", shard_size="16KiB") as c:
         assert c.wait_settled(timeout=60)
-        ds = rtf.dataset(src, batch_size=32, cache=c, cache_epochs="growing")
+        ds = rtf.dataset(src, batch_size=32, cache=CacheOptions(cache=c, epochs="growing"))
         ids = [check_record(int(i), bytes(x)) for b in ds for i, x in zip(b["i"], b["x"].numpy())]
     assert sorted(ids) == list(range(3 * LINES))
 

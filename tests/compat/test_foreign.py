@@ -21,6 +21,7 @@ import pytest
 import recordkit as rk
 from recordkit.cli import main
 from recordkit.errors import CompressedTFRecordError, CorruptRecordError
+from recordkit.reader import ReadOptions
 from recordkit.reader.index import store as index_cache
 
 pytestmark = pytest.mark.tf
@@ -522,11 +523,13 @@ def test_sequence_example_record_dataset(tf: ModuleType, tmp_path: Path):
 
     path = _write_sequences(tf, tmp_path / "seq.tfrecord", n=11)
     reference = list(rk.Dataset(path, sequence_example=True))  # checked against TF above
-    samples = list(RecordDataset(path, sequence_example=True, num_threads=2))
+    samples = list(RecordDataset(path, options=ReadOptions(sequence_example=True, num_threads=2)))
     assert len(samples) == 11
     for a, b in zip(samples, reference):
         _sequence_equal(a, b)
-    batches = list(RecordDataset(path, sequence_example=True, batch_size=4, num_threads=2))
+    batches = list(
+        RecordDataset(path, batch_size=4, options=ReadOptions(sequence_example=True, num_threads=2))
+    )
     assert [len(b) for b in batches] == [4, 4, 3]
     for a, b in zip([s for batch in batches for s in batch], reference):
         _sequence_equal(a, b)
@@ -540,31 +543,40 @@ def test_sequence_example_record_dataset(tf: ModuleType, tmp_path: Path):
         return [(origins.locate(j)[2], int(s["context"]["id"][0])) for j, s in enumerate(batch)]
 
     located = RecordDataset(
-        path, sequence_example=True, batch_size=4, transform=records, transform_threads=2
+        path,
+        batch_size=4,
+        transform=records,
+        options=ReadOptions(sequence_example=True, transform_threads=2),
     )
     assert [pair for batch in located for pair in batch] == [(i, i) for i in range(11)]
-    ranged = RecordDataset(path, sequence_example=True, records="[3:8]", shuffle=True)
+    ranged = RecordDataset(
+        path, records="[3:8]", shuffle=True, options=ReadOptions(sequence_example=True)
+    )
     assert sorted(int(s["context"]["id"][0]) for s in ranged) == list(range(3, 8))
-    shuffled = list(RecordDataset(path, sequence_example=True, shuffle=True, seed=3))
+    shuffled = list(
+        RecordDataset(path, shuffle=True, seed=3, options=ReadOptions(sequence_example=True))
+    )
     ids = sorted(int(s["context"]["id"][0]) for s in shuffled)
     assert ids == list(range(11))
     with pytest.raises(ValueError, match="no schema, columns"):
-        RecordDataset(path, sequence_example=True, schema=rk.Schema(id=rk.Int64()))
+        RecordDataset(
+            path, schema=rk.Schema(id=rk.Int64()), options=ReadOptions(sequence_example=True)
+        )
     # A record that does not decode is a bad record: named, or skipped with on_error.
     from recordkit.format import frame
 
     with open(path, "ab") as f:
         f.write(frame(b"\x12\xff"))  # feature_lists whose length runs past the payload
     with pytest.raises(rk.errors.CorruptRecordError, match=rf"{path}:\d+:11: malformed"):
-        list(RecordDataset(path, sequence_example=True))
-    kept = list(RecordDataset(path, sequence_example=True, on_error="skip"))
+        list(RecordDataset(path, options=ReadOptions(sequence_example=True)))
+    kept = list(RecordDataset(path, options=ReadOptions(sequence_example=True, on_error="skip")))
     assert len(kept) == 11
     # A corrupt frame is named when the index is rebuilt (not a BufferError).
     data = bytearray(path.read_bytes())
     data[40] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(rk.errors.CorruptRecordError, match=rf"{path}:0:0: "):
-        RecordDataset(path, sequence_example=True)
+        RecordDataset(path, options=ReadOptions(sequence_example=True))
 
 
 def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
@@ -572,7 +584,7 @@ def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
 
     path = _write_sequences(tf, tmp_path / "seq.tfrecord", n=7)
     reference = list(rk.Dataset(path, sequence_example=True))
-    ours = list(rktf.dataset(path, sequence_example=True))
+    ours = list(rktf.dataset(path, options=ReadOptions(sequence_example=True)))
     assert len(ours) == 7
     for a, b in zip(ours, reference):
         assert a["context"]["id"].numpy().tolist() == b["context"]["id"].tolist()
@@ -584,7 +596,7 @@ def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
             else:
                 assert got == want, name
         assert set(a["feature_lists"]) <= set(b["feature_lists"]) | {"words"}
-    (batch,) = list(rktf.dataset(path, sequence_example=True, batch_size=7))
+    (batch,) = list(rktf.dataset(path, batch_size=7, options=ReadOptions(sequence_example=True)))
     assert batch["feature_lists"]["tokens"].shape[0] == 7
     # A feature the leading records lack fails the pipeline by name, never dropped.
     extra = tmp_path / "extra"
@@ -595,7 +607,7 @@ def test_sequence_example_tf_dataset(tf: ModuleType, tmp_path: Path):
     with tf.io.TFRecordWriter(str(extra / "b.tfrecord")) as w:
         w.write(tf.train.SequenceExample(context=ctx).SerializeToString())
     with pytest.raises(tf.errors.OpError, match="context feature 'late' as bytes"):
-        list(rktf.dataset(extra, sequence_example=True))
+        list(rktf.dataset(extra, options=ReadOptions(sequence_example=True)))
 
 
 def test_convert_told_examples_refuses_sequence_examples(tf: ModuleType, tmp_path: Path, capsys):

@@ -29,6 +29,7 @@ from recordkit.errors import (
     SequenceExampleError,
 )
 from recordkit.format import frame
+from recordkit.reader import CacheOptions, ReadOptions
 
 from .test_foreign import _same_as_stored, _sequence_equal, _tf_value
 
@@ -257,14 +258,18 @@ def test_torch_readers_read_it_whole_untold(converted: dict[str, Any]):
     from recordkit.torch import RecordDataset, RecordMapDataset
 
     reference = list(rk.Dataset(converted["dst"]))
-    samples = list(RecordDataset(converted["dst"], num_threads=2))
+    samples = list(RecordDataset(converted["dst"], options=ReadOptions(num_threads=2)))
     for a, b in zip(samples, reference, strict=True):
         _sequence_equal(a, b)
-    batches = list(RecordDataset(converted["dst"], batch_size=5, num_threads=2))
+    batches = list(
+        RecordDataset(converted["dst"], batch_size=5, options=ReadOptions(num_threads=2))
+    )
     assert [len(b) for b in batches] == [5, 5, 5, 5, 5, 5, 1]
     for a, b in zip([s for batch in batches for s in batch], reference, strict=True):
         _sequence_equal(a, b)
-    shuffled = list(RecordDataset(converted["dst"], shuffle=True, seed=1, num_threads=2))
+    shuffled = list(
+        RecordDataset(converted["dst"], shuffle=True, seed=1, options=ReadOptions(num_threads=2))
+    )
     assert sorted(int(s["context"]["id"][0]) for s in shuffled) == list(range(31))
     mapped = RecordMapDataset(converted["dst"])
     assert mapped.sequence_example and len(mapped) == 31
@@ -278,7 +283,7 @@ def test_torch_readers_read_it_whole_untold(converted: dict[str, Any]):
     with pytest.raises(ValueError, match="no schema, columns or decode_images"):
         RecordMapDataset(converted["dst"], schema=rk.Schema(id=rk.Int64()))
     # Foreign SequenceExamples, told.
-    foreign = RecordMapDataset(converted["files"][0], sequence_example=True)
+    foreign = RecordMapDataset(converted["files"][0], options=ReadOptions(sequence_example=True))
     _sequence_equal(foreign[5], reference[5])
 
 
@@ -291,14 +296,16 @@ def test_through_a_shard_cache(converted: dict[str, Any], tmp_path: Path):
 
     reference = list(rk.Dataset(converted["dst"]))
     cached = RecordDataset(
-        converted["dst"], cache_dir=tmp_path / "a", cache_limit="1GiB", num_threads=2
+        converted["dst"],
+        cache=CacheOptions(dir=tmp_path / "a", limit="1GiB"),
+        options=ReadOptions(num_threads=2),
     )
     assert cached.sequence_example and cached.cache_epochs == "whole"
     for a, b in zip(cached, reference, strict=True):
         _sequence_equal(a, b)
     cached.close()
     batched = RecordDataset(
-        converted["dst"], cache_dir=tmp_path / "b", cache_limit="1GiB", batch_size=4
+        converted["dst"], batch_size=4, cache=CacheOptions(dir=tmp_path / "b", limit="1GiB")
     )
     ids = [int(s["context"]["id"][0]) for b in DataLoader(batched, num_workers=2) for s in b]
     assert sorted(ids) == list(range(31))
@@ -306,7 +313,7 @@ def test_through_a_shard_cache(converted: dict[str, Any], tmp_path: Path):
     for mode in ("whole", "growing"):
         with pytest.raises(ValueError, match="SequenceExamples"):
             rktf.dataset(
-                converted["dst"], cache_dir=tmp_path / mode, cache_limit="1GiB", cache_epochs=mode
+                converted["dst"], cache=CacheOptions(dir=tmp_path / mode, limit="1GiB", epochs=mode)
             )
 
 

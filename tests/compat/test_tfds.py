@@ -22,6 +22,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import ManifestError, SchemaError, ShardNotFoundError
+from recordkit.reader import ReadOptions
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
@@ -210,7 +211,9 @@ def test_record_dataset_batches_equal_tfds(tfds: ModuleType, prepared: tuple[Any
     builder, root = prepared
     before = _listing(root)
     theirs = _tfds_values(tfds, builder, "train", decode=True)
-    ds = RecordDataset(root, split="train", batch_size=5, num_threads=2, decode_images=True)
+    ds = RecordDataset(
+        root, split="train", batch_size=5, options=ReadOptions(num_threads=2, decode_images=True)
+    )
     rows: list[dict[str, Any]] = []
     for batch in ds:
         n = len(batch["label"])
@@ -224,7 +227,11 @@ def test_record_dataset_batches_equal_tfds(tfds: ModuleType, prepared: tuple[Any
         _assert_same(o, t, f"batch row {i}")
     # Single samples, encoded images, a few columns, and random access.
     theirs_enc = _tfds_values(tfds, builder, "test", decode=False)
-    samples = list(RecordDataset(root, split="test", num_threads=1, columns=["text", "packed"]))
+    samples = list(
+        RecordDataset(
+            root, split="test", columns=["text", "packed"], options=ReadOptions(num_threads=1)
+        )
+    )
     for i, (o, t) in enumerate(zip(samples, theirs_enc)):
         _assert_same(
             {k: _np(v) for k, v in o.items()},
@@ -235,7 +242,7 @@ def test_record_dataset_batches_equal_tfds(tfds: ModuleType, prepared: tuple[Any
     for j in range(7):
         length = int(padded["image/lengths"][j])
         assert padded["image"][j, :length].numpy().tobytes() == theirs_enc[j]["image"]
-    maps = RecordMapDataset(root, split="test", decode_images=True)
+    maps = RecordMapDataset(root, split="test", options=ReadOptions(decode_images=True))
     got = maps.__getitems__([6, 0])
     theirs_dec = _tfds_values(tfds, builder, "test", decode=True)
     for o, t in zip(got, (theirs_dec[6], theirs_dec[0])):
@@ -323,7 +330,11 @@ def test_tf_dataset_equals_tfds(tfds: ModuleType, prepared: tuple[Any, Path]) ->
     builder, root = prepared
     theirs = _tfds_values(tfds, builder, "train", decode=True)
     tf_photo = [ex["photo"] for ex in _tfds_as_tf(tfds, builder)]
-    ours = list(rktf.dataset(root, split="train", decode_images=True).as_numpy_iterator())
+    ours = list(
+        rktf.dataset(
+            root, split="train", options=ReadOptions(decode_images=True)
+        ).as_numpy_iterator()
+    )
     assert len(ours) == len(theirs)
     for i, (o, t) in enumerate(zip(ours, theirs)):
         o["text"] = o["text"].decode("utf-8")
@@ -342,7 +353,7 @@ def test_tf_dataset_of_a_tfds_folder_refuses_named_images(prepared: tuple[Any, P
 
     _, root = prepared
     with pytest.raises(ValueError, match=r"decoded with decode_images=True, not .*'photo'"):
-        rktf.dataset(root, split="train", decode_images="photo")
+        rktf.dataset(root, split="train", options=ReadOptions(decode_images="photo"))
 
 
 def _tfds_as_tf(tfds: ModuleType, builder: Any) -> list[dict[str, Any]]:

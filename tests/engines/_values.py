@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 import recordkit as rk
+from recordkit.reader import ReadOptions
 
 N = 40  # records: small, and enough for two shards and a few batches
 I64 = np.iinfo(np.int64)
@@ -163,7 +164,10 @@ def check_every_reader(
 
     compare("rk.Dataset(raw=True)", list(rk.Dataset(path, raw=True)))
     compare("rk.Dataset(full schema)", list(rk.Dataset(path, full_schema())))
-    compare("RecordDataset(raw=True)", list(RecordDataset(path, raw=True, batch_size=None)))
+    compare(
+        "RecordDataset(options=ReadOptions(raw=True))",
+        list(RecordDataset(path, batch_size=None, options=ReadOptions(raw=True))),
+    )
     batches = list(RecordDataset(path, schema=fixed, batch_size=8))
     compare("RecordDataset(schema, batch_size=8)", _unbatch(batches), set(fixed.names))
     tfds = rk.tf.dataset(path, schema=fixed, batch_size=8)

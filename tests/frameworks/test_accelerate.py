@@ -63,12 +63,13 @@ _PREPARED = textwrap.dedent(
     import recordkit as rk
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
-    from recordkit.torch import RecordDataset
+    from recordkit.torch import ReadOptions, RecordDataset
 
     path, whole, out = sys.argv[1], sys.argv[2] == "whole", sys.argv[3]
     acc = Accelerator(cpu=True)
     split = {"rank": 0, "world_size": 1} if whole else {}
-    ds = RecordDataset(path, batch_size=16, shuffle=True, seed=0, **split)
+    read = ReadOptions(**split)
+    ds = RecordDataset(path, batch_size=16, shuffle=True, seed=0, options=read)
     loader = acc.prepare(DataLoader(ds, batch_size=None))  # Accelerate's defaults
     seen = []
     try:

@@ -27,6 +27,7 @@ from recordkit.codec import DecodeLimits
 from recordkit.errors import ManifestError, RecordkitError, RecordTooLargeError
 from recordkit.format.index import scan_index
 from recordkit.format.manifest import read_manifest
+from recordkit.reader import ReadOptions
 
 # Small budgets, so a decompression bomb is refused long before the process's
 # address-space cap (harness.py) would turn it into a MemoryError.
@@ -176,11 +177,8 @@ def _record_dataset(
         ds = RecordDataset(
             root,
             batch_size=batch_size,
-            bytes_as="list",
-            num_threads=2,
-            limits=LIMITS,
-            on_error=on_error,  # type: ignore[arg-type]
             schema=schema,
+            options=ReadOptions(bytes_as="list", num_threads=2, limits=LIMITS, on_error=on_error),
         )
         try:
             out = []
@@ -206,7 +204,7 @@ def _dataset(root: str, schema: rk.Schema | None = None) -> list[Any]:
 def _map_dataset(root: str, schema: rk.Schema | None = None) -> list[Any]:
     from recordkit.torch import RecordMapDataset
 
-    ds = RecordMapDataset(root, limits=LIMITS, schema=schema)
+    ds = RecordMapDataset(root, schema=schema, options=ReadOptions(limits=LIMITS))
     one = [canon(ds[i]) for i in range(len(ds))]
     many = [canon(s) for s in ds.__getitems__(list(range(len(ds))))] if len(ds) else []
     assert one == many, "RecordMapDataset: ds[i] and __getitems__ disagree"

@@ -27,6 +27,7 @@ from recordkit.codec import decode_example, encode_example
 from recordkit.format.complete import MARKER_NAME
 from recordkit.format.index import format_index, scan_index
 from recordkit.format.manifest import MANIFEST_NAME, Manifest
+from recordkit.reader import ReadOptions
 from recordkit.storage import open_target
 from recordkit.writer.shard import ShardWriter
 
@@ -576,7 +577,7 @@ class _TfPayloads(_Payloads):
         expected = reference(root)
 
         def read() -> list[Any]:
-            ds = rtf.dataset(root, shuffle=False, limits=LIMITS)
+            ds = rtf.dataset(root, shuffle=False, options=ReadOptions(limits=LIMITS))
             return [{k: _tf_canon(v) for k, v in s.items()} for s in ds]
 
         try:

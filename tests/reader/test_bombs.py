@@ -20,6 +20,7 @@ import zstandard
 import recordkit as rk
 from recordkit.codec import DEFAULT_RECORD_BYTES, DecodeLimits, encode_example
 from recordkit.errors import RecordTooLargeError
+from recordkit.reader import ReadOptions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +59,7 @@ import recordkit as rk
 from recordkit.errors import RecordTooLargeError
 reader, path = sys.argv[1], sys.argv[2]
 if reader in ("torch", "map"):
-    from recordkit.torch import RecordDataset, RecordMapDataset
+    from recordkit.torch import ReadOptions, RecordDataset, RecordMapDataset
 elif reader == "tf":
     import tensorflow as tf
     import recordkit.tf
@@ -70,9 +71,8 @@ try:
         got = [s["x"].size for s in rk.Dataset(path)]
     elif reader == "torch":
         process = sys.argv[5] == "1"
-        ds = RecordDataset(
-            path, batch_size=4, num_threads=2, on_error=sys.argv[4], reader_process=process
-        )
+        read = ReadOptions(num_threads=2, on_error=sys.argv[4], reader_process=process)
+        ds = RecordDataset(path, batch_size=4, options=read)
         got = [len(b["idx"]) for b in ds]
     elif reader == "map":
         got = [len(RecordMapDataset(path).__getitems__([0, 1, 2, 3, 4]))]
@@ -174,7 +174,9 @@ def test_tf_dataset_refuses_the_bomb_before_allocating(bomb_path):
     # a 1 MiB limit, so an unsized bomb is stopped after about 1 MiB of output.
     tf = pytest.importorskip("tensorflow")
     rtf = pytest.importorskip("recordkit.tf")
-    ds = rtf.dataset(bomb_path, batch_size=4, limits=DecodeLimits(record_bytes=1 << 20))
+    ds = rtf.dataset(
+        bomb_path, batch_size=4, options=ReadOptions(limits=DecodeLimits(record_bytes=1 << 20))
+    )
     with pytest.raises(
         tf.errors.OpError,
         match=r"RecordTooLargeError: .*feature 'x': zstd frame .*record_bytes=1048576",

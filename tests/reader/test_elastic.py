@@ -18,6 +18,7 @@ import sys
 import pytest
 
 import recordkit as rk
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -31,11 +32,12 @@ TAKEN = 7  # global batches read before the checkpoint
 SCRIPT = """
 import json, sys
 import torch.distributed as dist
-from recordkit.torch import DataLoader, RecordDataset
+from recordkit.torch import DataLoader, ReadOptions, RecordDataset
 path, out, phase, state_file, batch = sys.argv[1:6]
 dist.init_process_group("gloo", init_method="env://")
 rank, world = dist.get_rank(), dist.get_world_size()
-ds = RecordDataset(path, batch_size=int(batch), shuffle=True, seed=5, num_threads=1)
+ds = RecordDataset(path, batch_size=int(batch), shuffle=True, seed=5,
+                   options=ReadOptions(num_threads=1))
 loader = DataLoader(ds, num_workers=1 if rank % 2 else 0)
 batches = []
 if phase == "first":
@@ -117,10 +119,16 @@ def test_resume_at_another_world_size(sorted_path, tmp_path, before, after):
 
 
 def test_another_global_batch_is_refused(sorted_path):
-    ds = RecordDataset(sorted_path, batch_size=8, shuffle=True, seed=5, world_size=2, rank=0)
+    ds = RecordDataset(
+        sorted_path, batch_size=8, shuffle=True, seed=5, options=ReadOptions(world_size=2, rank=0)
+    )
     state = ds.state_dict()
-    other = RecordDataset(sorted_path, batch_size=8, shuffle=True, seed=5, world_size=4, rank=1)
+    other = RecordDataset(
+        sorted_path, batch_size=8, shuffle=True, seed=5, options=ReadOptions(world_size=4, rank=1)
+    )
     with pytest.raises(ValueError, match="global_batch was 16 when saved, is 32 now"):
         other.load_state_dict(state)
-    same = RecordDataset(sorted_path, batch_size=4, shuffle=True, seed=5, world_size=4, rank=1)
+    same = RecordDataset(
+        sorted_path, batch_size=4, shuffle=True, seed=5, options=ReadOptions(world_size=4, rank=1)
+    )
     same.load_state_dict(state)  # 4 ranks of 4 = 2 ranks of 8

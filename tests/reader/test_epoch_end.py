@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 import recordkit as rk
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
@@ -57,12 +58,16 @@ def _len_loop(loader, passes):
 
 @pytest.mark.parametrize("name", sorted(LOADERS))
 def test_a_loop_that_takes_len_batches_reads_a_new_epoch_each_pass(path, name):
-    ds = RecordDataset(path, batch_size=BATCH, shuffle=True, seed=0, num_threads=1)
+    ds = RecordDataset(
+        path, batch_size=BATCH, shuffle=True, seed=0, options=ReadOptions(num_threads=1)
+    )
     loader = LOADERS[name](ds)
     epochs, it = _len_loop(loader, 3)
     for e, labels in enumerate(epochs):
         assert sorted(labels) == list(range(N)), f"epoch {e}"
-        reference = RecordDataset(path, batch_size=BATCH, shuffle=True, seed=0, num_threads=1)
+        reference = RecordDataset(
+            path, batch_size=BATCH, shuffle=True, seed=0, options=ReadOptions(num_threads=1)
+        )
         reference.set_epoch(e)
         assert labels == [x for b in reference for x in b["label"].tolist()], f"epoch {e}"
     assert sum(a != b for a, b in zip(epochs[0], epochs[1])) > N // 2
@@ -75,10 +80,14 @@ def test_a_loop_that_takes_len_batches_reads_a_new_epoch_each_pass(path, name):
 
 
 def test_the_state_after_the_last_batch_resumes_at_the_next_epoch(path):
-    ds = RecordDataset(path, batch_size=BATCH, shuffle=True, seed=0, num_threads=1)
+    ds = RecordDataset(
+        path, batch_size=BATCH, shuffle=True, seed=0, options=ReadOptions(num_threads=1)
+    )
     (first,), _ = _len_loop(ds, 1)
     assert ds.state_dict()["epoch"] == 1 and ds.state_dict()["consumed"] == 0
-    again = RecordDataset(path, batch_size=BATCH, shuffle=True, seed=0, num_threads=1)
+    again = RecordDataset(
+        path, batch_size=BATCH, shuffle=True, seed=0, options=ReadOptions(num_threads=1)
+    )
     again.load_state_dict(ds.state_dict())
     second = [x for b in again for x in b["label"].tolist()]
     ds.set_epoch(1)
@@ -86,7 +95,9 @@ def test_the_state_after_the_last_batch_resumes_at_the_next_epoch(path):
 
 
 def test_set_epoch_wins_over_the_epoch_a_pass_ended_on(path):
-    ds = RecordDataset(path, batch_size=BATCH, shuffle=True, seed=0, num_threads=1)
+    ds = RecordDataset(
+        path, batch_size=BATCH, shuffle=True, seed=0, options=ReadOptions(num_threads=1)
+    )
     (first,), _ = _len_loop(ds, 1)
     ds.set_epoch(0)  # DistributedSampler's pattern: set_epoch(epoch) before each epoch
     (again,), _ = _len_loop(ds, 1)
@@ -94,7 +105,9 @@ def test_set_epoch_wins_over_the_epoch_a_pass_ended_on(path):
 
 
 def test_a_pass_left_early_reads_its_epoch_again(path):
-    ds = RecordDataset(path, batch_size=BATCH, shuffle=True, seed=0, num_threads=1)
+    ds = RecordDataset(
+        path, batch_size=BATCH, shuffle=True, seed=0, options=ReadOptions(num_threads=1)
+    )
     for i, _ in enumerate(ds):
         if i == 10:
             break
@@ -105,7 +118,7 @@ def test_a_pass_left_early_reads_its_epoch_again(path):
 def test_len_of_a_loader_that_batches_samples_from_workers_is_refused(path):
     """Each worker batches its own share: 2 workers give 64 batches where len() says 63,
     and a loop of len(loader) batches would leave records out, silently."""
-    ds = RecordDataset(path, num_threads=1)  # single samples
+    ds = RecordDataset(path, options=ReadOptions(num_threads=1))  # single samples
     with pytest.raises(ValueError, match="each worker batches its own share"):
         len(TorchDataLoader(ds, batch_size=BATCH, num_workers=2))
     assert len(TorchDataLoader(ds, batch_size=BATCH)) == 63  # no workers: exact

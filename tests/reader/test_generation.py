@@ -11,6 +11,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import ShardChangedError
+from recordkit.reader import ReadOptions
 
 SCHEMA = rk.Schema(i=rk.Int64())
 N = 2000
@@ -57,7 +58,7 @@ def test_recorddataset_does_not_read_its_next_epoch_from_another_dataset(tmp_pat
     monkeypatch.setenv("RECORDKIT_MAX_OPEN_SHARDS", "4")  # most shards unmapped again
     d = tmp_path / "d"
     _write(d, 0)
-    ds = RecordDataset(d, batch_size=50, shuffle=True, seed=0, num_threads=1)
+    ds = RecordDataset(d, batch_size=50, shuffle=True, seed=0, options=ReadOptions(num_threads=1))
     epoch0 = [i for b in ds for i in b["i"].tolist()]
     assert sorted(epoch0) == list(range(N))
     _write(d, 100_000, overwrite=True)
@@ -72,7 +73,9 @@ _PAUSED = textwrap.dedent(
     """
     import sys, time
     import recordkit.torch as rkt
-    ds = rkt.RecordDataset(sys.argv[1], batch_size=50, shuffle=True, seed=0, num_threads=1)
+    ds = rkt.RecordDataset(
+        sys.argv[1], batch_size=50, shuffle=True, seed=0, options=rkt.ReadOptions(num_threads=1)
+    )
     it = iter(ds)
     seen = []
     for _ in range(5):

@@ -18,6 +18,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import ImageDecodeError
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 Image = pytest.importorskip("PIL.Image")
@@ -64,8 +65,7 @@ def test_batches_decode_to_what_pillow_reads_from_the_files(images, threads, byt
         batch_size=5,
         shuffle=True,
         transform=DecodeImages(),
-        transform_threads=threads,
-        bytes_as=bytes_as,
+        options=ReadOptions(transform_threads=threads, bytes_as=bytes_as),
     )
     seen = []
     for batch in ds:
@@ -91,7 +91,9 @@ def test_samples_modes_and_layouts(images):
 
 def test_dataloader_workers_and_map_dataset(images):
     ds_path, expected = images
-    ds = RecordDataset(ds_path, batch_size=4, num_threads=1, transform=DecodeImages())
+    ds = RecordDataset(
+        ds_path, batch_size=4, transform=DecodeImages(), options=ReadOptions(num_threads=1)
+    )
     got = []
     for batch in DataLoader(ds, num_workers=2):
         _check(batch["image"], _paths(batch), expected)
@@ -116,9 +118,13 @@ def test_dataloader_workers_and_map_dataset(images):
 
 def test_the_loader_process_carries_where_rows_came_from(images, broken):
     ds_path, expected = images
-    ds = RecordDataset(ds_path, batch_size=8, reader_process=True, transform=DecodeImages())
+    ds = RecordDataset(
+        ds_path, batch_size=8, transform=DecodeImages(), options=ReadOptions(reader_process=True)
+    )
     assert sum(len(b["image"]) for b in ds) == len(expected)
-    ds = RecordDataset(broken, batch_size=8, reader_process=True, transform=DecodeImages())
+    ds = RecordDataset(
+        broken, batch_size=8, transform=DecodeImages(), options=ReadOptions(reader_process=True)
+    )
     with pytest.raises(ImageDecodeError) as info:
         list(ds)
     path, offset, record = where(broken, info.value.key)
@@ -129,9 +135,13 @@ def test_the_loader_process_carries_where_rows_came_from(images, broken):
     "make",
     [
         lambda p: RecordDataset(p, batch_size=4, transform=DecodeImages()),
-        lambda p: RecordDataset(p, batch_size=4, transform=DecodeImages(), transform_threads=3),
+        lambda p: RecordDataset(
+            p, batch_size=4, transform=DecodeImages(), options=ReadOptions(transform_threads=3)
+        ),
         lambda p: RecordDataset(p, transform=DecodeImages(), shuffle=True, seed=3),
-        lambda p: RecordDataset(p, batch_size=3, bytes_as="list", transform=DecodeImages()),
+        lambda p: RecordDataset(
+            p, batch_size=3, transform=DecodeImages(), options=ReadOptions(bytes_as="list")
+        ),
     ],
     ids=["batches", "threads", "samples", "list"],
 )
@@ -163,7 +173,9 @@ def test_every_bad_image_is_found_by_each_reader(broken):
 
 
 def test_errors_in_dataloader_workers_keep_the_location(broken):
-    ds = RecordDataset(broken, batch_size=4, num_threads=1, transform=DecodeImages())
+    ds = RecordDataset(
+        broken, batch_size=4, transform=DecodeImages(), options=ReadOptions(num_threads=1)
+    )
     with pytest.raises(ImageDecodeError) as info:
         list(DataLoader(ds, num_workers=2))
     text = str(info.value)
@@ -199,7 +211,7 @@ def test_resume_with_transform_threads_is_exact(images):
             shuffle=True,
             seed=1,
             transform=DecodeImages(),
-            transform_threads=2,
+            options=ReadOptions(transform_threads=2),
         )
 
     full = [_paths(b) for b in make()]
@@ -226,7 +238,10 @@ def test_transform_threads_with_the_loader_process_stay_within_its_slots(tmp_pat
         return batch
 
     ds = RecordDataset(
-        tmp_path / "big", batch_size=8, reader_process=True, transform=touch, transform_threads=3
+        tmp_path / "big",
+        batch_size=8,
+        transform=touch,
+        options=ReadOptions(reader_process=True, transform_threads=3),
     )
     assert [int(i) for b in ds for i in b["i"]] == list(range(48))
 
@@ -239,7 +254,7 @@ def test_options_are_checked():
     with pytest.raises(ValueError, match="key 'image' is one of the image features"):
         ImageOptions(("image",), key="image")
     with pytest.raises(ValueError, match="transform_threads must be >= 0"):
-        RecordDataset(".", transform_threads=-1)
+        RecordDataset(".", options=ReadOptions(transform_threads=-1))
     with pytest.raises(KeyError, match="no feature 'img'"):
         DecodeImages("img")({"image": b""})
     with pytest.raises(TypeError, match="not encoded image bytes"):

@@ -8,6 +8,7 @@ ranks x workers and resumes reproduce the one global sequence exactly.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 
 import numpy as np
@@ -17,6 +18,7 @@ import recordkit as rk
 from recordkit.codec import encode_example
 from recordkit.errors import SchemaError
 from recordkit.format import frame
+from recordkit.reader import CacheOptions, ReadOptions
 from recordkit.reader.mix import _quotas
 
 torch = pytest.importorskip("torch")
@@ -68,7 +70,12 @@ def test_list_is_a_concatenation_shuffled_together(paths):
 
 def test_weights_realise_their_proportions(paths):
     weights, total = (1.0, 2.0, 1.0), 1000
-    ds = RecordDataset(paths, batch_size=10, shuffle=True, weights=weights, epoch_records=total)
+    ds = RecordDataset(
+        paths,
+        batch_size=10,
+        shuffle=True,
+        options=ReadOptions(weights=weights, epoch_records=total),
+    )
     assert len(ds) == 100
     for epoch in range(2):
         got = _pairs(ds)
@@ -85,11 +92,17 @@ def test_weights_realise_their_proportions(paths):
 def test_ranks_and_workers_read_one_global_sequence(paths):
     """World 2 x 2 workers, batches of 8, interleaved by global batch, equal one process
     reading global batches of 16: the same mixed sequence, nothing missing or twice."""
-    opts = dict(shuffle=True, seed=4, weights=[3, 1, 1], epoch_records=333, num_threads=1)
-    whole = [b for b in RecordDataset(paths, batch_size=16, **opts)]
+    read = ReadOptions(weights=[3, 1, 1], epoch_records=333, num_threads=1)
+    opts = dict(shuffle=True, seed=4)
+    whole = [b for b in RecordDataset(paths, batch_size=16, **opts, options=read)]
     ranks = []
     for rank in range(2):
-        ds = RecordDataset(paths, batch_size=8, rank=rank, world_size=2, **opts)
+        ds = RecordDataset(
+            paths,
+            batch_size=8,
+            **opts,
+            options=dataclasses.replace(read, rank=rank, world_size=2),
+        )
         ranks.append(list(DataLoader(ds, num_workers=2)))
     merged = []
     for g in range(len(whole)):
@@ -101,7 +114,9 @@ def test_ranks_and_workers_read_one_global_sequence(paths):
 
 
 def test_resume_mid_epoch_equals_an_uninterrupted_run(paths):
-    opts = dict(batch_size=8, shuffle=True, seed=2, weights=[1, 1, 1], num_threads=1)
+    opts = dict(
+        batch_size=8, shuffle=True, seed=2, options=ReadOptions(weights=[1, 1, 1], num_threads=1)
+    )
     full = _pairs(RecordDataset(paths, **opts))
     ds = RecordDataset(paths, **opts)
     it = iter(ds)
@@ -123,9 +138,9 @@ def test_resume_mid_epoch_equals_an_uninterrupted_run(paths):
 
 
 def test_resume_refuses_other_weights_or_ranges(paths):
-    ds = RecordDataset(paths, batch_size=8, weights=[1, 1, 1])
+    ds = RecordDataset(paths, batch_size=8, options=ReadOptions(weights=[1, 1, 1]))
     state = ds.state_dict()
-    other = RecordDataset(paths, batch_size=8, weights=[1, 2, 1])
+    other = RecordDataset(paths, batch_size=8, options=ReadOptions(weights=[1, 2, 1]))
     with pytest.raises(ValueError, match="cannot resume: mix was"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="cannot resume: mix was"):
@@ -136,7 +151,9 @@ def test_resume_refuses_other_weights_or_ranges(paths):
 
 def test_stateful_dataloader_resumes_a_weighted_mix(paths):
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    opts = dict(batch_size=8, shuffle=True, seed=6, weights=[2, 1, 1], num_threads=1)
+    opts = dict(
+        batch_size=8, shuffle=True, seed=6, options=ReadOptions(weights=[2, 1, 1], num_threads=1)
+    )
 
     def loader():
         return stateful.StatefulDataLoader(
@@ -186,7 +203,11 @@ def test_schemas_must_agree(paths, tmp_path):
 
 def test_refused_combinations(paths, tmp_path):
     with pytest.raises(ValueError, match="a list of datasets, weights= with a shard cache"):
-        RecordDataset(paths, weights=[1, 1, 1], cache_dir=tmp_path, cache_limit="1MiB")
+        RecordDataset(
+            paths,
+            cache=CacheOptions(dir=tmp_path, limit="1MiB"),
+            options=ReadOptions(weights=[1, 1, 1]),
+        )
     with pytest.raises(TypeError, match="list of them"):
         RecordDataset({"a": paths[0]})
     with pytest.raises(ValueError, match="empty list"):
@@ -194,9 +215,11 @@ def test_refused_combinations(paths, tmp_path):
 
 
 def test_reader_process_reads_the_same_mix(paths):
-    opts = dict(batch_size=8, shuffle=True, seed=8, weights=[1, 1, 1], num_threads=1)
-    want = _pairs(RecordDataset(paths, **opts))
-    assert _pairs(RecordDataset(paths, reader_process=True, **opts)) == want
+    read = ReadOptions(weights=[1, 1, 1], num_threads=1)
+    opts = dict(batch_size=8, shuffle=True, seed=8)
+    want = _pairs(RecordDataset(paths, **opts, options=read))
+    process = dataclasses.replace(read, reader_process=True)
+    assert _pairs(RecordDataset(paths, **opts, options=process)) == want
 
 
 def test_single_list_is_the_dataset(paths):

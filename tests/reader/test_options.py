@@ -1,10 +1,11 @@
-"""Settings as frozen objects (issue 17): ReadOptions / CacheOptions of RecordDataset, and
-ProducerOptions of ShardCache; each setting is accepted one way."""
+"""Settings as frozen objects (issue 17, issue 32): ReadOptions / CacheOptions of the
+readers, and ProducerOptions of ShardCache; each setting is accepted one way."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +14,12 @@ import recordkit as rk
 from recordkit.cache import ProducerOptions, ShardCache
 from recordkit.errors import OptionError
 from recordkit.reader import CacheOptions, ReadOptions
-from recordkit.torch import RecordDataset
+
+
+@pytest.fixture
+def rkt():
+    """recordkit.torch, or a skip without torch (the rest of this file needs no torch)."""
+    return pytest.importorskip("recordkit.torch")
 
 
 @pytest.fixture(scope="module")
@@ -30,53 +36,69 @@ def _records(ds):
     return [int(x) for b in ds for x in b["x"]]
 
 
-def test_options_whole_read_what_the_flat_keywords_read(data):
-    flat = RecordDataset(data, batch_size=16, shuffle=True, seed=3, columns=["x"], num_threads=2)
-    opts = ReadOptions(batch_size=16, shuffle=True, seed=3, columns=["x"], num_threads=2)
-    whole = RecordDataset(data, options=opts)
+@pytest.mark.torch
+def test_options_whole_read_what_the_flat_keywords_read(data, rkt):
+    """One ReadOptions, shared or derived with dataclasses.replace, reads the same."""
+    flat = rkt.RecordDataset(
+        data, batch_size=16, shuffle=True, seed=3, columns=["x"], options=ReadOptions(num_threads=2)
+    )
+    opts = dataclasses.replace(ReadOptions(num_threads=1), num_threads=2)
+    whole = rkt.RecordDataset(
+        data, batch_size=16, shuffle=True, seed=3, columns=["x"], options=opts
+    )
     assert whole.read_options == flat.read_options == opts
-    assert opts.columns == ("x",)  # kept as a tuple: the object is frozen through and through
+    mixed = ReadOptions(weights=[1, 2])
+    assert mixed.weights == (1, 2)  # kept as a tuple: the object is frozen through and through
     assert _records(whole) == _records(flat)
     assert sorted(_records(whole)) == list(range(100))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        opts.shuffle = False  # type: ignore[misc]
+        opts.num_threads = 1  # type: ignore[misc]
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize(
-    "kwargs, named",
+    "field, named",
     [
-        ({"shuffle": False}, "shuffle="),  # equal to the default: still given twice
-        ({"batch_size": 16}, "batch_size="),  # equal to the object's value
-        ({"seed": 0, "verify": True}, "seed=, verify="),
+        ({"shuffle_buffer": 500}, "shuffle_buffer=500"),  # tf's
+        ({"deterministic": False}, "deterministic=False"),  # tf's
+        ({"decode_images": "image"}, "decode_images='image'"),  # names: tf's form
     ],
 )
-def test_a_setting_given_two_ways_is_refused_by_name(data, kwargs, named):
-    opts = ReadOptions(batch_size=16, shuffle=True)
-    with pytest.raises(OptionError, match=f"^{named} given beside options="):
-        RecordDataset(data, options=opts, **kwargs)
+def test_a_setting_for_the_other_reader_is_refused_by_name(data, rkt, field, named):
+    """A setting has one place, and one reader that reads it: set for the other reader
+    it is refused by name, never silently ignored."""
+    with pytest.raises(ValueError, match="^" + re.escape(f"ReadOptions({named})")):
+        rkt.RecordDataset(data, options=ReadOptions(**field))
+    with pytest.raises(
+        ValueError, match=r"^ReadOptions\(num_threads=2\): recordkit\.torch\.RecordMapDataset"
+    ):
+        rkt.RecordMapDataset(data, options=ReadOptions(num_threads=2))
 
 
-def test_cache_settings_given_two_ways_are_refused(data, tmp_path):
-    cached = CacheOptions(dir=tmp_path / "c", limit="1MiB")
-    with pytest.raises(OptionError, match="cache_dir= given beside cache_options="):
-        RecordDataset(data, cache_options=cached, cache_dir=tmp_path / "d")
-    with pytest.raises(OptionError, match="cache_epochs= given beside cache_options="):
-        RecordDataset(data, cache_options=cached, cache_epochs="whole")
+@pytest.mark.torch
+def test_cache_settings_are_checked_when_made(data, rkt, tmp_path):
+    with pytest.raises(ValueError, match="not both"):
+        CacheOptions(dir=tmp_path / "c", limit="1MiB", cache=object())
+    with pytest.raises(ValueError, match="cache_dir"):
+        CacheOptions(limit="1MiB")
+    with pytest.raises(TypeError, match="cache= takes a ShardCache or a CacheOptions"):
+        rkt.RecordDataset(data, cache=str(tmp_path / "c"))  # type: ignore[arg-type]
 
 
-def test_options_are_checked_when_made_and_typed(data):
+@pytest.mark.torch
+def test_options_are_checked_when_made_and_typed(data, rkt):
     with pytest.raises(ValueError, match="on_error"):
         ReadOptions(on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="num_threads"):
         ReadOptions(num_threads=0)
     with pytest.raises(ValueError, match="sequence_example=True reads records whole"):
-        ReadOptions(sequence_example=True, columns=["x"])
+        rkt.RecordDataset(data, columns=["x"], options=ReadOptions(sequence_example=True))
     with pytest.raises(ValueError, match="cache_epochs"):
         CacheOptions(epochs="sometimes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="options= takes a ReadOptions"):
-        RecordDataset(data, options={"shuffle": True})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="num_threads"):  # the flat form is checked alike
-        RecordDataset(data, num_threads=0)
+        rkt.RecordDataset(data, options={"shuffle": True})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shuffle_buffer"):
+        ReadOptions(shuffle_buffer=0)
 
 
 def _jsonl(root, files=2):

@@ -10,6 +10,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import CorruptRecordError
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -184,7 +185,7 @@ def test_corrupt_record_is_raised_in_consumer(tmp_path):
 
 @pytest.mark.parametrize("how", ["close", "break", "with"])
 def test_closing_mid_epoch_leaves_no_thread(ds_path, how):
-    ds = RecordDataset(ds_path, batch_size=8, num_threads=2)
+    ds = RecordDataset(ds_path, batch_size=8, options=ReadOptions(num_threads=2))
     pf = DevicePrefetcher(ds, "cpu")
     if how == "close":
         it = iter(pf)
@@ -285,7 +286,11 @@ def test_bad_arguments():
 
 def test_pin_memory_dataset_without_accelerator_reads_the_same(ds_path):
     want = list(RecordDataset(ds_path, batch_size=32))
-    got = list(DevicePrefetcher(RecordDataset(ds_path, batch_size=32, pin_memory=True), "cpu"))
+    got = list(
+        DevicePrefetcher(
+            RecordDataset(ds_path, batch_size=32, options=ReadOptions(pin_memory=True)), "cpu"
+        )
+    )
     _same_batches(got, want)
 
 
@@ -329,7 +334,9 @@ def _cycles_per_ms():
 @pytest.mark.parametrize("pin", [True, False])
 def test_cuda_values_equal_host_values(ds_path, pin):
     host = list(RecordDataset(ds_path, batch_size=32, shuffle=True, seed=1))
-    ds = RecordDataset(ds_path, batch_size=32, shuffle=True, seed=1, pin_memory=pin)
+    ds = RecordDataset(
+        ds_path, batch_size=32, shuffle=True, seed=1, options=ReadOptions(pin_memory=pin)
+    )
     got = []
     for batch in DevicePrefetcher(ds, "cuda", pin_memory=pin):
         assert all(t.device.type == "cuda" for t in batch.values())
@@ -483,13 +490,14 @@ import sys
 import numpy as np
 import torch
 import recordkit as rk
-from recordkit.torch import DevicePrefetcher, RecordDataset
+from recordkit.torch import DevicePrefetcher, ReadOptions, RecordDataset
 
 root = sys.argv[1]
 with rk.Writer(root, rk.Schema(x=rk.Tensor("float32", (256,)))) as w:
     for i in range(64):
         w.write({"x": np.full(256, i, np.float32)})
-ds = RecordDataset(root, batch_size=8, pin_memory=True)  # pinned in reader threads
+# pinned in reader threads
+ds = RecordDataset(root, batch_size=8, options=ReadOptions(pin_memory=True))
 staged = [{"y": torch.full((1000,), i)} for i in range(8)]  # pageable: staged
 pf = DevicePrefetcher(ds, "cuda")  # made before set_device, resolved at the first pass
 torch.cuda.set_device(1)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import recordkit as rk
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
@@ -89,13 +90,15 @@ def _collate(samples):
 def _loader(kind, path, batch, monkeypatch):
     if kind == "threads":  # the Python thread pool
         monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", "0")
-        return RecordDataset(path, batch_size=batch, num_threads=2)
+        return RecordDataset(path, batch_size=batch, options=ReadOptions(num_threads=2))
     if kind == "native":  # the native task runner
-        return RecordDataset(path, batch_size=batch, num_threads=2)
+        return RecordDataset(path, batch_size=batch, options=ReadOptions(num_threads=2))
     if kind == "process":
-        return RecordDataset(path, batch_size=batch, reader_process=True, num_threads=2)
+        return RecordDataset(
+            path, batch_size=batch, options=ReadOptions(reader_process=True, num_threads=2)
+        )
     if kind == "workers":
-        ds = RecordDataset(path, batch_size=batch, num_threads=1)
+        ds = RecordDataset(path, batch_size=batch, options=ReadOptions(num_threads=1))
         return DataLoader(ds, num_workers=2)
     return torch.utils.data.DataLoader(
         RecordMapDataset(path), batch_size=batch, shuffle=True, collate_fn=_collate

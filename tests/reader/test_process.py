@@ -12,6 +12,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import CorruptRecordError, LoaderTimeoutError
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
@@ -58,7 +59,7 @@ def no_leftovers():
 
 
 def test_segments_are_visible_while_reading(ds_path):
-    it = iter(RecordDataset(ds_path, batch_size=64, reader_process=True))
+    it = iter(RecordDataset(ds_path, batch_size=64, options=ReadOptions(reader_process=True)))
     next(it)
     assert _segments()  # so the leftover check above looks at the right names
     it.close()
@@ -79,9 +80,10 @@ def _equal(a, b):
 
 @pytest.mark.parametrize("bytes_as", ["padded", "list"])
 def test_same_batches_as_threads(ds_path, bytes_as):
-    kw = dict(batch_size=64, shuffle=True, seed=4, bytes_as=bytes_as)
-    want = list(RecordDataset(ds_path, **kw))
-    ds = RecordDataset(ds_path, reader_process=True, num_threads=2, **kw)
+    kw = dict(batch_size=64, shuffle=True, seed=4)
+    want = list(RecordDataset(ds_path, **kw, options=ReadOptions(bytes_as=bytes_as)))
+    process = ReadOptions(bytes_as=bytes_as, reader_process=True, num_threads=2)
+    ds = RecordDataset(ds_path, **kw, options=process)
     got = list(ds)
     _equal(got, want)
     assert ds.stats.records == N and ds.stats.bytes > 0 and ds.epoch == 1
@@ -90,14 +92,16 @@ def test_same_batches_as_threads(ds_path, bytes_as):
 
 def test_samples_and_columns(ds_path):
     want = list(RecordDataset(ds_path, columns=["idx", "data"]))
-    got = list(RecordDataset(ds_path, columns=["idx", "data"], reader_process=True))
+    got = list(
+        RecordDataset(ds_path, columns=["idx", "data"], options=ReadOptions(reader_process=True))
+    )
     assert len(got) == N
     assert [s["data"] for s in got] == [s["data"] for s in want]
     assert [int(s["idx"]) for s in got] == list(range(N))
 
 
 def test_resume(ds_path):
-    kw = dict(batch_size=50, shuffle=True, seed=1, reader_process=True)
+    kw = dict(batch_size=50, shuffle=True, seed=1, options=ReadOptions(reader_process=True))
     everything = [int(i) for b in RecordDataset(ds_path, **kw) for i in b["idx"]]
     loader = DataLoader(RecordDataset(ds_path, **kw))
     seen = []
@@ -112,7 +116,7 @@ def test_resume(ds_path):
 
 
 def test_batches_outlive_the_loader_process(ds_path):
-    ds = RecordDataset(ds_path, batch_size=100, reader_process=True)
+    ds = RecordDataset(ds_path, batch_size=100, options=ReadOptions(reader_process=True))
     kept = [b["img"] for b in ds]  # 7 batches in few chunks: fewer than the slots
     assert [int(t[0, 0, 0]) for t in kept] == [(100 * k) % 256 for k in range(7)]
 
@@ -130,7 +134,7 @@ def big_path(tmp_path_factory):
 
 def test_holding_every_slot_is_an_error_not_a_hang(big_path):
     # Keeping every batch holds every slot (4): asking for more is an error.
-    ds = RecordDataset(big_path, batch_size=8, reader_process=True)
+    ds = RecordDataset(big_path, batch_size=8, options=ReadOptions(reader_process=True))
     kept = []
     with pytest.raises(RuntimeError, match="all 4 shared-memory slots are held"):
         for b in ds:
@@ -160,7 +164,7 @@ def _loader_children():
 
 
 def test_closing_mid_epoch_stops_the_process(ds_path):
-    ds = RecordDataset(ds_path, batch_size=16, reader_process=True)
+    ds = RecordDataset(ds_path, batch_size=16, options=ReadOptions(reader_process=True))
     it = iter(ds)
     next(it)
     assert len(_loader_children()) == 1
@@ -178,10 +182,24 @@ def test_corrupt_records(tmp_path):
     raw[len(raw) // 2] ^= 0xFF
     shard.write_bytes(bytes(raw))
     with pytest.raises(CorruptRecordError, match=r"\.tfrecord:\d+:\d+"):
-        list(RecordDataset(root, batch_size=32, schema=SCHEMA, reader_process=True))
-    ds = RecordDataset(root, batch_size=32, schema=SCHEMA, reader_process=True, on_error="skip")
+        list(
+            RecordDataset(
+                root, batch_size=32, schema=SCHEMA, options=ReadOptions(reader_process=True)
+            )
+        )
+    ds = RecordDataset(
+        root,
+        batch_size=32,
+        schema=SCHEMA,
+        options=ReadOptions(reader_process=True, on_error="skip"),
+    )
     assert sum(len(b["idx"]) for b in ds) == 299 and ds.stats.skipped == 1
-    ds = RecordDataset(root, batch_size=32, schema=SCHEMA, reader_process=True, on_error="warn")
+    ds = RecordDataset(
+        root,
+        batch_size=32,
+        schema=SCHEMA,
+        options=ReadOptions(reader_process=True, on_error="warn"),
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert sum(len(b["idx"]) for b in ds) == 299
@@ -190,13 +208,17 @@ def test_corrupt_records(tmp_path):
 
 def test_with_prefetcher(ds_path):
     want = list(RecordDataset(ds_path, batch_size=64))
-    got = list(DevicePrefetcher(RecordDataset(ds_path, batch_size=64, reader_process=True), "cpu"))
+    got = list(
+        DevicePrefetcher(
+            RecordDataset(ds_path, batch_size=64, options=ReadOptions(reader_process=True)), "cpu"
+        )
+    )
     _equal(got, want)
 
 
 def test_not_inside_dataloader_workers(ds_path):
     loader = torch.utils.data.DataLoader(
-        RecordDataset(ds_path, batch_size=64, reader_process=True),
+        RecordDataset(ds_path, batch_size=64, options=ReadOptions(reader_process=True)),
         batch_size=None,
         num_workers=1,
         multiprocessing_context="spawn",
@@ -206,7 +228,9 @@ def test_not_inside_dataloader_workers(ds_path):
 
 
 def test_child_killed_is_an_error(big_path):
-    ds = RecordDataset(big_path, batch_size=8, reader_process=True, prefetch=1, num_threads=1)
+    ds = RecordDataset(
+        big_path, batch_size=8, options=ReadOptions(reader_process=True, prefetch=1, num_threads=1)
+    )
     it = iter(ds)
     next(it)
     (pid,) = _loader_children()
@@ -221,7 +245,9 @@ def test_stopped_loader_is_an_error_not_a_hang(big_path):
     # SIGSTOP stands for a loader wedged in uninterruptible I/O on a network file
     # system: alive, but handing nothing over.
     ds = RecordDataset(
-        big_path, batch_size=8, reader_process=True, prefetch=1, num_threads=1, loader_timeout=1.0
+        big_path,
+        batch_size=8,
+        options=ReadOptions(reader_process=True, prefetch=1, num_threads=1, loader_timeout=1.0),
     )
     it = iter(ds)
     next(it)
@@ -242,6 +268,8 @@ def test_stopped_loader_is_an_error_not_a_hang(big_path):
 
 def test_loader_timeout_is_validated(ds_path):
     with pytest.raises(ValueError, match="loader_timeout must be > 0 or None"):
-        RecordDataset(ds_path, reader_process=True, loader_timeout=0)
-    ds = RecordDataset(ds_path, batch_size=64, reader_process=True, loader_timeout=None)
+        RecordDataset(ds_path, options=ReadOptions(reader_process=True, loader_timeout=0))
+    ds = RecordDataset(
+        ds_path, batch_size=64, options=ReadOptions(reader_process=True, loader_timeout=None)
+    )
     assert sum(len(b["idx"]) for b in ds) == N

@@ -14,7 +14,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import SchemaError
-from recordkit.reader import ragged
+from recordkit.reader import ReadOptions, ragged
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
@@ -103,7 +103,7 @@ def test_padded_batches_hold_every_value(path, shuffle):
 
 def test_list_batches_hold_every_value(path):
     rows: dict[int, dict] = {}
-    for batch in RecordDataset(path, batch_size=16, ragged_as="list"):
+    for batch in RecordDataset(path, batch_size=16, options=ReadOptions(ragged_as="list")):
         assert isinstance(batch["tokens"], list)
         rows.update(_listed(batch))
     _check(rows)
@@ -132,7 +132,7 @@ def test_workers_and_the_reader_process_give_the_same_batches(path, where):
         by_first = {b["id"][0].item(): b for b in want}
         _same([by_first[b["id"][0].item()] for b in got], got)
     else:
-        _same(list(RecordDataset(path, reader_process=True, **kw)), want)
+        _same(list(RecordDataset(path, **kw, options=ReadOptions(reader_process=True))), want)
 
 
 def test_collate_gives_the_batch_layout(path):
@@ -164,13 +164,13 @@ def test_a_lengths_name_taken_by_a_feature_is_refused(tmp_path):
         w.write({"x": [1, 2], "x/lengths": 7})
     with pytest.raises(SchemaError, match=r"'x/lengths' collides.*ragged_as='list'"):
         list(RecordDataset(tmp_path / "d", batch_size=2))
-    (batch,) = RecordDataset(tmp_path / "d", batch_size=2, ragged_as="list")
+    (batch,) = RecordDataset(tmp_path / "d", batch_size=2, options=ReadOptions(ragged_as="list"))
     assert batch["x"][0].tolist() == [1, 2] and batch["x/lengths"].tolist() == [7]
 
 
 def test_ragged_as_is_checked():
     with pytest.raises(ValueError, match="ragged_as must be 'padded' or 'list'"):
-        RecordDataset("nowhere", batch_size=2, ragged_as="nested")  # type: ignore[arg-type]
+        RecordDataset("nowhere", batch_size=2, options=ReadOptions(ragged_as="nested"))  # type: ignore[arg-type]
 
 
 def test_pad_and_trim_agree_on_every_shape():

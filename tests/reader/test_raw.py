@@ -1,6 +1,6 @@
-"""``RecordDataset(raw=True)``: foreign records whose features differ (a key missing from a
-third of them, as Beam and TFX data often are), read as stored, every record once a pass,
-one by one or in lists, with workers too (issue 30)."""
+"""``RecordDataset(options=ReadOptions(raw=True))``: foreign records whose features differ
+(a key missing from a third of them, as Beam and TFX data often are), read as stored,
+every record once a pass, one by one or in lists, with workers too (issue 30)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import recordkit as rk
 from recordkit.codec.example import encode_example
 from recordkit.format import frame
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -40,7 +41,13 @@ def _check(samples):
 
 
 def test_samples_as_stored(folder):
-    _check(list(RecordDataset(folder, raw=True, shuffle=True, seed=0, num_threads=1)))
+    _check(
+        list(
+            RecordDataset(
+                folder, shuffle=True, seed=0, options=ReadOptions(raw=True, num_threads=1)
+            )
+        )
+    )
 
 
 def test_a_schema_bound_reader_infers_the_key_as_optional(folder):
@@ -51,7 +58,7 @@ def test_a_schema_bound_reader_infers_the_key_as_optional(folder):
 
 
 def test_lists_of_samples_and_workers(folder):
-    ds = RecordDataset(folder, raw=True, batch_size=8, num_threads=1)
+    ds = RecordDataset(folder, batch_size=8, options=ReadOptions(raw=True, num_threads=1))
     batches = list(ds)
     assert all(isinstance(b, list) for b in batches) and [len(b) for b in batches][:7] == [8] * 7
     _check([s for b in batches for s in b])
@@ -60,6 +67,6 @@ def test_lists_of_samples_and_workers(folder):
 
 def test_raw_takes_no_schema_and_no_loader_process(folder):
     with pytest.raises(ValueError, match="raw=True reads records whole"):
-        RecordDataset(folder, raw=True, columns=["id"])
+        RecordDataset(folder, columns=["id"], options=ReadOptions(raw=True))
     with pytest.raises(ValueError, match="raw=True"):
-        next(iter(RecordDataset(folder, raw=True, reader_process=True)))
+        next(iter(RecordDataset(folder, options=ReadOptions(raw=True, reader_process=True))))

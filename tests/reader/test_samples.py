@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import recordkit as rk
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -114,9 +115,9 @@ def _same(got, want, where):
 
 @pytest.mark.parametrize("bytes_as", ["padded", "list"])
 def test_collate_gives_the_batches_batch_size_gives(path, bytes_as):
-    ds = RecordDataset(path, bytes_as=bytes_as)
+    ds = RecordDataset(path, options=ReadOptions(bytes_as=bytes_as))
     loaded = list(DataLoader(ds, batch_size=4, collate_fn=ds.collate))
-    batched = list(RecordDataset(path, batch_size=4, bytes_as=bytes_as))
+    batched = list(RecordDataset(path, batch_size=4, options=ReadOptions(bytes_as=bytes_as)))
     assert len(loaded) == len(batched) == 3
     for b, (got, want) in enumerate(zip(loaded, batched)):
         _same(got, want, f"batch {b}")

@@ -124,7 +124,7 @@ def test_record_dataset_under_ulimit(many, native):
         for epoch in range(2):
             for batch in ds:
                 seen.update(batch["x"].tolist())
-        print(sum(seen.values()), seen[0], seen[4], ds._shards.open_count, open_fds())
+        print(sum(seen.values()), seen[0], seen[4], ds.source.open().open_count, open_fds())
         """,
         many,
         native,
@@ -158,7 +158,8 @@ def test_loader_process_under_ulimit(many):
     out = run_limited(
         """
         import recordkit.torch as rkt
-        ds = rkt.RecordDataset(sys.argv[1], batch_size=100, reader_process=True, num_threads=2)
+        read = rkt.ReadOptions(reader_process=True, num_threads=2)
+        ds = rkt.RecordDataset(sys.argv[1], batch_size=100, options=read)
         print(sum(len(b["x"]) for b in ds))
         """,
         many,
@@ -438,7 +439,7 @@ def test_batches_wider_than_the_budget_are_read_in_pieces(tmp_path, monkeypatch,
             seen.append(i)
         # The reference path's threads may hold a just-released map through a view of
         # the decode in flight for a moment: it is unmapped at the next acquire.
-        assert ds._shards.open_count <= (6 if native == "1" else 6 + 2)
+        assert ds.source.open().open_count <= (6 if native == "1" else 6 + 2)
     assert sorted(seen) == list(range(300))
     plain = rkt.RecordDataset(tmp_path / "ds", batch_size=32, shuffle=True, seed=3)
     monkeypatch.setenv("RECORDKIT_MAX_OPEN_SHARDS", "1000")

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 import recordkit as rk
+from recordkit.reader import CacheOptions, ReadOptions
 
 torch = pytest.importorskip("torch")
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
@@ -41,7 +42,12 @@ def path(tmp_path_factory):
 
 def _dataset(path, *, shuffle=True, drop_last=False, batch_size=BATCH):
     return RecordDataset(
-        path, batch_size=batch_size, shuffle=shuffle, seed=3, drop_last=drop_last, num_threads=1
+        path,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=3,
+        drop_last=drop_last,
+        options=ReadOptions(num_threads=1),
     )
 
 
@@ -160,7 +166,7 @@ def test_samples_batched_by_the_loader(path):
     """Without batch_size the dataset yields samples and the loader batches them."""
 
     def make():
-        ds = RecordDataset(path, shuffle=True, seed=3, num_threads=1)
+        ds = RecordDataset(path, shuffle=True, seed=3, options=ReadOptions(num_threads=1))
         return StatefulDataLoader(ds, batch_size=10, num_workers=2, collate_fn=ds.collate)
 
     reference, _ = _read(make(), 2)
@@ -188,9 +194,9 @@ def test_spawned_persistent_workers_resume(path):
 SCRIPT = """
 import json, sys
 from torchdata.stateful_dataloader import StatefulDataLoader
-from recordkit.torch import RecordDataset
+from recordkit.torch import ReadOptions, RecordDataset
 path, state_file, mode = sys.argv[1:4]
-ds = RecordDataset(path, batch_size=8, shuffle=True, seed=3, num_threads=1)
+ds = RecordDataset(path, batch_size=8, shuffle=True, seed=3, options=ReadOptions(num_threads=1))
 loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
 labels = []
 if mode == "first":
@@ -285,7 +291,9 @@ def test_cached_dataset_resumes_its_shard_set_in_process(remote, tmp_path, mode)
         budget = budget_for(manifest, 3)
 
     def loader(cache):
-        ds = RecordDataset(root, batch_size=4, shuffle=True, seed=5, cache=cache, cache_epochs=mode)
+        ds = RecordDataset(
+            root, batch_size=4, shuffle=True, seed=5, cache=CacheOptions(cache=cache, epochs=mode)
+        )
         return ds, StatefulDataLoader(ds, batch_size=None, num_workers=0)
 
     with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
@@ -318,7 +326,7 @@ def test_cached_dataset_with_workers_needs_recordkit_dataloader(remote, tmp_path
     with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
         if mode == "growing":
             cache.wait_settled(timeout=60)
-        ds = RecordDataset(root, batch_size=8, cache=cache, cache_epochs=mode)
+        ds = RecordDataset(root, batch_size=8, cache=CacheOptions(cache=cache, epochs=mode))
         with pytest.raises(RuntimeError, match="use num_workers=0"):
             next(iter(StatefulDataLoader(ds, batch_size=None, num_workers=2)))
         ids = [x for b in DataLoader(ds, num_workers=2) for x in b["i"].tolist()]

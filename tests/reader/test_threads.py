@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import recordkit as rk
+from recordkit.reader import ReadOptions
 from recordkit.reader.buffers import BufferPool
 from recordkit.reader.pipeline import ReaderStats
 
@@ -83,7 +84,7 @@ def _epoch_ids(ds, first_done=None):
 
 @pytest.mark.slow
 def test_many_threads_iterate_one_dataset(ds_path, busy_switching):
-    kwargs = dict(batch_size=32, shuffle=True, seed=11, num_threads=2)
+    kwargs = dict(batch_size=32, shuffle=True, seed=11, options=ReadOptions(num_threads=2))
     want = _epoch_ids(rkt.RecordDataset(ds_path, **kwargs))
     assert sorted(want) == list(range(N))
     ds = rkt.RecordDataset(ds_path, **kwargs)
@@ -113,7 +114,7 @@ def test_many_threads_iterate_one_dataset(ds_path, busy_switching):
 
 @pytest.mark.slow
 def test_many_threads_read_samples(ds_path, busy_switching):
-    ds = rkt.RecordDataset(ds_path, num_threads=1)
+    ds = rkt.RecordDataset(ds_path, options=ReadOptions(num_threads=1))
     got = _hammer(lambda k: [int(s["idx"]) for s in ds], n=4)
     assert all(ids == list(range(N)) for ids in got)  # no shuffle: every epoch alike
     assert ds.stats.records == 4 * N

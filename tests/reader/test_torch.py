@@ -12,6 +12,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import CorruptRecordError
+from recordkit.reader import ReadOptions
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -73,7 +74,9 @@ def test_batches_equal_written_values(ds_path):
 
 
 def test_bytes_as_list_and_columns(ds_path):
-    ds = RecordDataset(ds_path, batch_size=50, bytes_as="list", columns=["idx", "data"])
+    ds = RecordDataset(
+        ds_path, batch_size=50, columns=["idx", "data"], options=ReadOptions(bytes_as="list")
+    )
     b = next(iter(ds))
     assert set(b) == {"idx", "data"}
     assert b["data"][:3] == [_sample(i)["data"] for i in range(3)]
@@ -99,7 +102,9 @@ def test_shuffle_deterministic_and_epochs_differ(ds_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_dataloader_workers_give_the_same_stream(ds_path, workers):
-    ds = RecordDataset(ds_path, batch_size=8, shuffle=True, seed=4, num_threads=1)
+    ds = RecordDataset(
+        ds_path, batch_size=8, shuffle=True, seed=4, options=ReadOptions(num_threads=1)
+    )
     want = _ids(RecordDataset(ds_path, batch_size=8, shuffle=True, seed=4))
     loader = DataLoader(ds, num_workers=workers)
     assert _ids(loader) == want
@@ -120,9 +125,9 @@ def test_resume_in_process(ds_path):
 
 RESUME_SCRIPT = """
 import json, sys
-from recordkit.torch import DataLoader, RecordDataset
+from recordkit.torch import DataLoader, ReadOptions, RecordDataset
 path, state_file, mode, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-ds = RecordDataset(path, batch_size=8, shuffle=True, seed=3, num_threads=2)
+ds = RecordDataset(path, batch_size=8, shuffle=True, seed=3, options=ReadOptions(num_threads=2))
 loader = DataLoader(ds, num_workers=workers)
 ids = []
 if mode == "first":
@@ -198,7 +203,7 @@ def test_on_error_raise(corrupt_path):
 @pytest.mark.parametrize("policy", ["skip", "warn"])
 def test_on_error_skip_and_warn(corrupt_path, policy):
     root, _ = corrupt_path
-    ds = RecordDataset(root, batch_size=8, on_error=policy)
+    ds = RecordDataset(root, batch_size=8, options=ReadOptions(on_error=policy))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ids = _ids(ds)
@@ -242,9 +247,10 @@ def test_import_names_the_extra():
 DDP_SCRIPT = """
 import json, os, sys
 import torch.distributed as dist
-from recordkit.torch import DataLoader, RecordDataset
+from recordkit.torch import DataLoader, ReadOptions, RecordDataset
 dist.init_process_group("gloo", init_method="env://")
-ds = RecordDataset(sys.argv[1], batch_size=4, shuffle=True, seed=11, drop_last=False, num_threads=1)
+ds = RecordDataset(sys.argv[1], batch_size=4, shuffle=True, seed=11, drop_last=False,
+                   options=ReadOptions(num_threads=1))
 loader = DataLoader(ds, num_workers=2)
 epochs = [[i for b in loader for i in b["idx"].tolist()] for _ in range(2)]
 json.dump(epochs, open(sys.argv[2] + f".{dist.get_rank()}", "w"))
@@ -303,7 +309,7 @@ def _collate_ids(samples):
 @pytest.mark.timeout(120)
 def test_spawned_workers(ds_path):
     """Workers started with spawn get the dataset by pickle: it must travel without its maps."""
-    ds = RecordDataset(ds_path, batch_size=16, num_threads=1)
+    ds = RecordDataset(ds_path, batch_size=16, options=ReadOptions(num_threads=1))
     loader = DataLoader(ds, num_workers=2, multiprocessing_context="spawn")
     assert _ids(loader) == list(range(N))
     maps = RecordMapDataset(ds_path)

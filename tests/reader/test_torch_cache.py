@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from recordkit.cache import ShardCache
+from recordkit.reader import CacheOptions, ReadOptions
 from tests.cache.conftest import BudgetWatch, check_sample, overhead, write_dataset
 
 torch = pytest.importorskip("torch")
@@ -35,7 +36,10 @@ def test_epochs_grow_with_the_cache_then_rotate(remote, tmp_path):
     watch = BudgetWatch(tmp_path / "cache", budget)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget, events=watch) as cache:
         ds = rkt.RecordDataset(
-            root, batch_size=8, shuffle=True, cache=cache, cache_timeout=60, cache_epochs="growing"
+            root,
+            batch_size=8,
+            shuffle=True,
+            cache=CacheOptions(cache=cache, timeout=60, epochs="growing"),
         )
         seen: set[int] = set()
         sizes = []
@@ -57,12 +61,14 @@ def test_values_are_intact_and_batches_match_a_local_read(remote, tmp_path):
     root, _ = remote
     with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
         cache.wait_settled(timeout=60)
-        ds = rkt.RecordDataset(root, batch_size=16, cache=cache, bytes_as="list")
+        ds = rkt.RecordDataset(
+            root, batch_size=16, cache=cache, options=ReadOptions(bytes_as="list")
+        )
         cached = [i for b in ds for i in b["i"].tolist()]
         ds.close()
     local = [i for b in rkt.RecordDataset(root, batch_size=16) for i in b["i"].tolist()]
     assert cached == local == list(range(SHARDS * RECORDS))
-    for s in rkt.RecordDataset(root, cache_dir=tmp_path / "cache2", cache_limit="1GiB"):
+    for s in rkt.RecordDataset(root, cache=CacheOptions(dir=tmp_path / "cache2", limit="1GiB")):
         check_sample(s)
 
 
@@ -71,7 +77,11 @@ def test_resume_takes_the_saved_shard_set(remote, tmp_path):
     budget = _budget(root, manifest, 3)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
         ds = rkt.RecordDataset(
-            root, batch_size=4, shuffle=True, seed=5, cache=cache, cache_epochs="growing"
+            root,
+            batch_size=4,
+            shuffle=True,
+            seed=5,
+            cache=CacheOptions(cache=cache, epochs="growing"),
         )
         it = iter(ds)
         first = [next(it)["i"].tolist() for _ in range(3)]
@@ -82,7 +92,11 @@ def test_resume_takes_the_saved_shard_set(remote, tmp_path):
     with ShardCache(root, tmp_path / "cache", max_bytes=budget) as cache:
         cache.wait_settled(timeout=60)
         resumed = rkt.RecordDataset(
-            root, batch_size=4, shuffle=True, seed=5, cache=cache, cache_epochs="growing"
+            root,
+            batch_size=4,
+            shuffle=True,
+            seed=5,
+            cache=CacheOptions(cache=cache, epochs="growing"),
         )
         resumed.load_state_dict(state)
         after = [b["i"].tolist() for b in resumed]
@@ -98,7 +112,7 @@ def test_dataloader_workers_read_the_epochs_set_once(remote, tmp_path):
     with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
         cache.wait_settled(timeout=60)
         ds = rkt.RecordDataset(
-            root, batch_size=8, shuffle=True, cache=cache, cache_epochs="growing"
+            root, batch_size=8, shuffle=True, cache=CacheOptions(cache=cache, epochs="growing")
         )
         loader = rkt.DataLoader(ds, num_workers=2)
         for _ in range(2):
@@ -110,14 +124,14 @@ def test_dataloader_workers_read_the_epochs_set_once(remote, tmp_path):
 def test_cache_arguments_are_checked(remote, tmp_path):
     root, _ = remote
     with pytest.raises(ValueError, match="cache_limit"):
-        rkt.RecordDataset(root, cache_dir=tmp_path / "c")
+        rkt.RecordDataset(root, cache=CacheOptions(dir=tmp_path / "c"))
     with pytest.raises(ValueError, match="cache_dir"):
-        rkt.RecordDataset(root, cache_limit="1GiB")
+        rkt.RecordDataset(root, cache=CacheOptions(limit="1GiB"))
     with (
         ShardCache(root, tmp_path / "c", max_bytes="1GiB") as cache,
         pytest.raises(ValueError, match="not both"),
     ):
-        rkt.RecordDataset(root, cache=cache, cache_dir=tmp_path / "c", cache_limit="1GiB")
+        rkt.RecordDataset(root, cache=CacheOptions(cache=cache, dir=tmp_path / "c", limit="1GiB"))
 
 
 def test_the_loader_process_reads_growing_epochs(remote, tmp_path):
@@ -125,7 +139,10 @@ def test_the_loader_process_reads_growing_epochs(remote, tmp_path):
     with ShardCache(root, tmp_path / "cache", max_bytes="1GiB") as cache:
         cache.wait_settled(timeout=60)
         ds = rkt.RecordDataset(
-            root, batch_size=8, cache=cache, cache_epochs="growing", reader_process=True
+            root,
+            batch_size=8,
+            cache=CacheOptions(cache=cache, epochs="growing"),
+            options=ReadOptions(reader_process=True),
         )
         assert [i for b in ds for i in b["i"].tolist()] == list(range(SHARDS * RECORDS))
         ds.close()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from recordkit.cache import CacheFullError, ShardCache, plan_capacity
+from recordkit.reader import CacheOptions, ReadOptions
 from tests.cache.conftest import BudgetWatch, check_sample, write_dataset
 from tests.servers import http_server, s3_server
 
@@ -75,8 +76,10 @@ def test_two_whole_epochs_under_a_budget_of_a_third(remote, tmp_path):
     assert budget < manifest.bytes
     watch = BudgetWatch(tmp_path / "cache", budget)
     cache = ShardCache(url, tmp_path / "cache", max_bytes=budget, events=watch, **opts)
-    ds = rkt.RecordDataset(url, batch_size=8, shuffle=True, seed=1, cache=cache, bytes_as="list")
-    assert ds.cache_epochs == "whole" and ds._window > 0  # read in shard windows
+    ds = rkt.RecordDataset(
+        url, batch_size=8, shuffle=True, seed=1, cache=cache, options=ReadOptions(bytes_as="list")
+    )
+    assert ds.cache_epochs == "whole" and ds.source.window > 0  # read in shard windows
     assert len(ds) == TOTAL // 8  # the whole dataset, before anything is cached
     orders = []
     for epoch in range(2):
@@ -106,9 +109,13 @@ def test_a_budget_that_holds_the_dataset_reads_the_local_order(tmp_path):
         for i in b["i"].tolist()
     ]
     ds = rkt.RecordDataset(
-        root, batch_size=8, shuffle=True, seed=2, cache_dir=tmp_path / "c", cache_limit="64MiB"
+        root,
+        batch_size=8,
+        shuffle=True,
+        seed=2,
+        cache=CacheOptions(dir=tmp_path / "c", limit="64MiB"),
     )
-    assert ds._window == 0
+    assert ds.source.window == 0
     assert [i for b in ds for i in b["i"].tolist()] == local
     # the second epoch finds every shard cached: nothing is fetched again
     fetched = ds.cache.stream_stats.fetched
@@ -135,7 +142,7 @@ def test_a_shard_larger_than_the_budget_is_an_error_saying_so(tmp_path):
     manifest = write_dataset(root, shards=2, records=RECORDS, size=SIZE)
     budget = budget_for(manifest, 0.5)
     with pytest.raises(CacheFullError, match="raise cache_limit") as err:
-        rkt.RecordDataset(root, cache_dir=tmp_path / "c", cache_limit=budget)
+        rkt.RecordDataset(root, cache=CacheOptions(dir=tmp_path / "c", limit=budget))
     assert err.value.path == "part-00000.tfrecord"
 
 
@@ -143,10 +150,10 @@ def test_a_shard_larger_than_the_budget_is_an_error_saying_so(tmp_path):
 def test_tfds_options_are_refused_through_a_cache(tmp_path, mode):
     root = tmp_path / "remote"
     write_dataset(root, shards=2, records=RECORDS, size=SIZE)
-    for option in ({"split": "train"}, {"decode_images": True}):
+    for option in ({"split": "train"}, {"options": ReadOptions(decode_images=True)}):
         with pytest.raises(ValueError, match="not a dataset read through a shard cache"):
             rkt.RecordDataset(
-                root, cache_dir=tmp_path / "c", cache_limit="1GiB", cache_epochs=mode, **option
+                root, **option, cache=CacheOptions(dir=tmp_path / "c", limit="1GiB", epochs=mode)
             )
 
 
@@ -155,7 +162,7 @@ def test_growing_epochs_say_how_much_they_read(tmp_path, caplog):
     manifest = write_dataset(root, shards=8, records=RECORDS, size=SIZE)
     cache = ShardCache(root, tmp_path / "c", max_bytes="1GiB", fill_workers=0)
     cache.fill_one()  # one shard of eight
-    ds = rkt.RecordDataset(root, batch_size=8, cache=cache, cache_epochs="growing")
+    ds = rkt.RecordDataset(root, batch_size=8, cache=CacheOptions(cache=cache, epochs="growing"))
     with caplog.at_level(logging.WARNING, logger="recordkit"):
         ids = [i for b in ds for i in b["i"].tolist()]
     assert len(ids) == RECORDS
@@ -171,7 +178,7 @@ def test_growing_epochs_say_how_much_they_read(tmp_path, caplog):
     ds.close()
     assert manifest.records == 8 * RECORDS
     with pytest.raises(ValueError, match="cache_epochs"):
-        rkt.RecordDataset(root, cache=cache, cache_epochs="sometimes")
+        rkt.RecordDataset(root, cache=CacheOptions(cache=cache, epochs="sometimes"))
 
 
 @pytest.mark.slow
@@ -195,7 +202,12 @@ def test_dataloader_workers_and_the_loader_process(tmp_path):
     cache2 = ShardCache(root, tmp_path / "cache2", max_bytes=budget, events=watch)
     watch.root = tmp_path / "cache2"
     ds2 = rkt.RecordDataset(
-        root, batch_size=8, shuffle=True, seed=4, cache=cache2, reader_process=True
+        root,
+        batch_size=8,
+        shuffle=True,
+        seed=4,
+        cache=cache2,
+        options=ReadOptions(reader_process=True),
     )
     for epoch in range(2):
         assert [i for b in ds2 for i in b["i"].tolist()] == orders[epoch]
@@ -205,10 +217,11 @@ def test_dataloader_workers_and_the_loader_process(tmp_path):
 
 KILLED = """
 import json, os, signal, sys
-from recordkit.torch import RecordDataset
+from recordkit.torch import CacheOptions, ReadOptions, RecordDataset
 url, cache_dir, budget, out, kill_after = sys.argv[1:6]
-ds = RecordDataset(url, batch_size=8, shuffle=True, seed=7, cache_dir=cache_dir,
-                   cache_limit=int(budget), bytes_as="list")
+ds = RecordDataset(url, batch_size=8, shuffle=True, seed=7,
+                   cache=CacheOptions(dir=cache_dir, limit=int(budget)),
+                   options=ReadOptions(bytes_as="list"))
 state = json.load(open(out))["state"] if os.path.exists(out) else None
 ids = json.load(open(out))["ids"] if state else []
 if state:
@@ -285,7 +298,7 @@ def test_resume_keeps_the_saved_windows_or_refuses(tmp_path):
     manifest = write_dataset(root, shards=SHARDS, records=RECORDS, size=SIZE)
     small = budget_for(manifest, 4)
     ds = rkt.RecordDataset(
-        root, batch_size=8, shuffle=True, cache_dir=tmp_path / "a", cache_limit=small
+        root, batch_size=8, shuffle=True, cache=CacheOptions(dir=tmp_path / "a", limit=small)
     )
     it = iter(ds)
     head = [next(it)["i"].tolist() for _ in range(3)]
@@ -294,7 +307,7 @@ def test_resume_keeps_the_saved_windows_or_refuses(tmp_path):
     ds.close()
     # a larger budget resumes in the saved windows: the same order
     big = rkt.RecordDataset(
-        root, batch_size=8, shuffle=True, cache_dir=tmp_path / "b", cache_limit=small * 2
+        root, batch_size=8, shuffle=True, cache=CacheOptions(dir=tmp_path / "b", limit=small * 2)
     )
     big.load_state_dict(state)
     assert [b["i"].tolist() for b in big] == rest
@@ -304,8 +317,7 @@ def test_resume_keeps_the_saved_windows_or_refuses(tmp_path):
         root,
         batch_size=8,
         shuffle=True,
-        cache_dir=tmp_path / "c",
-        cache_limit=budget_for(manifest, 1.5),
+        cache=CacheOptions(dir=tmp_path / "c", limit=budget_for(manifest, 1.5)),
     )
     with pytest.raises(ValueError, match="cannot resume"):
         tiny.load_state_dict(state)
@@ -318,12 +330,13 @@ def test_resume_keeps_the_saved_windows_or_refuses(tmp_path):
 RANKS = """
 import json, sys
 import torch.distributed as dist
-from recordkit.torch import DataLoader, RecordDataset
+from recordkit.torch import CacheOptions, DataLoader, ReadOptions, RecordDataset
 url, cache_dir, budget, out = sys.argv[1:5]
 dist.init_process_group("gloo", init_method="env://")
 rank = dist.get_rank()
-ds = RecordDataset(url, batch_size=4, shuffle=True, seed=9, num_threads=1,
-                   cache_dir=f"{cache_dir}-{rank}", cache_limit=int(budget))
+ds = RecordDataset(url, batch_size=4, shuffle=True, seed=9,
+                   cache=CacheOptions(dir=f"{cache_dir}-{rank}", limit=int(budget)),
+                   options=ReadOptions(num_threads=1))
 loader = DataLoader(ds, num_workers=1 if rank else 0)
 epochs = [[i for b in loader for i in b["i"].tolist()] for _ in range(2)]
 json.dump({"epochs": epochs, "len": len(ds)}, open(f"{out}.{rank}", "w"))
@@ -374,7 +387,11 @@ def test_ranks_read_every_record_once_per_epoch(tmp_path):
         ids = [i for o in outs for i in o["epochs"][epoch]]
         assert sorted(ids) == list(range(TOTAL)), f"epoch {epoch}"
     single = rkt.RecordDataset(
-        root, batch_size=8, shuffle=True, seed=9, cache_dir=tmp_path / "one", cache_limit=budgets[1]
+        root,
+        batch_size=8,
+        shuffle=True,
+        seed=9,
+        cache=CacheOptions(dir=tmp_path / "one", limit=budgets[1]),
     )
     # the global order is that of one rank with the global batch, in the same windows
     merged = []

@@ -205,8 +205,8 @@ def test_record_dataset(ds, env, race, process):
     got = run(
         f"""
         import recordkit.torch as rkt
-        data = rkt.RecordDataset(root, batch_size=8, num_threads=1, prefetch=1,
-                                 reader_process={process})
+        read = rkt.ReadOptions(num_threads=1, prefetch=1, reader_process={process})
+        data = rkt.RecordDataset(root, batch_size=8, options=read)
         it = iter(data)
         next(it)
         cut()

@@ -24,7 +24,7 @@ from recordkit.cli import main
 from recordkit.codec import encode_example
 from recordkit.errors import CorruptRecordError, PartitionsFailedError, UnknownFieldError
 from recordkit.format import frame
-from recordkit.reader import _fallback, decode
+from recordkit.reader import ReadOptions, _fallback, decode
 
 N = 20
 BAD = 7  # the record that holds the field
@@ -138,7 +138,7 @@ def _record_dataset(src: Path, **kw: object) -> object:
     pytest.importorskip("torch")
     from recordkit.torch import RecordDataset
 
-    return RecordDataset(src, schema=SCHEMA, batch_size=4, num_threads=2, **kw)
+    return RecordDataset(src, schema=SCHEMA, batch_size=4, options=ReadOptions(num_threads=2, **kw))
 
 
 @pytest.mark.torch

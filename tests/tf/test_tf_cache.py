@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recordkit.cache import ShardCache, plan_capacity
+from recordkit.reader import CacheOptions, ReadOptions
 from tests.cache.conftest import BudgetWatch, check_sample, overhead, write_dataset
 from tests.servers import http_server
 
@@ -28,7 +29,9 @@ def test_epochs_rescan_and_rotate_within_the_budget(remote, tmp_path):
     budget = 4 * (biggest + 2 * RECORDS * 24) + 1024 + overhead(root)  # and the cache's files
     watch = BudgetWatch(tmp_path / "cache", budget)
     with ShardCache(root, tmp_path / "cache", max_bytes=budget, events=watch) as cache:
-        ds = rtf.dataset(root, batch_size=8, shuffle=True, cache=cache, cache_epochs="growing")
+        ds = rtf.dataset(
+            root, batch_size=8, shuffle=True, cache=CacheOptions(cache=cache, epochs="growing")
+        )
         seen: set[int] = set()
         epochs = 0
         while len(seen) < SHARDS * RECORDS and epochs < 300:  # bounded
@@ -45,16 +48,18 @@ def test_epochs_rescan_and_rotate_within_the_budget(remote, tmp_path):
 
 def test_cache_dir_reads_a_remote_folder(remote, tmp_path):
     root, _ = remote
-    ds = rtf.dataset(root, batch_size=50, cache_dir=tmp_path / "c", cache_limit="1GiB")
+    ds = rtf.dataset(root, batch_size=50, cache=CacheOptions(dir=tmp_path / "c", limit="1GiB"))
     ids = [int(i) for b in ds for i in b["i"].numpy()]
     assert len(ids) == len(set(ids)) and ids
     with pytest.raises(ValueError, match="cache_limit"):
-        rtf.dataset(root, cache_dir=tmp_path / "d")
+        rtf.dataset(root, cache=CacheOptions(dir=tmp_path / "d"))
     for mode in ("whole", "growing"):  # tensorflow-datasets options are for local folders
-        for option in ({"split": "train"}, {"decode_images": True}):
+        for option in ({"split": "train"}, {"options": ReadOptions(decode_images=True)}):
             with pytest.raises(ValueError, match="not a dataset read through a shard cache"):
                 rtf.dataset(
-                    root, cache_dir=tmp_path / "e", cache_limit="1GiB", cache_epochs=mode, **option
+                    root,
+                    **option,
+                    cache=CacheOptions(dir=tmp_path / "e", limit="1GiB", epochs=mode),
                 )
 
 
@@ -102,9 +107,8 @@ def test_whole_epochs_resume_from_a_checkpoint(remote, tmp_path):
             batch_size=8,
             shuffle=True,
             seed=5,
-            cache_dir=tmp_path / where,
-            cache_limit=budget,
-            drop_remainder=True,
+            drop_last=True,
+            cache=CacheOptions(dir=tmp_path / where, limit=budget),
         )
 
     it = iter(make("a"))
@@ -121,24 +125,22 @@ def test_whole_epochs_resume_from_a_checkpoint(remote, tmp_path):
 
 
 def test_cache_options_whole_or_flat(remote, tmp_path):
-    """``cache_options=CacheOptions(...)`` reads what the flat keywords read; a cache
-    setting given both ways is refused by name (issue 17)."""
-    from recordkit.errors import OptionError
-    from recordkit.reader import CacheOptions
-
+    """``cache=CacheOptions(...)`` reads the whole remote dataset, with or without a
+    timeout; ``cache=`` takes a ShardCache or a CacheOptions, nothing else (the flat
+    ``cache_*`` keywords are gone: a setting has one place)."""
     root, manifest = remote
     budget = 2 * manifest.bytes + overhead(root)  # all of it fits: no waits on eviction
     whole = rtf.dataset(
-        str(root),
-        batch_size=8,
-        cache_options=CacheOptions(dir=tmp_path / "a", limit=budget, timeout=60),
+        str(root), batch_size=8, cache=CacheOptions(dir=tmp_path / "a", limit=budget, timeout=60)
     )
     ids = [b["i"].numpy().tolist() for b in whole]
-    flat = rtf.dataset(str(root), batch_size=8, cache_dir=tmp_path / "b", cache_limit=budget)
+    flat = rtf.dataset(
+        str(root), batch_size=8, cache=CacheOptions(dir=tmp_path / "b", limit=budget)
+    )
     assert ids == [b["i"].numpy().tolist() for b in flat]
     assert sorted(i for batch in ids for i in batch) == list(range(SHARDS * RECORDS))
-    with pytest.raises(OptionError, match="cache_limit= given beside cache_options="):
-        rtf.dataset(str(root), cache_options=CacheOptions(dir=tmp_path / "c"), cache_limit=budget)
+    with pytest.raises(TypeError, match="cache= takes a ShardCache or a CacheOptions"):
+        rtf.dataset(str(root), cache={"dir": tmp_path / "c", "limit": budget})
 
 
 def test_whole_epochs_whatever_task_tensorflow_reads_first(remote, tmp_path):
@@ -150,7 +152,10 @@ def test_whole_epochs_whatever_task_tensorflow_reads_first(remote, tmp_path):
     budget = 2 * manifest.bytes + overhead(root)  # it fits: several tasks an epoch
     for k in range(4):
         ds = rtf.dataset(
-            str(root), batch_size=8, cache_dir=tmp_path / f"c{k}", cache_limit=budget, epochs=2
+            str(root),
+            batch_size=8,
+            epochs=2,
+            cache=CacheOptions(dir=tmp_path / f"c{k}", limit=budget),
         )
         ids = _ids(ds)
         total = SHARDS * RECORDS

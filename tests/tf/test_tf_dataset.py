@@ -7,6 +7,7 @@ import pytest
 
 import recordkit as rk
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
+from recordkit.reader import ReadOptions
 from recordkit.reader.plan import EpochPlan, PlanOptions
 from recordkit.reader.shards import open_shards
 
@@ -117,7 +118,7 @@ def _expected(sample: dict) -> dict:
 
 def test_records_equal_what_the_writer_wrote(written):
     root, samples = written
-    ds = rtf.dataset(root, num_parallel_reads=1)  # dataset order
+    ds = rtf.dataset(root, options=ReadOptions(num_threads=1))  # dataset order
     got = [{n: _norm(n, v) for n, v in rec.items()} for rec in ds]
     assert [g["id"] for g in got] == [_expected(s)["id"] for s in samples]
     for g, s in zip(got, samples):
@@ -128,7 +129,7 @@ def test_records_equal_what_the_writer_wrote(written):
 def test_batches_equal_records(written, batch_size):
     root, samples = written
     rows = []
-    for batch in rtf.dataset(root, batch_size=batch_size, num_parallel_reads=1):
+    for batch in rtf.dataset(root, batch_size=batch_size, options=ReadOptions(num_threads=1)):
         n = int(batch["id"].shape[0])
         assert n <= batch_size
         for i in range(n):
@@ -183,14 +184,14 @@ def test_same_records_and_values_as_the_torch_reader(written):
 
     rows = torch_mod.RecordDataset(root)
     from_torch = [{n: norm_torch(n, v) for n, v in r.items()} for r in rows]
-    in_order = rtf.dataset(root, num_parallel_reads=1)
+    in_order = rtf.dataset(root, options=ReadOptions(num_threads=1))
     from_tf = [{n: _norm(n, v) for n, v in r.items()} for r in in_order]
     assert from_tf == from_torch
 
 
 def test_columns_and_remainder(written):
     root, _ = written
-    ds = rtf.dataset(root, batch_size=8, columns=["t", "id"], drop_remainder=True)
+    ds = rtf.dataset(root, batch_size=8, columns=["t", "id"], drop_last=True)
     batches = list(ds)
     assert len(batches) == N // 8
     assert all(set(b) == {"id", "t"} and b["id"].shape == (8,) for b in batches)
@@ -204,7 +205,7 @@ def _ids(ds) -> list[int]:
 
 @pytest.mark.parametrize("batch_size", [None, 8])
 def test_fixed_shapes_vectorised_path(fixed, batch_size):
-    ds = rtf.dataset(fixed, batch_size=batch_size, num_parallel_reads=1)
+    ds = rtf.dataset(fixed, batch_size=batch_size, options=ReadOptions(num_threads=1))
     assert _ids(ds) == list(range(130))
 
 
@@ -334,7 +335,7 @@ def test_keras_fits_on_a_dataset(fixed):
 def test_length_is_known_and_true(fixed, batch_size, drop, pipelines):
     for i in range(pipelines):
         ctx = tf.distribute.InputContext(num_input_pipelines=pipelines, input_pipeline_id=i)
-        ds = rtf.dataset(fixed, batch_size=batch_size, drop_remainder=drop, input_context=ctx)
+        ds = rtf.dataset(fixed, batch_size=batch_size, drop_last=drop, input_context=ctx)
         assert len(ds) == sum(1 for _ in ds)
 
 
@@ -345,7 +346,7 @@ def test_big_records_are_not_chunked(tmp_path, reads, batch_size):
     with rk.Writer(tmp_path / "d", schema, max_records=4) as w:
         for k in range(14):
             w.write({"id": k, "x": np.full(80_000, k, np.uint8)})
-    ds = rtf.dataset(tmp_path / "d", batch_size=batch_size, num_parallel_reads=reads)
+    ds = rtf.dataset(tmp_path / "d", batch_size=batch_size, options=ReadOptions(num_threads=reads))
     ids = []
     for b in ds:
         x = b["x"].numpy().reshape(-1, 80_000)
@@ -355,3 +356,15 @@ def test_big_records_are_not_chunked(tmp_path, reads, batch_size):
     assert sorted(ids) == list(range(14)) and len(ds) == len(list(ds))
     if reads == 1:
         assert ids == list(range(14))
+
+
+@pytest.mark.parametrize(
+    "field, named",
+    [({"on_error": "skip"}, "on_error='skip'"), ({"reader_process": True}, "reader_process=True")],
+)
+def test_a_torch_setting_is_refused_by_name(written, field, named):
+    """A ReadOptions field only RecordDataset reads, set for recordkit.tf, is refused by
+    name: never silently ignored."""
+    path, _ = written
+    with pytest.raises(ValueError, match=f"^ReadOptions\\({named}\\): recordkit.tf.dataset"):
+        rtf.dataset(path, options=ReadOptions(**field))

@@ -1,4 +1,5 @@
-"""Images decoded for you in tf.data: ``recordkit.tf.dataset(decode_images=...)``.
+"""Images decoded for you in tf.data:
+``recordkit.tf.dataset(options=ReadOptions(decode_images=...))``.
 
 The same imagefolder datasets as the PyTorch tests (``tests/image_cases.py``):
 every decoded image is compared with Pillow's decode of its source file, on the
@@ -17,6 +18,7 @@ import pytest
 import recordkit as rk
 from recordkit.errors import SchemaError
 from recordkit.images import ImageOptions
+from recordkit.reader import ReadOptions
 from tests.image_cases import BAD, make_broken, make_images, where
 
 tf = pytest.importorskip("tensorflow")
@@ -67,7 +69,7 @@ def _elements(ds, batched):
 )
 def test_images_decode_to_what_pillow_reads(images, kwargs):
     ds_path, expected = images
-    ds = rtf.dataset(ds_path, decode_images="image", **kwargs)
+    ds = rtf.dataset(ds_path, **kwargs, options=ReadOptions(decode_images="image"))
     seen = []
     for path, img in _elements(ds, "batch_size" in kwargs):
         _close(img, expected[path], path)
@@ -78,7 +80,11 @@ def test_images_decode_to_what_pillow_reads(images, kwargs):
 def test_modes_and_a_folder_without_manifest(images, tmp_path):
     ds_path, expected = images
     for mode, channels in (("L", 1), ("RGBA", 4)):
-        ds = rtf.dataset(ds_path, decode_images=ImageOptions(("image",), mode=mode), shuffle=True)
+        ds = rtf.dataset(
+            ds_path,
+            shuffle=True,
+            options=ReadOptions(decode_images=ImageOptions(("image",), mode=mode)),
+        )
         for el in ds:
             path = el["path"].numpy().decode()
             img = el["image"].numpy()
@@ -92,14 +98,16 @@ def test_modes_and_a_folder_without_manifest(images, tmp_path):
     shutil.copytree(ds_path, foreign)
     (foreign / "recordkit.json").unlink()
     schema = rk.Dataset(ds_path).schema
-    n = sum(1 for _ in rtf.dataset(foreign, schema=schema, decode_images="image"))
+    n = sum(
+        1 for _ in rtf.dataset(foreign, schema=schema, options=ReadOptions(decode_images="image"))
+    )
     assert n == len(expected)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"shuffle": True}, {"batch_size": 3}])
 def test_an_image_that_does_not_decode_names_its_record_and_source_key(broken, kwargs):
     with pytest.raises(tf.errors.InvalidArgumentError) as info:
-        for _ in rtf.dataset(broken, decode_images="image", **kwargs):
+        for _ in rtf.dataset(broken, **kwargs, options=ReadOptions(decode_images="image")):
             pass
     text = str(info.value)
     named = [k for k in BAD if f"source key '{k}'" in text]
@@ -118,17 +126,19 @@ def test_a_format_tensorflow_does_not_read_is_said_so(tmp_path):
     Image.fromarray(np.zeros((4, 5, 3), np.uint8)).save(src / "x.tif")
     rk.convert(tmp_path / "src", tmp_path / "ds", format="imagefolder", workers=0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="does not read it \\(a TIFF image"):
-        list(rtf.dataset(tmp_path / "ds", decode_images="image"))
+        list(rtf.dataset(tmp_path / "ds", options=ReadOptions(decode_images="image")))
 
 
 def test_decode_images_is_checked_against_the_schema(images):
     ds_path, _ = images
     with pytest.raises(SchemaError, match=r"'label' is Int64\(\), not Bytes\(\)"):
-        rtf.dataset(ds_path, decode_images="label")
+        rtf.dataset(ds_path, options=ReadOptions(decode_images="label"))
     with pytest.raises(SchemaError, match="'image' is not among the features read"):
-        rtf.dataset(ds_path, columns=["label"], decode_images="image")
+        rtf.dataset(ds_path, columns=["label"], options=ReadOptions(decode_images="image"))
     with pytest.raises(ValueError, match="apply_exif_orientation"):
-        rtf.dataset(ds_path, decode_images=ImageOptions(apply_exif_orientation=True))
+        rtf.dataset(
+            ds_path, options=ReadOptions(decode_images=ImageOptions(apply_exif_orientation=True))
+        )
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"shuffle": True}], ids=["native", "planned"])
@@ -137,6 +147,6 @@ def test_decode_images_true_is_for_tfds_folders_and_says_what_to_name(images, kw
     # data names its image features, and True is refused on either path, never ignored.
     ds_path, _ = images
     with pytest.raises(ValueError, match=r"tensorflow-datasets folders; .*decode_images='image'"):
-        rtf.dataset(ds_path, decode_images=True, **kwargs)
-    plain = next(iter(rtf.dataset(ds_path, decode_images=False, **kwargs)))
+        rtf.dataset(ds_path, **kwargs, options=ReadOptions(decode_images=True))
+    plain = next(iter(rtf.dataset(ds_path, **kwargs, options=ReadOptions(decode_images=False))))
     assert plain["image"].dtype == tf.string  # False (and None): nothing decoded

@@ -6,6 +6,7 @@ import pytest
 
 import recordkit as rk
 from recordkit.errors import IncompleteDatasetError
+from recordkit.reader import ReadOptions
 
 tf = pytest.importorskip("tensorflow")
 rtf = pytest.importorskip("recordkit.tf")
@@ -21,6 +22,6 @@ def test_tf_dataset_refuses_an_unfinished_writer(tmp_path, caplog):
         raise KeyError("stop")
     with pytest.raises(IncompleteDatasetError, match="a Writer did not finish here"):
         rtf.dataset(tmp_path)
-    ds = rtf.dataset(tmp_path, partial=True)
+    ds = rtf.dataset(tmp_path, options=ReadOptions(partial=True))
     assert sorted(int(x["label"]) for x in ds) == list(range(8))
     assert any("unfinished Writer" in r.getMessage() for r in caplog.records)

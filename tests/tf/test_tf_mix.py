@@ -15,6 +15,7 @@ import recordkit as rk
 from recordkit.codec import encode_example
 from recordkit.errors import SchemaError
 from recordkit.format import frame
+from recordkit.reader import CacheOptions, ReadOptions
 from recordkit.reader.mix import _quotas, make_mix, open_sources
 from recordkit.reader.plan import EpochPlan, PlanOptions, Split
 
@@ -85,7 +86,12 @@ def test_list_is_a_concatenation(paths):
 def test_weights_follow_the_plan_every_epoch(paths):
     weights, total = (1, 1, 2), 400
     ds = rtf.dataset(
-        paths, batch_size=16, shuffle=True, seed=5, weights=weights, epoch_records=total, epochs=2
+        paths,
+        batch_size=16,
+        shuffle=True,
+        seed=5,
+        epochs=2,
+        options=ReadOptions(weights=weights, epoch_records=total),
     )
     got = _pairs(ds)
     assert len(ds) == 2 * 25
@@ -100,13 +106,16 @@ def test_input_pipelines_split_the_mix_exactly(paths):
     streams = []
     for i in range(3):
         ctx = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=i)
-        streams.append(_pairs(rtf.dataset(paths, input_context=ctx, **opts)))
+        read = ReadOptions(weights=opts["weights"], epoch_records=opts["epoch_records"])
+        flat = {k: v for k, v in opts.items() if k not in ("weights", "epoch_records")}
+        streams.append(_pairs(rtf.dataset(paths, input_context=ctx, **flat, options=read)))
         assert streams[-1] == _plan_pairs(paths, 0, Split(rank=i, world_size=3), **opts)
     assert sum(len(s) for s in streams) == 203
 
 
 def test_checkpoint_resumes_a_weighted_mix(paths, tmp_path):
-    opts = dict(batch_size=8, shuffle=True, seed=2, weights=[1, 1, 1], epochs=2)
+    read = ReadOptions(weights=[1, 1, 1])
+    opts = dict(batch_size=8, shuffle=True, seed=2, epochs=2, options=read)
     full = _pairs(rtf.dataset(paths, **opts))
     it = iter(rtf.dataset(paths, **opts))
     head = _pairs([next(it) for _ in range(9)])
@@ -136,4 +145,4 @@ def test_schemas_must_agree(paths, tmp_path):
 
 def test_refused_with_a_cache(paths, tmp_path):
     with pytest.raises(ValueError, match="records= with a shard cache"):
-        rtf.dataset(paths[0], records="[:5]", cache_dir=tmp_path, cache_limit="1MiB")
+        rtf.dataset(paths[0], records="[:5]", cache=CacheOptions(dir=tmp_path, limit="1MiB"))

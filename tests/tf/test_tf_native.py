@@ -176,7 +176,7 @@ def test_every_dtype_and_the_values_written(every: Path, monkeypatch: pytest.Mon
 
 def test_columns_and_tensor_specs(parsed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
-    ds = rtf.dataset(parsed, batch_size=8, columns=["b", "iv", "t_float16"], drop_remainder=True)
+    ds = rtf.dataset(parsed, batch_size=8, columns=["b", "iv", "t_float16"], drop_last=True)
     spec = ds.element_spec
     assert spec["b"] == tf.TensorSpec([None], tf.string)
     assert spec["iv"] == tf.TensorSpec([None, 2, 3], tf.int64)

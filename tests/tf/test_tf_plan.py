@@ -13,6 +13,7 @@ import pytest
 
 import recordkit as rk
 from recordkit import Int64, Schema, Tensor
+from recordkit.reader import ReadOptions
 from recordkit.reader.order import mixing
 
 tf = pytest.importorskip("tensorflow")
@@ -124,7 +125,7 @@ def test_drop_remainder_gives_every_pipeline_the_same_batches(data, batch_size):
             data,
             batch_size=batch_size,
             shuffle=True,
-            drop_remainder=True,
+            drop_last=True,
             input_context=ctx,
             columns=["id"],
         )
@@ -195,12 +196,17 @@ def test_tensorflow_pipelines_read_what_torch_ranks_read(data, drop):
             shuffle=True,
             seed=9,
             epoch=2,
-            drop_remainder=drop,
+            drop_last=drop,
             input_context=ctx,
             columns=["id"],
         )
         torch_ds = rkt.RecordDataset(
-            data, batch_size=4, shuffle=True, seed=9, drop_last=drop, rank=i, world_size=3
+            data,
+            batch_size=4,
+            shuffle=True,
+            seed=9,
+            drop_last=drop,
+            options=ReadOptions(rank=i, world_size=3),
         )
         torch_ds.set_epoch(2)
         ranks = [int(x) for b in torch_ds for x in b["id"]]
@@ -225,7 +231,7 @@ _MIRRORED = textwrap.dedent(
     for drop in (True, False):
         def make(ctx):
             return rtf.dataset(root, batch_size=ctx.get_per_replica_batch_size(96),
-                               shuffle=True, drop_remainder=drop, input_context=ctx)
+                               shuffle=True, drop_last=drop, input_context=ctx)
         seen, steps = [], 0
         for batch in strategy.distribute_datasets_from_function(make, options):
             steps += 1

@@ -28,6 +28,7 @@ from recordkit.format import (
     write_index,
 )
 from recordkit.format.index import format_index
+from recordkit.reader import ReadOptions
 from recordkit.reader.index import open as index_open
 from recordkit.reader.index import store as index_cache
 from recordkit.reader.index.open import open_index
@@ -214,7 +215,9 @@ def test_every_reader_stops_at_the_stale_run(tmp_path, monkeypatch):
     assert got == list(range(len(got))) and len(got) <= 2000
     for native_tasks in ("1", "0"):
         monkeypatch.setenv("RECORDKIT_NATIVE_TASKS", native_tasks)
-        ds = rkt.RecordDataset(tmp_path / "ds", batch_size=100, on_error="skip")
+        ds = rkt.RecordDataset(
+            tmp_path / "ds", batch_size=100, options=ReadOptions(on_error="skip")
+        )
         seen = []
         with pytest.raises(InvalidIndexError, match="stale index"):
             for batch in ds:

@@ -1,0 +1,288 @@
+"""One call of :meth:`BatchDecoder.decode <recordkit.reader.decode.BatchDecoder.decode>`:
+the per-record work and the assembly of the batch's columns (:class:`BatchRun`).
+
+The decoder plans the features once and runs the native scan; a run takes the scan's
+result for one batch, decodes the records the fast path flagged (zstd values, lists,
+the reference path for anything else, under the SIGBUS guard), and copies every
+column into the batch arrays. The decoder itself keeps no per-call state.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+from ..errors import CorruptRecordError
+from ..format import guard
+from ..format.framing import HEADER_SIZE, OVERHEAD, read_record
+from ._contract import Alloc, FeaturePlan
+from ._contract import allocate as _alloc
+from .ragged import number_dtype, pad
+
+if TYPE_CHECKING:
+    from ..codec.limits import DecodeBudget, DecodeLimits
+    from ..codec.schema import Schema
+
+__all__ = ["BatchRun", "Planned", "unlocated"]
+
+_I64 = np.dtype(np.int64)
+_U8 = np.dtype(np.uint8)
+
+
+def unlocated(err: CorruptRecordError) -> CorruptRecordError:
+    """A copy without location or traceback: nothing in it may keep the buffer exported."""
+    copy = err.located(None, None, None)
+    copy.__cause__ = None
+    return copy
+
+
+class Planned(Protocol):
+    """What a run reads of its decoder (``BatchDecoder`` documents each)."""
+
+    schema: Schema
+    columns: tuple[str, ...]
+    verify: bool
+    bytes_as: Literal["padded", "list"]
+    limits: DecodeLimits
+    max_record_bytes: int
+
+    @property
+    def impl(self) -> ModuleType: ...
+
+    @property
+    def plans(self) -> list[FeaturePlan]: ...
+
+    @property
+    def list_names(self) -> list[str]: ...
+
+    @property
+    def python_features(self) -> bool: ...
+
+    @property
+    def columns_arg(self) -> list[str] | None: ...
+
+    @property
+    def ragged(self) -> dict[str, Any]: ...
+
+
+class BatchRun:
+    """One call of :meth:`BatchDecoder.decode` (keeps the decoder itself stateless)."""
+
+    def __init__(
+        self,
+        dec: Planned,
+        buf: Any,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        spans: np.ndarray,
+        status: np.ndarray,
+    ) -> None:
+        self.dec, self.buf, self.spans = dec, buf, spans
+        self.impl = dec.impl  # the native functions, or their pure Python twins
+        self.offsets, self.sizes = offsets, sizes
+        self.view: memoryview | None = None
+        # Per-record Python results, by record position: values of "zstd" and
+        # "list" features on the fast path, and whole records on the slow path.
+        self.extra: dict[str, dict[int, Any]] = {}
+        self.slow: dict[int, dict[str, Any]] = {}
+        self.bad: list[tuple[int, CorruptRecordError]] = []
+        self.fused: str | None = None  # the column copied by gather_verified
+        self.crc_failed = False
+        self.budget: DecodeBudget = dec.limits.budget(dec.schema, len(offsets), dec.columns)
+        self.all_fast = not status.any()
+        self.fast = status == 0
+        if not self.all_fast or dec.python_features:
+            self._per_record(self.fast)
+            self.all_fast = bool(self.fast.all())
+
+    def _memview(self) -> memoryview:
+        if self.view is None:
+            view = memoryview(self.buf)
+            self.view = view if view.ndim == 1 and view.format == "B" else view.cast("B")
+        return self.view
+
+    def _payload(self, i: int) -> bytes:
+        """Record ``i``'s payload, copied (under the SIGBUS guard) for Python to parse."""
+        start = int(self.offsets[i]) + HEADER_SIZE
+        return self._read(i, start, int(self.sizes[i]) - OVERHEAD)
+
+    def _read(self, i: int, start: int, length: int) -> bytes:
+        # unchecked: decode checked the size; the native copy is guarded
+        return guard.read(self.buf, start, length, offset=int(self.offsets[i]), check=False)
+
+    def _per_record(self, fast: np.ndarray) -> None:
+        """The Python work per record: zstd and list features, then the slow path."""
+        dec = self.dec
+        zstd = [p for p in dec.plans if p.mode == "zstd"]
+        for plan in zstd:
+            self.extra[plan.name] = {}
+        values: dict[int, dict[str, Any]] = {}
+        for i in np.flatnonzero(fast).tolist():
+            # One record's values at a time, so the budget counts them per record.
+            self.budget.start_record()
+            mark = self.budget.batch_left
+            try:
+                for plan in zstd:
+                    self.extra[plan.name][i] = self._decompress(plan, i)
+                if dec.list_names:
+                    values[i] = dec.schema.decode(
+                        self._payload(i), copy=True, budget=self.budget, columns=dec.list_names
+                    )
+            except CorruptRecordError:
+                fast[i] = False  # the slow path finds the reference's error
+                self.budget.batch_left = mark  # and counts the record again
+                for plan in zstd:
+                    self.extra[plan.name].pop(i, None)
+        if dec.list_names:
+            for name in dec.list_names:
+                self.extra[name] = {i: v[name] for i, v in values.items()}
+        for i in np.flatnonzero(~fast).tolist():
+            self._reference(i)
+
+    def _decompress(self, plan: FeaturePlan, i: int) -> bytes | bytearray:
+        _, _, start, nbytes = self.spans[i, plan.key].tolist()
+        return self.budget.decompress(plan.name, self._read(i, start, nbytes), plan.row_bytes)
+
+    def _reference(self, i: int) -> None:
+        dec = self.dec
+        offset, size = int(self.offsets[i]), int(self.sizes[i])
+        try:
+            if offset < 0:  # the reference would read from the end; no index holds this
+                raise CorruptRecordError(f"record offset {offset} is negative")
+            payload = read_record(
+                self._memview(),
+                offset,
+                verify=dec.verify,
+                max_record_bytes=dec.max_record_bytes,
+                expected_size=size,
+            )
+            data = guard.read(payload, 0, len(payload), offset=offset, check=False)  # a copy
+            del payload
+            self.budget.start_record()
+            self.slow[i] = dec.schema.decode(
+                data, copy=True, budget=self.budget, columns=dec.columns_arg
+            )
+        except CorruptRecordError as err:
+            self.bad.append((i, unlocated(err)))
+
+    # ------------------------------------------------------------------ output
+
+    def finish(self, alloc: Alloc) -> tuple[dict[str, Any], int]:
+        fast, slow = self.fast, self.slow
+        if self.all_fast:
+            good = rows = None  # every record, all on the fast path
+            n = len(fast)
+            sel = self.spans
+        else:
+            keep = fast.copy()
+            keep[list(slow)] = True
+            good = np.flatnonzero(keep)
+            n = len(good)
+            sel = self.spans[good]
+            rows = np.flatnonzero(~fast[good])  # output rows filled from the slow path
+            sel[rows, :, 2:] = 0  # gather writes zeros there; the slow values follow
+        columns: dict[str, Any] = {}
+        for plan in self.dec.plans:
+            self._column(plan, columns, alloc, n, sel, good, rows)
+        return columns, n
+
+    def _column(
+        self,
+        plan: FeaturePlan,
+        columns: dict[str, Any],
+        alloc: Alloc,
+        n: int,
+        sel: np.ndarray,
+        good: np.ndarray | None,
+        rows: np.ndarray | None,
+    ) -> None:
+        name, mode, k = plan.name, plan.mode, plan.key
+        order = range(len(self.fast)) if good is None else good.tolist()
+        if mode == "list" or (mode == "bytes" and self.dec.bytes_as == "list"):
+            values = [self._value(i, plan) for i in order]
+            if name not in self.dec.ragged:
+                columns[name] = values
+            else:
+                dtype, shape = number_dtype(plan.ftype), plan.ftype.shape
+                columns[name], columns[name + "/lengths"] = pad(values, shape, dtype, alloc)
+            return
+        if mode == "bytes":
+            lengths = _alloc(alloc, (n,), _I64)
+            lengths[...] = sel[:, k, 3]
+            slow = self._slow_rows(name, good, rows)
+            for r, value in slow:
+                lengths[r] = len(value)
+            width = int(lengths.max()) if n else 0
+            out = _alloc(alloc, (n, width), _U8)
+            self._gather(name, sel[:, k, 2], sel[:, k, 3], out, width, good)
+            for r, value in slow:
+                out[r, : len(value)] = np.frombuffer(value, _U8)
+            columns[name] = out
+            columns[name + "/lengths"] = lengths
+            return
+        out = _alloc(alloc, (n, *plan.shape), plan.dtype)
+        if mode == "int64":
+            self._varints(plan, out, sel, rows)
+        elif mode == "zstd":
+            decoded = self.extra[name]
+            flat = out.reshape(n, plan.count)
+            for r, i in enumerate(order):
+                if i in decoded:
+                    flat[r] = np.frombuffer(decoded[i], plan.dtype)
+        else:  # "float", "raw": the values are the bytes
+            self._gather(name, sel[:, k, 2], sel[:, k, 3], out, plan.row_bytes, good)
+        for r, value in self._slow_rows(name, good, rows):
+            out[r] = value
+        columns[name] = out
+
+    def _gather(
+        self,
+        name: str,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        out: np.ndarray,
+        row_bytes: int,
+        good: np.ndarray | None,
+    ) -> None:
+        if name != self.fused:
+            self.impl.gather(self.buf, starts, lengths, out, row_bytes)
+            return
+        offsets, sizes = self.offsets, self.sizes
+        if good is not None:
+            offsets, sizes = offsets[good], sizes[good]
+        status = self.impl.gather_verified(
+            self.buf, offsets, sizes, starts, lengths, out, row_bytes
+        )
+        self.crc_failed = any(status)
+
+    def _varints(
+        self, plan: FeaturePlan, out: np.ndarray, sel: np.ndarray, rows: np.ndarray | None
+    ) -> None:
+        k = plan.key
+        if rows is None or not len(rows):
+            self.impl.varints(self.buf, sel[:, k, 2], sel[:, k, 3], sel[:, k, 1], out)
+            return
+        mine = np.ones(len(sel), bool)
+        mine[rows] = False
+        part = sel[mine]
+        tmp = np.empty((len(part), *plan.shape), _I64)
+        self.impl.varints(self.buf, part[:, k, 2], part[:, k, 3], part[:, k, 1], tmp)
+        out[mine] = tmp
+
+    def _slow_rows(
+        self, name: str, good: np.ndarray | None, rows: np.ndarray | None
+    ) -> list[tuple[int, Any]]:
+        if good is None or rows is None:
+            return []
+        return [(r, self.slow[int(good[r])][name]) for r in rows.tolist()]
+
+    def _value(self, i: int, plan: FeaturePlan) -> Any:
+        """One record's value of a per-record ("list", or "bytes" as list) feature."""
+        if not self.fast[i]:
+            return self.slow[i][plan.name]
+        if plan.mode == "list":
+            return self.extra[plan.name][i]
+        _, _, start, nbytes = self.spans[i, plan.key].tolist()
+        return self._read(i, start, nbytes)
