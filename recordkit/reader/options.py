@@ -7,7 +7,8 @@ The readers (``recordkit.torch.RecordDataset``, ``recordkit.tf.dataset``,
 ``split``, ``records``, ...) and everything else whole, as ``options=ReadOptions(...)``;
 their cache as ``cache=``, a :class:`~recordkit.cache.ShardCache` or a
 :class:`CacheOptions`. So every setting has exactly one place. The reader hands the
-object down whole (to its reader threads, the loader process and the decoder).
+object down whole (to its shard source and its decoder, ``reader/decoders.py``, which
+also derives the loader process's decoder settings from it).
 Derive a variant with ``dataclasses.replace``::
 
     fast = ReadOptions(num_threads=8, prefetch=32)
