@@ -3,7 +3,7 @@
 "happens" when its event completes, so its host source must still be alive then),
 the current device is per thread and any device call opens a context on it, and the
 stream a consumer waits on is the thread's current one. Copies go to the ``meta``
-device. Used by ``tests/reader/test_prefetch_standin.py`` and by the dry run of
+device. Used by ``tests/torch/test_prefetch_standin.py`` and by the dry run of
 ``scripts/gpu_check.sh`` (``benchmarks/gpu_check.py --dry-run``).
 """
 

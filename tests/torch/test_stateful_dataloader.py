@@ -283,7 +283,7 @@ def test_cached_dataset_resumes_its_shard_set_in_process(remote, tmp_path, mode)
     of the 10 shards): the rest of the epoch, every record once."""
     from recordkit.cache import ShardCache
     from tests.cache.conftest import overhead
-    from tests.reader.test_torch_whole import budget_for
+    from tests.torch.test_torch_whole import budget_for
 
     root, manifest = remote
     budget = 3 * (max(s.bytes for s in manifest.shards) + 2 * 20 * 24) + 1024 + overhead(root)
