@@ -65,7 +65,7 @@ nitpick_ignore_regex = [
         "py:.*",
         r"(.*\.)?(FeatureType|OnError|Policy|HeldFile|Alloc|Feature name -> value"
         r"|ShardSet|BatchDecoder|DecodedBatch|BufferPool|ProcessReader|LocalDirectory|FsspecDirectory"
-        r"|ProcessLocalShards|Remote|CacheDir|StreamHost"
+        r"|ProcessLocalShards|Remote|CacheDir|StreamHost|FeatureBase|Position|EpochSource"
         r"|recordkit\.reader\.buffers)",
     ),
 ]

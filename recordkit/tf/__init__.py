@@ -8,9 +8,9 @@ native path takes, the records come in the order of
 epoch and task numbers from ``Dataset.range`` (positions that
 ``tf.train.Checkpoint`` saves) and one stateless ``tf.numpy_function`` per task of
 thousands of records. For fixed-shape, uncompressed features it decodes the task
-natively into dense tensors (:mod:`recordkit.tf.native`: the torch reader's C
+natively into dense tensors (``recordkit/tf/native.py``: the torch reader's C
 decoder, no ``parse_example``); otherwise it verifies and gathers the records
-natively (:mod:`recordkit.tf.tasks`) and ``tf.strings.substr`` splits them. An
+natively (``recordkit/tf/tasks.py``) and ``tf.strings.substr`` splits them. An
 unshuffled pipeline of other schemas (and the growing shard cache, and ``gs://``)
 reads with ``TFRecordDataset`` over the shard list with a parallel interleave.
 Serialized records then go through ``tf.io.parse_example`` with a feature spec
@@ -18,7 +18,7 @@ derived from the schema and ``tf.io.decode_raw`` for
 :class:`~recordkit.codec.Tensor` features; every path ends in
 ``prefetch(AUTOTUNE)``. :func:`feature_spec` gives that spec to users who build
 their own pipeline. :func:`dataset` checks its arguments and hands them to one
-builder per pipeline shape (:mod:`recordkit.tf.build` lists them).
+builder per pipeline shape (``recordkit/tf/build.py`` lists them).
 
 What each feature becomes (``B`` = the batch dimension, absent without ``batch_size``):
 
@@ -62,10 +62,10 @@ from .files import feature_spec, says_sequences, shard_files
 
 tf = require("tensorflow", extra="tf")
 
+# ReadOptions and CacheOptions are importable from here too (the same classes as
+# recordkit.torch's, documented there): not in __all__, so the API page has them once.
 __all__ = [
-    "CacheOptions",
     "EpochCallback",
-    "ReadOptions",
     "dataset",
     "feature_spec",
     "set_epoch",

@@ -104,8 +104,8 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         read_options: the :class:`ReadOptions` it reads with.
         cache_options: the :class:`CacheOptions` of ``cache=``.
         plan_options: the :class:`~recordkit.reader.plan.PlanOptions` of its epoch plans.
-        position: its :class:`~recordkit.torch.state.Position` (epoch, pass, resume point).
-        source: its :class:`~recordkit.torch.cache.EpochSource` (each epoch's shards).
+        position: its ``Position`` (``recordkit/torch/state.py``) (epoch, pass, resume point).
+        source: its ``EpochSource`` (``recordkit/torch/cache.py``) (each epoch's shards).
     """
 
     def __init__(

@@ -91,14 +91,17 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
     # options (read-only here, where the base class has plain attributes).
     @property
     def partial(self) -> bool:
+        """``ReadOptions.partial``: read a dataset whose write did not finish."""
         return self.read_options.partial
 
     @property
     def decode_images(self) -> bool:  # type: ignore[override]
+        """``ReadOptions.decode_images``: image features decoded into arrays."""
         return bool(self.read_options.decode_images)
 
     @property
     def limits(self) -> DecodeLimits | None:  # type: ignore[override]
+        """``ReadOptions.limits``: what a record and a batch may decode to."""
         return self.read_options.limits
 
     def __len__(self) -> int:
