@@ -26,10 +26,9 @@ else:
 # recordkit/native/ (recordkit/native/recordkit.h maps them); depends= rebuilds every
 # unit when a shared header (recordkit.h, record.h) changes.
 NATIVE = "recordkit/native"
-NATIVE_UNITS = [
-    *("module", "crc", "guard", "example", "batch", "spans", "task", "runner"),
-    *("index", "filemap", "order"),  # order: the shuffle's permutation (reader/order.py's twin)
-]
+# order: the shuffle's permutation (recordkit/reader/order.py is its NumPy twin)
+NATIVE_UNITS = ["module", "crc", "guard", "example", "batch", "spans", "task", "runner"]
+NATIVE_UNITS += ["index", "filemap", "order"]
 
 
 def _tf_op() -> list[Extension]:
