@@ -186,6 +186,54 @@ def _recordkit_tf_shuffle(wl: Workload, files: Files) -> Iterator[int]:
     return _count(arrays, lambda a: a["label"])
 
 
+def _recordkit_tf_padded(wl: Workload, files: Files) -> Iterator[int]:
+    """``bytes_as="padded"``: ``data`` as zero-padded ``uint8`` rows plus lengths, the
+    layout the torch reader gives (and ``tf.data-raw`` makes by hand)."""
+    import recordkit.tf as rktf
+
+    ds = rktf.dataset(files.tfrecord_dir, batch_size=BATCH, options=ReadOptions(bytes_as="padded"))
+    arrays = ({k: v.numpy() for k, v in batch.items()} for batch in ds)
+    return _count(arrays, lambda a: a["label"])
+
+
+def _recordkit_tf_padded_shuffle(wl: Workload, files: Files) -> Iterator[int]:
+    """``bytes_as="padded"`` in the plan's shuffled order."""
+    import recordkit.tf as rktf
+
+    padded = ReadOptions(bytes_as="padded")
+    ds = rktf.dataset(files.tfrecord_dir, batch_size=BATCH, shuffle=True, seed=0, options=padded)
+    arrays = ({k: v.numpy() for k, v in batch.items()} for batch in ds)
+    return _count(arrays, lambda a: a["label"])
+
+
+def _tfdata_raw(wl: Workload, files: Files) -> Iterator[int]:
+    """Hand-tuned ``tf.data`` giving ``data`` as ``uint8`` rows (``decode_raw``, every value
+    the same length here), the layout ``recordkit.tf-padded`` and the torch reader give."""
+    import tensorflow as tf
+
+    spec = {
+        "data": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+    }
+    if wl.vec:
+        spec["vec"] = tf.io.FixedLenFeature([wl.vec], tf.float32)
+
+    def parse(b: Any) -> Any:
+        out = tf.io.parse_example(b, spec)
+        out["data"] = tf.io.decode_raw(out["data"], tf.uint8)
+        return out
+
+    ds = (
+        tf.data.TFRecordDataset(files.tfrecords(wl), num_parallel_reads=2)
+        .batch(BATCH)
+        .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+        .repeat(EPOCHS)
+    )
+    arrays = ({k: v.numpy() for k, v in batch.items()} for batch in ds)
+    return _count(arrays, lambda a: a["label"])
+
+
 def _tf_ceiling(wl: Workload, files: Files) -> Iterator[int]:
     """No reading at all: one batch of the workload's shapes, made once and repeated, through
     the same ``.numpy()`` loop: what a Python loop over any tf.data pipeline gets at most
@@ -303,6 +351,9 @@ READERS: dict[str, Reader] = {
     "recordkit.tf": _recordkit_tf,
     "recordkit.tf-shuffle": _recordkit_tf_shuffle,
     "tf-ceiling": _tf_ceiling,
+    "recordkit.tf-padded": _recordkit_tf_padded,
+    "recordkit.tf-padded-shuffle": _recordkit_tf_padded_shuffle,
+    "tf.data-raw": _tfdata_raw,
     "tfrecord-dl0": _tfrecord_pkg(0),
     "tfrecord-dl2": _tfrecord_pkg(2),
     "webdataset": _webdataset,

@@ -27,11 +27,12 @@ def decoder_keywords(
     bytes_as: Literal["padded", "list"] | None = None,
 ) -> dict[str, Any]:
     """The :class:`~recordkit.reader.decode.BatchDecoder` keywords of ``options``
-    (``bytes_as``: the options' unless given; ``ragged_as``: the reader's layout)."""
+    (``bytes_as``: the options' unless given, ``"padded"`` if neither says;
+    ``ragged_as``: the reader's layout)."""
     return {
         "columns": columns,
         "verify": options.verify,
-        "bytes_as": options.bytes_as if bytes_as is None else bytes_as,
+        "bytes_as": bytes_as or options.bytes_as or "padded",
         "limits": options.limits,
         "ragged_as": ragged_as,
     }

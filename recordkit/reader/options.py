@@ -40,7 +40,6 @@ TORCH_ONLY = frozenset(
         "on_error",
         "verify",
         "transform_threads",
-        "bytes_as",
         "ragged_as",
         "block_records",
         "window_blocks",
@@ -90,7 +89,13 @@ class ReadOptions:
             whose shared-memory slots they hold), in order (``0``, the default: in
             the consuming thread). For a transform that releases the GIL, such as
             ``DecodeImages``, this takes it off the training thread.
-        bytes_as: *torch*. ``"padded"`` or ``"list"``, for ``Bytes()`` features in batches.
+        bytes_as: a ``Bytes()`` feature (one value per record) in batches:
+            ``"padded"``, a zero-padded ``uint8`` tensor ``(N, longest)`` plus
+            ``"{name}/lengths"`` (``int64 (N,)``); ``"list"``, the values as they are
+            (torch: a list of ``bytes``; tf: a ``tf.string`` tensor ``(N,)``, what
+            ``parse_example`` gives). ``None`` (the default): torch ``"padded"``, tf
+            ``"list"``. Without ``batch_size``, tf's ``"padded"`` gives each record's
+            value as ``uint8 (length,)`` and its length.
         ragged_as: *torch*. ``"padded"`` (with ``"{name}/lengths"``) or ``"list"``,
             for number features with ``None`` dims in batches.
         verify: *torch* (and ``RecordMapDataset``). Check payload CRCs (length
@@ -162,7 +167,7 @@ class ReadOptions:
     num_threads: int | None = None  # None: sized from the CPUs where the reader runs
     on_error: Literal["raise", "skip", "warn"] = "raise"  # silent loss is opt-in
     transform_threads: int = 0  # the consuming thread: no threads unless asked for
-    bytes_as: Literal["padded", "list"] = "padded"  # tensors, which DataLoader moves fast
+    bytes_as: Literal["padded", "list"] | None = None
     ragged_as: Literal["padded", "list"] = "padded"
     verify: bool = True  # a CRC costs little next to a silently corrupt batch
     limits: DecodeLimits | None = None  # None: derived from the schema
@@ -187,8 +192,8 @@ class ReadOptions:
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip", "warn"):
             raise ValueError(f"on_error must be 'raise', 'skip' or 'warn', got {self.on_error!r}")
-        if self.bytes_as not in ("padded", "list"):
-            raise ValueError(f"bytes_as must be 'padded' or 'list', got {self.bytes_as!r}")
+        if self.bytes_as not in (None, "padded", "list"):
+            raise ValueError(f"bytes_as must be 'padded', 'list' or None, got {self.bytes_as!r}")
         check_ragged_as(self.ragged_as)
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 or None, got {self.num_threads}")

@@ -25,7 +25,9 @@ What each feature becomes (``B`` = the batch dimension, absent without ``batch_s
 =====================================  ==================================================
 schema                                 element
 =====================================  ==================================================
-``Bytes()``                            ``tf.string`` ``[B]``
+``Bytes()``                            ``tf.string`` ``[B]`` (``ReadOptions(bytes_as=
+                                       "padded")``: ``uint8`` ``[B, longest]`` and
+                                       ``name/lengths`` ``int64`` ``[B]``)
 ``Bytes((n,))``                        ``tf.string`` ``[B, n]``
 ``Bytes((None,))``                     ``tf.string`` ragged ``[B, None]``
 ``Int64(shape)`` / ``Float32(shape)``  ``tf.int64`` / ``tf.float32`` ``[B, *shape]``

@@ -41,6 +41,7 @@ from ..reader.epochs import CacheEpochs, TaskFeed, WholeEpochs
 from ..reader.mix import make_mix, open_sources
 from ..reader.options import ReadOptions
 from ..reader.plan import PlanOptions
+from .decode import padded_bytes
 from .files import (
     cached_files,
     check_finished,
@@ -136,6 +137,19 @@ class Request:
         """A local tensorflow-datasets folder (asked for, or found there)."""
         return self.local and (self.split is not None or self.tfds_images or is_tfds(self.path))
 
+    @property
+    def padded(self) -> bool:
+        """``bytes_as="padded"``: ``Bytes()`` values as padded ``uint8`` rows and lengths."""
+        return self.options.bytes_as == "padded"
+
+    def bytes_layout(self, ds: Any, schema: Schema, trim: bool) -> Any:
+        """``ds`` with its ``Bytes()`` values laid out as ``bytes_as`` asks (``trim``: rows
+        padded per task, cut to each batch's longest)."""
+        if not self.padded:
+            return ds
+        batched = self.batch_size is not None
+        return padded_bytes(ds, schema, batched=batched, trim=trim or not batched)
+
     def repeated(self, ds: Any) -> Any:
         """``ds`` (one epoch) repeated ``epochs`` times, prefetched."""
         if self.epochs != 1:
@@ -180,11 +194,13 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
         rank=pipeline,
         world_size=pipelines,
     )
-    dense = NativeTasks(tasks, schema, names, req.options.limits) if takes(schema, names) else None
+    dense = None
+    if takes(schema, names):
+        dense = NativeTasks(tasks, schema, names, req.options.limits, req.padded)
     ds, passes = planned(
         tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.options.limits, dense=dense
     )
-    return numbered(ds, passes)
+    return numbered(req.bytes_layout(ds, schema, tasks.task_units > 1), passes)
 
 
 def sequence_examples(req: Request) -> Any:
@@ -281,7 +297,7 @@ def _plan_ordered_local(req: Request) -> Any:
     images = images_step(req.named_images, shards.schema, names, task_locator(tasks))
     dense = None
     if images is None and finish is None and takes(shards.schema, names):
-        dense = NativeTasks(tasks, shards.schema, names, req.options.limits)
+        dense = NativeTasks(tasks, shards.schema, names, req.options.limits, req.padded)
     ds, passes = planned(
         tasks,
         shards.schema,
@@ -294,7 +310,7 @@ def _plan_ordered_local(req: Request) -> Any:
         finish,
         dense,
     )
-    return numbered(ds, passes)
+    return numbered(req.bytes_layout(ds, shards.schema, tasks.task_units > 1), passes)
 
 
 def growing_epochs(req: Request, source: CacheEpochs) -> Any:
@@ -346,7 +362,7 @@ def _native(req: Request, files: list[str], schema: Schema, manifest: Any, epoch
         limits=req.options.limits,
         images=images,
     )
-    return req.repeated(ds)
+    return req.repeated(req.bytes_layout(ds, schema, False))
 
 
 # The attribute under which a dataset in the plan's order carries its Passes.

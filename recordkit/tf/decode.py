@@ -17,7 +17,7 @@ from ..codec.limits import DecodeBudget, DecodeLimits
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["COMPANION", "decoder", "fast"]
+__all__ = ["COMPANION", "decoder", "fast", "padded_bytes"]
 
 # The companion feature that holds a record's shape (two or more ``None`` dims).
 COMPANION = "/shape"
@@ -96,3 +96,58 @@ def fast(schema: Schema, names: list[str]) -> bool:
         if None in ftype.shape or (isinstance(ftype, Tensor) and ftype.compression):
             return False
     return True
+
+
+def padded_bytes(ds: Any, schema: Schema, *, batched: bool, trim: bool = True) -> Any:
+    """``ds`` with each ``Bytes()`` feature (one value per record) as zero-padded ``uint8``
+    rows and ``name/lengths`` (``bytes_as="padded"``), the torch reader's layout.
+
+    A ``tf.string`` value is converted (``decode_raw``, padded to the batch's longest);
+    rows the native path already padded (its tasks') are cut to the batch's longest where
+    a task held several batches (``trim``). Without a batch, each record's value is its
+    ``uint8`` bytes, ``(length,)``, and its length.
+
+    Raises:
+        ValueError: a feature named ``{name}/lengths`` is also read.
+    """
+    spec = ds.element_spec
+    names = [
+        n
+        for n in spec
+        if n in schema
+        and isinstance(schema[n], Bytes)
+        and not schema[n].shape
+        and (spec[n].dtype == tf.string or n + "/lengths" in spec)
+    ]
+    for n in names:
+        if spec[n].dtype == tf.string and n + "/lengths" in spec:
+            raise ValueError(
+                f"feature {n + '/lengths'!r} collides with the lengths column of the padded "
+                f"bytes feature {n!r}; use bytes_as='list'"
+            )
+    if not names or not (trim or any(spec[n].dtype == tf.string for n in names)):
+        return ds
+
+    def pad(element: dict[str, Any]) -> dict[str, Any]:
+        out = dict(element)
+        for n in names:
+            value = element[n]
+            if value.dtype == tf.string:
+                lengths = tf.cast(tf.strings.length(value), tf.int64)
+                if batched:
+                    width = tf.cast(tf.maximum(tf.reduce_max(lengths), 0), tf.int32)
+                    # decode_raw pads (or cuts) every value to the fixed length; 0 it refuses
+                    rows = tf.io.decode_raw(value, tf.uint8, fixed_length=tf.maximum(width, 1))
+                    value = rows[:, :width]
+                else:
+                    value = tf.io.decode_raw(value, tf.uint8)
+            else:
+                lengths = element[n + "/lengths"]
+                if batched:
+                    value = value[:, : tf.maximum(tf.reduce_max(lengths), 0)]
+                else:
+                    value = value[:lengths]
+            out[n], out[n + "/lengths"] = value, lengths
+        return out
+
+    return ds.map(pad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -179,9 +179,15 @@ class NativeTasks:
     """
 
     def __init__(
-        self, tasks: PlanTasks, schema: Schema, names: Sequence[str], limits: DecodeLimits | None
+        self,
+        tasks: PlanTasks,
+        schema: Schema,
+        names: Sequence[str],
+        limits: DecodeLimits | None,
+        padded: bool = False,
     ) -> None:
         self.tasks = tasks
+        self.padded = padded
         self.names = list(names)
         self.decoder = BatchDecoder(schema, columns=self.names, bytes_as="padded", limits=limits)
         # Free slabs kept: three tasks' worth. Tasks in flight come back to the pool as
@@ -190,7 +196,7 @@ class NativeTasks:
         self._keep = max(8 << 20, int(3 * task))
         self._slabs = _Slabs()
         self.pool = BufferPool(self._keep, allocate=self._slabs)
-        self.op = strings_op()
+        self.op = None if padded else strings_op()
         self.bytes = [n for n in self.names if isinstance(schema[n], Bytes)]
         # The whole task in one native call (GIL released once), where the build has it.
         runner = self.decoder.runner()
@@ -214,8 +220,8 @@ class NativeTasks:
 
     def read(self, epoch: Any, task: Any) -> list[np.ndarray]:
         """A task's columns, in stream order: per feature, its array; a bytes feature
-        gives ``(values, starts, lengths)`` (``values``: ``uint8`` for the op, or a
-        one-element ``S`` array for ``substr``).
+        gives ``(rows, lengths)`` when padded, else ``(values, starts, lengths)``
+        (``values``: ``uint8`` for the op, or a one-element ``S`` array for ``substr``).
 
         Raises:
             CorruptRecordError: a record's framing, CRC or payload is bad (naming file,
@@ -303,7 +309,9 @@ class NativeTasks:
         one = len(parts) == 1
         for name in self.names:
             if name in self.bytes:
-                out.extend(self._bytes(n, name, parts))
+                out.extend(
+                    self._rows(n, name, parts) if self.padded else self._bytes(n, name, parts)
+                )
                 continue
             if one:
                 out.append(parts[0][1][name])
@@ -313,6 +321,23 @@ class NativeTasks:
                 col[idx] = cols[name]
             out.append(col)
         return out
+
+    def _rows(
+        self, n: int, name: str, parts: list[tuple[np.ndarray, dict[str, Any]]]
+    ) -> list[np.ndarray]:
+        """A bytes feature's zero-padded rows ``(n, widest)`` and lengths (``bytes_as=
+        "padded"``): the part's as they are, or several parts' in one array."""
+        if len(parts) == 1:
+            return [parts[0][1][name], parts[0][1][name + "/lengths"]]
+        width = max(cols[name].shape[1] for _, cols in parts)
+        rows = self.pool.alloc((n, width), np.dtype(np.uint8))
+        lengths = np.empty(n, np.int64)
+        for idx, cols in parts:
+            part = cols[name]
+            rows[idx, : part.shape[1]] = part
+            rows[idx, part.shape[1] :] = 0
+            lengths[idx] = cols[name + "/lengths"]
+        return [rows, lengths]
 
     def _bytes(
         self, n: int, name: str, parts: list[tuple[np.ndarray, dict[str, Any]]]
@@ -355,8 +380,9 @@ class NativeTasks:
     # -- in the graph -------------------------------------------------------------------------
 
     def element(self, epoch: Any, task: Any, saw: Callable[[int], None]) -> dict[str, Any]:
-        """The task's records as ``{name: tensor [n, *shape]}`` (``tf.string`` ``[n]`` for a
-        bytes feature), from one ``numpy_function`` (which tells ``saw`` the epoch first)."""
+        """The task's records as ``{name: tensor [n, *shape]}`` (a bytes feature: ``tf.string``
+        ``[n]``, or padded ``uint8`` ``[n, widest]`` and ``name/lengths``), from one
+        ``numpy_function`` (which tells ``saw`` the epoch first)."""
 
         def read(e: Any, t: Any) -> list[np.ndarray]:
             saw(int(e))
@@ -364,7 +390,9 @@ class NativeTasks:
 
         tout = []
         for name in self.names:
-            if name in self.bytes:
+            if name in self.bytes and self.padded:
+                tout += [tf.uint8, tf.int64]
+            elif name in self.bytes:
                 tout += [tf.uint8 if self.op is not None else tf.string, tf.int64, tf.int64]
             else:
                 tout.append(_tf_dtype(self.dtypes[name]))
@@ -372,6 +400,12 @@ class NativeTasks:
         out: dict[str, Any] = {}
         k = 0
         for name in self.names:
+            if name in self.bytes and self.padded:
+                out[name], out[name + "/lengths"] = flat[k : k + 2]
+                out[name].set_shape([None, None])
+                out[name + "/lengths"].set_shape([None])
+                k += 2
+                continue
             if name in self.bytes:
                 values, starts, lengths = flat[k : k + 3]
                 k += 3

@@ -548,7 +548,9 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
         view = self._view()
         schema = view.output_schema if view is not None else self.schema
         read = self.read_options
-        return collate(samples, schema=schema, bytes_as=read.bytes_as, ragged_as=read.ragged_as)
+        return collate(
+            samples, schema=schema, bytes_as=read.bytes_as or "padded", ragged_as=read.ragged_as
+        )
 
     @property
     def tfds(self) -> TFDSInfo | None:
