@@ -245,6 +245,25 @@ def _tf_ceiling(wl: Workload, files: Files) -> Iterator[int]:
         "data": tf.constant([rng.bytes(wl.payload) for _ in range(BATCH)]),
         "label": tf.zeros([BATCH], tf.int64),
     }
+    return _ceiling(wl, batch)
+
+
+def _tf_ceiling_padded(wl: Workload, files: Files) -> Iterator[int]:
+    """``tf-ceiling`` with ``data`` as ``uint8`` rows plus lengths (``bytes_as="padded"``)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    batch = {
+        "data": tf.constant(rng.integers(0, 256, (BATCH, wl.payload), np.uint8)),
+        "data/lengths": tf.fill([BATCH], tf.constant(wl.payload, tf.int64)),
+        "label": tf.zeros([BATCH], tf.int64),
+    }
+    return _ceiling(wl, batch)
+
+
+def _ceiling(wl: Workload, batch: dict[str, Any]) -> Iterator[int]:
+    import tensorflow as tf
+
     if wl.vec:
         batch["vec"] = tf.zeros([BATCH, wl.vec], tf.float32)
     full, last = divmod(wl.records, BATCH)  # --quick's W2 ends in a short batch
@@ -354,6 +373,7 @@ READERS: dict[str, Reader] = {
     "recordkit.tf-padded": _recordkit_tf_padded,
     "recordkit.tf-padded-shuffle": _recordkit_tf_padded_shuffle,
     "tf.data-raw": _tfdata_raw,
+    "tf-ceiling-padded": _tf_ceiling_padded,
     "tfrecord-dl0": _tfrecord_pkg(0),
     "tfrecord-dl2": _tfrecord_pkg(2),
     "webdataset": _webdataset,
