@@ -1,10 +1,6 @@
-"""The cache's fill machinery: threads that fill entries in the fill order, and the retry
-state of the entries whose fill failed.
-
-:class:`FillWorkers` is one part of :class:`~recordkit.cache.ShardCache`: it gets the
-pieces it uses (the directory, the filler, the catalog, the budget's rules, the
-wake-up the cache's threads share), never the cache.
-"""
+"""The cache's fill machinery (:class:`FillWorkers`): threads that fill entries in the fill
+order, and the retry state of the entries whose fill failed; and :class:`Part`, what each
+part of the cache is given."""
 
 from __future__ import annotations
 
@@ -12,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import CacheFullError
@@ -22,7 +19,7 @@ from .directory import CacheDir
 from .reservation import Filler, reserve_room
 from .shared import Budget, Wakeup
 
-__all__ = ["POLL_S", "FillWorkers"]
+__all__ = ["POLL_S", "FillWorkers", "Part"]
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +31,30 @@ POLL_S = 0.5
 Outcome = Literal["worked", "blocked", "idle"]
 
 
-class FillWorkers:
+@dataclass(eq=False)
+class Part:
+    """The pieces a part of :class:`~recordkit.cache.ShardCache` is given (never the cache).
+
+    Args:
+        dir: the cache directory.
+        _filler: lists and fills the entries.
+        _catalog: the entries and their fill order.
+        _budget: the budget, policy and events (shared with the cache).
+        _wakeup: the cache's in-process wake-up.
+    """
+
+    dir: CacheDir
+    _filler: Filler
+    _catalog: Catalog
+    _budget: Budget
+    _wakeup: Wakeup
+
+
+@dataclass(eq=False)
+class FillWorkers(Part):
     """Fill threads and what they remember of failed entries (see ``ShardCache.fill``).
 
     Args:
-        directory: the cache directory.
-        filler: lists and fills the entries.
-        catalog: the entries and their fill order.
-        budget: the budget, policy and events (shared with the cache).
-        wakeup: the cache's in-process wake-up.
         retry: the retry policy (``None``: the default one).
         workers: the number of background threads :meth:`start` runs.
         streaming: whether whole-epoch streams run (then they decide what comes next).
@@ -55,26 +67,11 @@ class FillWorkers:
         budget_full: whether the last :meth:`fill` stopped on a full budget.
     """
 
-    def __init__(
-        self,
-        directory: CacheDir,
-        filler: Filler,
-        catalog: Catalog,
-        budget: Budget,
-        wakeup: Wakeup,
-        *,
-        retry: RetryPolicy | None,
-        workers: int,
-        streaming: Callable[[], bool],
-    ) -> None:
-        self.dir = directory
-        self._filler = filler
-        self._catalog = catalog
-        self._budget = budget
-        self._wakeup = wakeup
-        self._retry = retry
-        self._workers = workers
-        self._streaming = streaming
+    retry: RetryPolicy | None = field(kw_only=True)
+    workers: int = field(kw_only=True)
+    streaming: Callable[[], bool] = field(kw_only=True)
+
+    def __post_init__(self) -> None:
         self.threads: list[threading.Thread] = []
         self._idents: set[int] = set()  # threads whose work stop() abandons
         self._stop = threading.Event()
@@ -89,7 +86,7 @@ class FillWorkers:
 
     @property
     def _policy(self) -> RetryPolicy:
-        return self._retry or DEFAULT_POLICY
+        return self.retry or DEFAULT_POLICY
 
     # -- background threads --------------------------------------------------------------------
 
@@ -98,7 +95,7 @@ class FillWorkers:
         self._stop.clear()
         self.failure = None
         self._last.clear()
-        for i in range(self._workers if self.threads == [] else 0):
+        for i in range(self.workers if self.threads == [] else 0):
             t = threading.Thread(target=self._worker, name=f"recordkit-cache-fill-{i}", daemon=True)
             t.start()
             self.threads.append(t)
@@ -189,7 +186,7 @@ class FillWorkers:
     def fill_one(self, only: str | None = None) -> Outcome:
         """See ``ShardCache.fill_one``."""
         known = self._catalog.known()
-        if only is None and self._streaming():
+        if only is None and self.streaming():
             return "idle"  # whole-epoch readers decide what comes next
         with self.dir.lock():
             scan = self.dir.scan()
@@ -254,7 +251,7 @@ class FillWorkers:
         try:
             while True:
                 outcomes.clear()
-                threads = [threading.Thread(target=run) for _ in range(max(1, self._workers))]
+                threads = [threading.Thread(target=run) for _ in range(max(1, self.workers))]
                 for t in threads:
                     t.start()
                 for t in threads:
