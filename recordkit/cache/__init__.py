@@ -64,7 +64,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
     from ..errors import CacheFullError, DownloadError, ProduceError
-    from .directory import CacheDir  # noqa: F401  (not in __all__: for the command line)
     from .gates import StreamGate
     from .producer_options import ProducerOptions
     from .remote import RetryOptions
@@ -76,7 +75,6 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
 # Loaded on first use, so that a writer process, which imports only
 # ``recordkit.cache.writer``, does not load the cache (sqlite3, the fill machinery).
 _WHERE = {
-    "CacheDir": ".directory",  # the directory's files and catalog (`recordkit cache` reads it)
     "CacheEvents": ".shared",
     "CacheFullError": "..errors",
     "CacheStatus": ".shared",

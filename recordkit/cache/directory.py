@@ -48,7 +48,7 @@ from .scan import META, Scan, is_temp, walk
 from .staged import discard, staged_names
 from .store import WAL_LIMIT, Store
 
-__all__ = ["BOOKKEEPING_SLACK", "POLICIES", "CacheDir", "Scan"]
+__all__ = ["BOOKKEEPING_SLACK", "POLICIES", "CacheDir"]
 
 log = logging.getLogger(__name__)
 

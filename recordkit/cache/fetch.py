@@ -44,17 +44,9 @@ from .directory import CacheDir
 from .remote import Remote
 from .reservation import Reservation, ShardState
 from .shared import FillContext
-from .staged import Staged, discard, is_disk_full, staged_names
+from .staged import Staged, discard, staged_names
 
-__all__ = [
-    "Fetcher",
-    "Staged",
-    "discard",
-    "download",
-    "index_bound",
-    "is_disk_full",
-    "staged_names",
-]
+__all__ = ["Fetcher", "download", "index_bound"]
 
 log = logging.getLogger(__name__)
 

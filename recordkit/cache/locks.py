@@ -141,10 +141,6 @@ class HeldFile:
             raise
 
     @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
-
-    @property
     def held(self) -> bool:
         return self._fd >= 0
 

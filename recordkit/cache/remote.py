@@ -167,7 +167,7 @@ class Remote:
         url = self.full(rel)
 
         def once() -> bytes:
-            data = self._raw_range(rel, start, end)
+            data = self._loc.read_range(rel, start, end)
             if len(data) != end - start:
                 raise DownloadError(
                     f"ranged read returned {len(data)} bytes, asked for {end - start} "
@@ -178,9 +178,6 @@ class Remote:
             return data
 
         return self._retrying("ranged read", url, once, offset=start)
-
-    def _raw_range(self, rel: str, start: int, end: int) -> bytes:
-        return self._loc.read_range(rel, start, end)
 
     def size(self, rel: str) -> int:
         """The remote file's size in bytes."""

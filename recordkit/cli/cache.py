@@ -11,7 +11,7 @@ import logging
 import sys
 from typing import Any
 
-from .args import add_progress_options, count, positive, progress_mode
+from .args import add_progress_options, count, json_object, positive, progress_mode
 
 __all__ = ["add_parser"]
 
@@ -60,12 +60,6 @@ class _Events:
 
     def evicted(self, path: str) -> None:
         log.info("evicted %s", path)
-
-
-def _storage_options(text: str | None) -> dict[str, Any] | None:
-    from .args import json_object
-
-    return json_object("--storage-options", text)
 
 
 def _producer_options(args: argparse.Namespace) -> Any:
@@ -137,7 +131,7 @@ def _cmd_fill(args: argparse.Namespace) -> int:
             max_bytes=args.max_bytes,
             fill_workers=workers,
             policy=args.policy,
-            storage_options=_storage_options(args.storage_options),
+            storage_options=json_object("--storage-options", args.storage_options),
             retry=_retry_policy(args),
             producer=producer,
         )
@@ -190,7 +184,8 @@ def _cmd_fill(args: argparse.Namespace) -> int:
 
 
 def _open_local(local: str, max_bytes: str | None) -> Any:
-    from ..cache import CacheDir, ShardCache
+    from ..cache import ShardCache
+    from ..cache.directory import CacheDir
 
     catalog = CacheDir(local).load_catalog() or {}
     budget = max_bytes or catalog.get("max_bytes") or 1
