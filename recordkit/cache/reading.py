@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 
 from ..errors import ShardNotFoundError
 from ..format.manifest import ShardInfo
-from .directory import Scan
 from .locks import HeldFile
-from .reservation import reserve_room
+from .scan import Scan
 from .snapshot import Snapshot
 from .stream import Stream, StreamStats
 from .workers import POLL_S, FillWorkers, Part
@@ -166,15 +165,7 @@ class Streams(Part):
                 return "present"
             if info.path in scan.leased:
                 return "elsewhere"
-            room = reserve_room(
-                self.dir,
-                self._filler,
-                info,
-                scan,
-                self._budget,
-                displace=False,
-                abandoning=lambda: False,
-            )
+            room = self._reserve(info, scan, displace=False, abandoning=lambda: False)
             if room is None:
                 return "blocked"
         try:

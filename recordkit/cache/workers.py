@@ -16,7 +16,8 @@ from ..format.manifest import ShardInfo
 from ..retry import DEFAULT_POLICY, RetryPolicy
 from .catalog import Catalog
 from .directory import CacheDir
-from .reservation import Filler, reserve_room
+from .reservation import Filler, Reservation
+from .scan import Scan
 from .shared import Budget, Wakeup
 
 __all__ = ["POLL_S", "FillWorkers", "Part"]
@@ -48,6 +49,32 @@ class Part:
     _catalog: Catalog
     _budget: Budget
     _wakeup: Wakeup
+
+    def _reserve(
+        self, info: ShardInfo, scan: Scan, *, displace: bool, abandoning: Callable[[], bool]
+    ) -> Reservation | None:
+        """Reserve the room the filler needs to fill ``info`` (under the directory lock,
+        ``scan`` taken under it), evicting as the budget's policy allows; ``None`` when
+        no room can be made now. ``displace``: see :meth:`CacheDir.victims`.
+
+        Raises:
+            CacheFullError: the entry cannot fit in the whole budget.
+        """
+        budget = self._budget
+        capacity = max(0, budget.max_bytes - self.dir.fixed_bytes(scan))
+        lease = self.dir.reserve(
+            info.path,
+            self._filler.need(info, self.dir.store, capacity),
+            max_bytes=budget.max_bytes,
+            policy=budget.policy,
+            displace=displace,
+            on_evict=budget.events.evicted,
+        )
+        if lease is None:
+            return None
+        return Reservation(
+            self.dir, lease, info.path, budget, capacity=capacity, abandoning=abandoning
+        )
 
 
 @dataclass(eq=False)
@@ -200,16 +227,8 @@ class FillWorkers(Part):
                 info = self._catalog.next(present, seen, self._free(leased))
             if info is None:
                 return "idle"
-            room = reserve_room(
-                self.dir,
-                self._filler,
-                info,
-                scan,
-                self._budget,
-                # a shard a reader asks for (a resume) may displace any unpinned one
-                displace=only is None,
-                abandoning=self._abandoning,
-            )
+            # a shard a reader asks for (a resume) may displace any unpinned one
+            room = self._reserve(info, scan, displace=only is None, abandoning=self._abandoning)
             if room is None:
                 return "blocked"
         try:
