@@ -130,10 +130,6 @@ def _terminal(stream: Any) -> tuple[int, int]:
     return columns or fallback.columns, rows or fallback.lines
 
 
-def _columns(stream: Any) -> int:
-    return _terminal(stream)[0]
-
-
 class Meter:
     """Shows the progress of one long operation; a :class:`Tracker`.
 
@@ -353,7 +349,7 @@ class Meter:
         p = COUNTERS.index(self.unit)
         with self._lock:
             n, total = self._count[p], self._total[p]
-        columns = _columns(self.stream)
+        columns = _terminal(self.stream)[0]
         room = columns - len(self.desc) - (22 if total else 2)  # "desc: 100%|" + 10-col bar
         stats = self.text(final=final, percent=False, width=max(room, 20))
         if self._bar is None:
@@ -368,7 +364,7 @@ class Meter:
     def _draw_plain(self, final: bool) -> None:
         line = f"{self.desc}: {self.text(final=final)}"
         if _isatty(self.stream):
-            width = _columns(self.stream) - 1
+            width = _terminal(self.stream)[0] - 1
             line = line[:width]
             pad = " " * max(0, self._plain_width - len(line))
             self._plain_width = len(line)
@@ -405,7 +401,7 @@ def _make_bar(desc: str, total: int | None, initial: int, stream: TextIO, stats:
         desc=desc,
         file=stream,
         bar_format=shape,
-        ncols=_columns(stream),  # and again at each redraw: the terminal may be resized
+        ncols=_terminal(stream)[0],  # and again at each redraw: the terminal may be resized
         nrows=_terminal(stream)[1],
         mininterval=0,  # the meter's thread already paces the redraws
         leave=True,

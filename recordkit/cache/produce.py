@@ -258,12 +258,11 @@ class Producer:
         before, else an estimate from its source bytes (see the module doc), never
         more than ``capacity`` (the budget less the bookkeeping)."""
         meta = state.meta(info.path)
-        budget = capacity
         if meta.get("plan") == self.fingerprint and "bytes" in meta:
             exact = int(meta["bytes"]) + int(meta.get("index_bytes", 0))
-            return min(budget, exact)
+            return min(capacity, exact)
         estimate = math.ceil(info.bytes * self._ratio(state)) + _SLACK
-        return min(budget, max(estimate, self._need.get(info.path, 0)))
+        return min(capacity, max(estimate, self._need.get(info.path, 0)))
 
     def _outgrown(
         self, info: ShardInfo, items: tuple[Any, ...], outcome: tuple[Any, ...], capacity: int
@@ -271,11 +270,10 @@ class Producer:
         """The next reservation of a partition that outgrew ``cap`` (``capacity``: the
         most one shard may take, the budget less the cache's bookkeeping)."""
         cap, items_done, source_done = (int(x) for x in outcome[1:])
-        budget = capacity
-        if cap >= budget:
+        if cap >= capacity:
             raise CacheFullError(
                 f"the partition converts to more than the whole cache budget of "
-                f"{self.context.max_bytes} bytes, {budget} of them for shards beside the "
+                f"{self.context.max_bytes} bytes, {capacity} of them for shards beside the "
                 f"cache's bookkeeping (it passed them after {items_done} of {len(items)} "
                 "source items); use a smaller shard_size or partition_items, or a larger budget",
                 path=info.path,
@@ -285,7 +283,7 @@ class Producer:
         self._floor = max(self._floor, cap / max(1, source_done + current))
         total = sum(int(i.size) for i in items)
         bigger = max(2 * cap, math.ceil(total * self._floor * _HEADROOM) + _SLACK)
-        bigger = min(budget, bigger)
+        bigger = min(capacity, bigger)
         self._need[info.path] = max(self._need.get(info.path, 0), bigger)
         log.info(
             "%s: the output outgrew its reservation of %d bytes; redoing it with %d",
