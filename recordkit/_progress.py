@@ -67,33 +67,19 @@ class Tracker(Protocol):
     ) -> None:
         """The totals (``None``: unknown); ``done``: counts an earlier run already did
         (a counter named there is shown even while zero)."""
+        return None
 
     def add(self, *, bytes: int = 0, records: int = 0, shards: int = 0, items: int = 0) -> None:
         """Count work done (negative when an attempt is rolled back)."""
+        return None
 
     def close(self) -> None:
         """The operation ended."""
+        return None
 
 
-class NoTracker:
-    """A :class:`Tracker` that ignores everything (the default)."""
-
-    def start(
-        self,
-        *,
-        bytes: int | None = None,
-        records: int | None = None,
-        shards: int | None = None,
-        items: int | None = None,
-        done: Mapping[str, int] | None = None,
-    ) -> None:
-        """Ignore the totals."""
-
-    def add(self, *, bytes: int = 0, records: int = 0, shards: int = 0, items: int = 0) -> None:
-        """Ignore the work."""
-
-    def close(self) -> None:
-        """Nothing to close."""
+class NoTracker(Tracker):
+    """A :class:`Tracker` that ignores everything (the default): the protocol's methods."""
 
 
 def resolve_mode(mode: str, stream: TextIO | None = None) -> str:

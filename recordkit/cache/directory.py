@@ -219,11 +219,8 @@ class CacheDir:
         with self.lock():
             self._import_state_json()
             scan = self.rescan()
-            kept = [self.path(r) for r in scan.incomplete]
+            kept = [self.path(r) for r in (*scan.incomplete, *scan.orphans)]
             foreign = scan.foreign + sum(os.path.getsize(p) for p in kept if os.path.exists(p))
-            foreign += sum(
-                os.path.getsize(self.path(r)) for r in scan.orphans if os.path.exists(self.path(r))
-            )
             self.store.adopt(scan.complete, foreign)
             return scan
 

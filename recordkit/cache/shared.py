@@ -20,25 +20,19 @@ class CacheEvents(Protocol):
 
     def downloaded(self, nbytes: int) -> None:
         """``nbytes`` more arrived from the remote."""
+        return None
 
     def published(self, shard: ShardInfo, used: int) -> None:
         """``shard`` became visible; ``used`` is the cache's size right after."""
+        return None
 
     def evicted(self, path: str) -> None:
         """A shard was removed to make room."""
+        return None
 
 
-class NoEvents:
-    """Events that go nowhere (the default)."""
-
-    def downloaded(self, nbytes: int) -> None:
-        pass
-
-    def published(self, shard: ShardInfo, used: int) -> None:
-        pass
-
-    def evicted(self, path: str) -> None:
-        pass
+class NoEvents(CacheEvents):
+    """Events that go nowhere (the default): the protocol's methods."""
 
 
 @dataclass(slots=True)

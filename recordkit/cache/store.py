@@ -131,6 +131,12 @@ _WRONG_SHAPE = f"""SELECT
 _CHANGES_KEPT = 256
 _PAGE = 64  # eviction candidates read at a time
 _COLUMNS = ("seen", "published", "used", "uses", "reads", "consumed")
+# A published shard found on disk: present with these sizes (its history, if any, stays).
+_FOUND = (
+    "INSERT INTO shards(path, present, bytes, index_bytes, published, used) "
+    "VALUES (?, 1, ?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET present = 1, "
+    "bytes = excluded.bytes, index_bytes = excluded.index_bytes"
+)
 
 
 class Store:
@@ -303,11 +309,6 @@ class Store:
         row = self._db().execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
         return int(row[0]) if row else 0
 
-    @property
-    def epoch(self) -> int:
-        """The latest epoch any snapshot was taken for."""
-        return self.setting("epoch")
-
     def meta(self, rel: str) -> dict[str, Any]:
         """What is known of one shard (empty if nothing): its history and publish extras."""
         row = (
@@ -350,7 +351,7 @@ class Store:
         used = "reads" if policy == "consumed-lru" else "uses"
         extra = f" AND {used} > 0" if displace else ""
         if policy == "consumed-lru":
-            epoch = self.epoch
+            epoch = self.setting("epoch")  # the latest epoch any snapshot was taken for
             yield from self._by_lru(f"consumed = ?{extra}", (epoch,))
             yield from self._by_lru(f"(consumed IS NULL OR consumed != ?){extra}", (epoch,))
         else:
@@ -424,24 +425,14 @@ class Store:
                 db.execute("UPDATE shards SET present = 0 WHERE path = ?", (rel,))
             for rel, (nbytes, index_bytes) in found.items():
                 if have.get(rel) != (nbytes, index_bytes):
-                    db.execute(
-                        "INSERT INTO shards(path, present, bytes, index_bytes, published, used) "
-                        "VALUES (?, 1, ?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET present = 1, "
-                        "bytes = excluded.bytes, index_bytes = excluded.index_bytes",
-                        (rel, nbytes, index_bytes, time.time(), time.time()),
-                    )
+                    db.execute(_FOUND, (rel, nbytes, index_bytes, time.time(), time.time()))
             db.execute("UPDATE settings SET value = ? WHERE key = 'foreign'", (foreign,))
 
     def found(self, rel: str, nbytes: int, index_bytes: int) -> None:
         """Record a published shard found on disk (its history, if any, stays)."""
         now = time.time()
         with self._write() as db:
-            db.execute(
-                "INSERT INTO shards(path, present, bytes, index_bytes, published, used) "
-                "VALUES (?, 1, ?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET present = 1, "
-                "bytes = excluded.bytes, index_bytes = excluded.index_bytes",
-                (rel, nbytes, index_bytes, now, now),
-            )
+            db.execute(_FOUND, (rel, nbytes, index_bytes, now, now))
 
     def vouch(self, rel: str, crc32c: int) -> None:
         """Record the CRC32C a re-adopted shard was found to have (it is not read again)."""
