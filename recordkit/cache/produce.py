@@ -8,32 +8,18 @@ like foreign shards to the rest of the cache (``crc32c=None``; records and size
 are what production found), so the fill order, eviction, pins and snapshots
 are shard mode's.
 
-Filling one entry, nothing visible before the last step:
-
-1. The cache reserves an *estimate* of the output: the same bytes as last time
-   if this partition was produced before (evicted since: the same plan writes
-   the same bytes), else the partition's source bytes times the largest
-   output/source ratio seen so far plus headroom (or a conservative first
-   guess), never more than the budget.
-2. A writer process (a fresh interpreter, never a fork; one per fill worker,
-   reused) converts the partition into the reservation's temp names
-   ``NAME.tmp-<lease>`` and ``NAME.idx.tmp-<lease>``, with the reservation as a
-   hard cap on shard plus index: a record that would pass it aborts the
-   partition (temp files removed).
-   Transient source errors are retried inside the writer, as ``recordkit
-   convert`` does.
-3. An aborted partition is redone with a larger reservation (grown in place,
-   evicting as needed); one that passes the whole budget is a
-   :class:`CacheFullError`. A writer that fails, dies or goes silent for
-   ``inactivity_timeout`` (terminate, then kill) is a :class:`ProduceError`: the
-   partition is tried again later while the others go ahead.
-4. The cache publishes the staged index and then the shard, as a download is
-   published, and records its size, record count and source bytes in its state
-   (the next estimates learn from them).
-
-The budget therefore bounds temp files too, at every moment. A killed cache
-process leaves only temp files whose reservation died with it; ``gc`` removes
-them, and shards of another plan (the source or options changed).
+Filling one entry, nothing visible before the last step: the cache reserves an
+estimate of the output; a writer process (:mod:`.writer`; one per fill worker,
+reused) converts the partition into the reservation's temp names with the
+reservation as a hard cap; a partition that outgrows it is redone with a larger
+reservation (the estimate and the redo: ``docs/cache.md``, "How the budget is
+kept"); the cache publishes the staged index and then the shard, as a download is
+published, and records its size, record count and source bytes (the next estimates
+learn from them). A writer that fails, dies or goes silent for
+``inactivity_timeout`` (terminate, then kill) is a :class:`ProduceError`: the
+partition is tried again later while the others go ahead. ``gc`` removes the temp
+files of dead reservations, and shards of another plan (the source or options
+changed).
 """
 
 from __future__ import annotations

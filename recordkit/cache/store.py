@@ -1,30 +1,14 @@
 """The cache's bookkeeping: one ``sqlite3`` database in WAL mode, a row per shard.
 
-Why sqlite (and not a journal of our own): every event — a publish, an
-eviction, a read, a snapshot — changes a few rows, and a WAL commit appends
-those pages to ``state.db-wal`` instead of rewriting the whole state, so an
-event costs the same at 100 shards and at 100,000. sqlite's WAL is crash-safe
-by construction (a commit is a frame append with a checksum; a torn frame is
-ignored on recovery), it is in the standard library, and it has been read by
-more eyes than a journal-plus-compaction we would write ourselves. Its one
-weakness here, sharing between processes, is moot: every access happens under
-the cache directory's ``flock`` (:class:`~recordkit.cache.locks.DirLock`), so
-sqlite never waits on its own locks and a checkpoint always completes.
-
-Durability: ``synchronous=NORMAL``. A commit survives the death of the process
-(SIGKILL included: the frames are in the kernel's page cache); a power cut may
-lose the last commits but never corrupts the database, and the files those
-commits described are found again by the rescan at the next start
-(:meth:`CacheDir.rescan <recordkit.cache.directory.CacheDir.rescan>`).
-
-Size: the WAL is checkpointed and truncated whenever a commit leaves it past
-:data:`WAL_LIMIT`, so it never holds more than that plus one transaction (which
-rewrites at most every page of the database); the budget counts the WAL at
-that bound (``directory.CacheDir.bookkeeping``).
-
-A database that cannot be read — not sqlite at all, corrupt, or of another
-layout — is set aside with a log line and rebuilt empty; the rescan then
-re-adopts every complete shard in the directory (only their LRU history is lost).
+Why sqlite (and not a journal of our own), how durable a commit is
+(``synchronous=NORMAL``), what the budget counts of it and how an unreadable one is
+set aside and rebuilt (the rescan re-adopts the complete shards): ``docs/cache.md``,
+"Bookkeeping: sqlite in WAL mode". Every access happens under the cache directory's
+``flock`` (:class:`~recordkit.cache.locks.DirLock`), so sqlite never waits on its own
+locks and a checkpoint always completes. The WAL is checkpointed and truncated
+whenever a commit leaves it past :data:`WAL_LIMIT`, so it never holds more than that
+plus one transaction; the budget counts it at that bound
+(``directory.CacheDir.bookkeeping``).
 
 Only :class:`~recordkit.cache.directory.CacheDir` uses this module, always under the
 directory lock.
