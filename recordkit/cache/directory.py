@@ -288,16 +288,11 @@ class CacheDir:
             self.store.evicted(rel)
 
     def victims(self, scan: Scan, policy: str, *, displace: bool) -> Iterator[tuple[str, int]]:
-        """Evictable shards in eviction order, with their bytes.
-
-        ``consumed-lru`` puts shards consumed in the current epoch first, then the
-        least recently used; ``lru`` is plain least-recently-used. With
-        ``displace`` (making room for another download) only shards that readers
-        used since they arrived are offered — consumed (``consumed-lru``) or at
-        least taken into a snapshot (``lru``) — so a filler without readers fills
-        the budget and stops instead of churning, and never discards data no
-        reader has had.
-        """
+        """Evictable shards in eviction order (:meth:`Store.victims
+        <recordkit.cache.store.Store.victims>`, less the pinned ones), with their bytes.
+        ``displace`` (making room for another download) offers only shards readers used
+        since they arrived, so a filler without readers fills the budget and stops
+        instead of churning, and never discards data no reader has had."""
         for rel, size in self.store.victims(policy, displace=displace):
             if not scan.is_pinned(rel):
                 yield rel, size

@@ -115,6 +115,7 @@ _WRONG_SHAPE = f"""SELECT
 _CHANGES_KEPT = 256
 _PAGE = 64  # eviction candidates read at a time
 _COLUMNS = ("seen", "published", "used", "uses", "reads", "consumed")
+_META = "seen, published, used, uses, reads, consumed, extra"  # what _meta() reads
 # A published shard found on disk: present with these sizes (its history, if any, stays).
 _FOUND = (
     "INSERT INTO shards(path, present, bytes, index_bytes, published, used) "
@@ -295,22 +296,12 @@ class Store:
 
     def meta(self, rel: str) -> dict[str, Any]:
         """What is known of one shard (empty if nothing): its history and publish extras."""
-        row = (
-            self._db()
-            .execute(
-                "SELECT seen, published, used, uses, reads, consumed, extra "
-                "FROM shards WHERE path = ?",
-                (rel,),
-            )
-            .fetchone()
-        )
+        row = self._db().execute(f"SELECT {_META} FROM shards WHERE path = ?", (rel,)).fetchone()
         return {} if row is None else _meta(row)
 
     def metas(self) -> dict[str, dict[str, Any]]:
         """Every shard's :meth:`meta` (a full read: for gc, not per event)."""
-        rows = self._db().execute(
-            "SELECT seen, published, used, uses, reads, consumed, extra, path FROM shards"
-        )
+        rows = self._db().execute(f"SELECT {_META}, path FROM shards")
         return {row[7]: _meta(row) for row in rows}
 
     def seen(self, *, absent: bool = False) -> dict[str, int]:
@@ -345,19 +336,16 @@ class Store:
         # Keyset pages: shards evicted between two pages leave the set without
         # shifting the rest (the caller holds the directory lock: nothing else moves).
         after: tuple[Any, ...] = ()
+        db = self._db()
         while True:
             cond = f"present = 1 AND {where}"
             if after:
                 cond += " AND (used, published, path) > (?, ?, ?)"
-            rows = (
-                self._db()
-                .execute(
-                    f"SELECT path, bytes + index_bytes, used, published FROM shards "
-                    f"WHERE {cond} ORDER BY used, published, path LIMIT {_PAGE}",
-                    (*args, *after),
-                )
-                .fetchall()
-            )
+            rows = db.execute(
+                f"SELECT path, bytes + index_bytes, used, published FROM shards "
+                f"WHERE {cond} ORDER BY used, published, path LIMIT {_PAGE}",
+                (*args, *after),
+            ).fetchall()
             for path, size, _, _ in rows:
                 yield str(path), int(size)
             if len(rows) < _PAGE:
@@ -367,19 +355,16 @@ class Store:
 
     def max_ratio(self, plan: str) -> float | None:
         """The largest (shard + index bytes) / source bytes of shards produced by ``plan``."""
-        row = (
-            self._db()
-            .execute(
-                "SELECT max((json_extract(extra, '$.bytes') "
-                "+ coalesce(json_extract(extra, '$.index_bytes'), 0)) * 1.0 "
-                "/ json_extract(extra, '$.source_bytes')) FROM shards "
-                "WHERE json_extract(extra, '$.plan') = ? "
-                "AND json_extract(extra, '$.source_bytes') > 0 "
-                "AND json_extract(extra, '$.bytes') IS NOT NULL",
-                (plan,),
-            )
-            .fetchone()
-        )
+        db = self._db()
+        row = db.execute(
+            "SELECT max((json_extract(extra, '$.bytes') "
+            "+ coalesce(json_extract(extra, '$.index_bytes'), 0)) * 1.0 "
+            "/ json_extract(extra, '$.source_bytes')) FROM shards "
+            "WHERE json_extract(extra, '$.plan') = ? "
+            "AND json_extract(extra, '$.source_bytes') > 0 "
+            "AND json_extract(extra, '$.bytes') IS NOT NULL",
+            (plan,),
+        ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
     # -- changing ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """``recordkit convert``: the subcommand's parser and handler (``add_parser``, used by
-``recordkit.cli``), and the ``--schema`` / ``-o`` parsers the cache's CLI shares.
+``recordkit.cli``), and what ``recordkit write`` shares with it (:func:`add_run_options`,
+:func:`run_keywords`, :func:`run`).
 
 Only the standard library at module level (``recordkit --help`` stays instant);
 the handler imports the conversion machinery when it runs.
