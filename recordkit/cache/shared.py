@@ -54,12 +54,9 @@ class Budget:
 class Wakeup:
     """How one process's threads of a cache tell each other that something changed.
 
-    ``cv`` is notified when a fill worker finishes a step (snapshots waiting for
-    shards wake up); :meth:`notify` counts an in-process change that may unblock
-    the fill workers (a release, a consumption) and wakes them.
-
     Attributes:
-        cv: the condition the cache's waiting threads wait on.
+        cv: the condition the cache's waiting threads wait on, notified when a fill
+            worker finishes a step (snapshots waiting for shards wake up).
         gen: bumped by every :meth:`notify`.
         wake: set to wake idle fill workers.
     """

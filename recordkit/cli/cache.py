@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from .args import add_progress_options, count, json_object, positive, progress_mode
+from .convert import add_converter_options
 
 __all__ = ["add_parser"]
 
@@ -298,10 +299,7 @@ def add_parser(sub: Any) -> None:
         help="the source format (as recordkit convert --from): imagefolder, jsonl, csv, numpy, "
         "parquet, webdataset, tfrecord, or one a plugin registers",
     )
-    prod.add_argument(
-        "--schema",
-        help="JSON, @file.json, or 'name:type[shape],...' (default: inferred from the source)",
-    )
+    add_converter_options(prod)
     prod.add_argument(
         "--shard-size",
         help="source bytes per partition, each converted into one shard (default 256MiB)",
@@ -312,14 +310,6 @@ def add_parser(sub: Any) -> None:
         help="at most N source items per partition (default 65536)",
     )
     prod.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
-    prod.add_argument(
-        "-o",
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a converter option (value parsed as JSON when it is JSON)",
-    )
     prod.add_argument(
         "--retries", type=count, default=None, help="retries on transient source errors (default 3)"
     )

@@ -19,7 +19,7 @@ from ..codec.schema_text import parse_schema
 from ..conversion.engines import ENGINES
 from .args import add_progress_options, count, key_values, positive, progress_mode
 
-__all__ = ["add_parser", "add_run_options", "run", "run_keywords"]
+__all__ = ["add_converter_options", "add_parser", "add_run_options", "run", "run_keywords"]
 
 _EXAMPLES = """\
 examples:
@@ -180,10 +180,7 @@ def add_parser(sub: Any) -> None:
         "only one format's are there: .parquet, .jsonl, .csv, .npy/.npz, .tfrecord, a .tar of "
         "samples, class folders of images, an MDS index.json, ...)",
     )
-    p.add_argument(
-        "--schema",
-        help="JSON, @file.json, or 'name:type[shape],...' (default: inferred from the source)",
-    )
+    add_converter_options(p)
     p.add_argument(
         "--workers",
         type=count,
@@ -197,6 +194,22 @@ def add_parser(sub: Any) -> None:
     )
     add_run_options(p, "DST")
     p.add_argument(
+        "--follow-symlinks",
+        action="store_true",
+        help="read symlinks in a local SRC that lead outside it (refused by default)",
+    )
+    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (SRC and DST)")
+    p.add_argument("--dst-storage-options", default=None, help="fsspec options for DST as JSON")
+    p.set_defaults(func=_cmd_convert)
+
+
+def add_converter_options(p: Any) -> None:
+    """``--schema`` and ``-o``/``--option``, the same for ``convert`` and ``cache fill``."""
+    p.add_argument(
+        "--schema",
+        help="JSON, @file.json, or 'name:type[shape],...' (default: inferred from the source)",
+    )
+    p.add_argument(
         "-o",
         "--option",
         action="append",
@@ -205,14 +218,6 @@ def add_parser(sub: Any) -> None:
         help="a converter option (value parsed as JSON when it is JSON); see each format's "
         "options in docs/convert.md",
     )
-    p.add_argument(
-        "--follow-symlinks",
-        action="store_true",
-        help="read symlinks in a local SRC that lead outside it (refused by default)",
-    )
-    p.add_argument("--storage-options", default=None, help="fsspec options as JSON (SRC and DST)")
-    p.add_argument("--dst-storage-options", default=None, help="fsspec options for DST as JSON")
-    p.set_defaults(func=_cmd_convert)
 
 
 def add_run_options(p: argparse.ArgumentParser, dst: str) -> None:
