@@ -67,33 +67,19 @@ class Tracker(Protocol):
     ) -> None:
         """The totals (``None``: unknown); ``done``: counts an earlier run already did
         (a counter named there is shown even while zero)."""
+        return None
 
     def add(self, *, bytes: int = 0, records: int = 0, shards: int = 0, items: int = 0) -> None:
         """Count work done (negative when an attempt is rolled back)."""
+        return None
 
     def close(self) -> None:
         """The operation ended."""
+        return None
 
 
-class NoTracker:
-    """A :class:`Tracker` that ignores everything (the default)."""
-
-    def start(
-        self,
-        *,
-        bytes: int | None = None,
-        records: int | None = None,
-        shards: int | None = None,
-        items: int | None = None,
-        done: Mapping[str, int] | None = None,
-    ) -> None:
-        """Ignore the totals."""
-
-    def add(self, *, bytes: int = 0, records: int = 0, shards: int = 0, items: int = 0) -> None:
-        """Ignore the work."""
-
-    def close(self) -> None:
-        """Nothing to close."""
+class NoTracker(Tracker):
+    """A :class:`Tracker` that ignores everything (the default): the protocol's methods."""
 
 
 def resolve_mode(mode: str, stream: TextIO | None = None) -> str:
@@ -128,10 +114,6 @@ def _terminal(stream: Any) -> tuple[int, int]:
         columns = rows = 0
     fallback = shutil.get_terminal_size((80, 24))
     return columns or fallback.columns, rows or fallback.lines
-
-
-def _columns(stream: Any) -> int:
-    return _terminal(stream)[0]
 
 
 class Meter:
@@ -353,7 +335,7 @@ class Meter:
         p = COUNTERS.index(self.unit)
         with self._lock:
             n, total = self._count[p], self._total[p]
-        columns = _columns(self.stream)
+        columns = _terminal(self.stream)[0]
         room = columns - len(self.desc) - (22 if total else 2)  # "desc: 100%|" + 10-col bar
         stats = self.text(final=final, percent=False, width=max(room, 20))
         if self._bar is None:
@@ -368,7 +350,7 @@ class Meter:
     def _draw_plain(self, final: bool) -> None:
         line = f"{self.desc}: {self.text(final=final)}"
         if _isatty(self.stream):
-            width = _columns(self.stream) - 1
+            width = _terminal(self.stream)[0] - 1
             line = line[:width]
             pad = " " * max(0, self._plain_width - len(line))
             self._plain_width = len(line)
@@ -405,7 +387,7 @@ def _make_bar(desc: str, total: int | None, initial: int, stream: TextIO, stats:
         desc=desc,
         file=stream,
         bar_format=shape,
-        ncols=_columns(stream),  # and again at each redraw: the terminal may be resized
+        ncols=_terminal(stream)[0],  # and again at each redraw: the terminal may be resized
         nrows=_terminal(stream)[1],
         mininterval=0,  # the meter's thread already paces the redraws
         leave=True,

@@ -103,14 +103,9 @@ def _status(exc: BaseException) -> int | None:
         return status if isinstance(status, int) else None
     # ``code`` only on HTTP errors (urllib's, gcsfs'): aiohttp's parser errors carry a
     # ``code`` of 400 for a body cut short, which is the client's verdict, not the server's.
-    names = (
-        ("status", "status_code", "code")
-        if "httperror" in type(exc).__name__.lower()
-        else (
-            "status",
-            "status_code",
-        )
-    )
+    names = ["status", "status_code"]
+    if "httperror" in type(exc).__name__.lower():
+        names.append("code")
     for name in names:
         value = getattr(exc, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:

@@ -64,19 +64,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
     from ..errors import CacheFullError, DownloadError, ProduceError
-    from .directory import CacheDir  # noqa: F401  (not in __all__: for the command line)
-    from .gates import StreamGate
     from .producer_options import ProducerOptions
     from .remote import RetryOptions
     from .shard_cache import ShardCache
     from .shared import CacheEvents, CacheStatus
     from .snapshot import Snapshot
-    from .stream import Stream, StreamStats, footprint, plan_capacity
+    from .stream import Stream, StreamStats
 
 # Loaded on first use, so that a writer process, which imports only
 # ``recordkit.cache.writer``, does not load the cache (sqlite3, the fill machinery).
 _WHERE = {
-    "CacheDir": ".directory",  # the directory's files and catalog (`recordkit cache` reads it)
     "CacheEvents": ".shared",
     "CacheFullError": "..errors",
     "CacheStatus": ".shared",
@@ -87,10 +84,7 @@ _WHERE = {
     "ShardCache": ".shard_cache",
     "Snapshot": ".snapshot",
     "Stream": ".stream",
-    "StreamGate": ".gates",
     "StreamStats": ".stream",
-    "footprint": ".stream",
-    "plan_capacity": ".stream",
 }
 
 __all__ = [
@@ -104,10 +98,7 @@ __all__ = [
     "ShardCache",
     "Snapshot",
     "Stream",
-    "StreamGate",
     "StreamStats",
-    "footprint",
-    "plan_capacity",
 ]
 
 

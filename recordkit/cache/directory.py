@@ -48,7 +48,7 @@ from .scan import META, Scan, is_temp, walk
 from .staged import discard, staged_names
 from .store import WAL_LIMIT, Store
 
-__all__ = ["BOOKKEEPING_SLACK", "POLICIES", "CacheDir", "Scan"]
+__all__ = ["BOOKKEEPING_SLACK", "POLICIES", "CacheDir"]
 
 log = logging.getLogger(__name__)
 
@@ -219,11 +219,8 @@ class CacheDir:
         with self.lock():
             self._import_state_json()
             scan = self.rescan()
-            kept = [self.path(r) for r in scan.incomplete]
+            kept = [self.path(r) for r in (*scan.incomplete, *scan.orphans)]
             foreign = scan.foreign + sum(os.path.getsize(p) for p in kept if os.path.exists(p))
-            foreign += sum(
-                os.path.getsize(self.path(r)) for r in scan.orphans if os.path.exists(self.path(r))
-            )
             self.store.adopt(scan.complete, foreign)
             return scan
 
@@ -291,16 +288,11 @@ class CacheDir:
             self.store.evicted(rel)
 
     def victims(self, scan: Scan, policy: str, *, displace: bool) -> Iterator[tuple[str, int]]:
-        """Evictable shards in eviction order, with their bytes.
-
-        ``consumed-lru`` puts shards consumed in the current epoch first, then the
-        least recently used; ``lru`` is plain least-recently-used. With
-        ``displace`` (making room for another download) only shards that readers
-        used since they arrived are offered — consumed (``consumed-lru``) or at
-        least taken into a snapshot (``lru``) — so a filler without readers fills
-        the budget and stops instead of churning, and never discards data no
-        reader has had.
-        """
+        """Evictable shards in eviction order (:meth:`Store.victims
+        <recordkit.cache.store.Store.victims>`, less the pinned ones), with their bytes.
+        ``displace`` (making room for another download) offers only shards readers used
+        since they arrived, so a filler without readers fills the budget and stops
+        instead of churning, and never discards data no reader has had."""
         for rel, size in self.store.victims(policy, displace=displace):
             if not scan.is_pinned(rel):
                 yield rel, size

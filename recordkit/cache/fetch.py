@@ -44,17 +44,9 @@ from .directory import CacheDir
 from .remote import Remote
 from .reservation import Reservation, ShardState
 from .shared import FillContext
-from .staged import Staged, discard, is_disk_full, staged_names
+from .staged import Staged, discard, staged_names
 
-__all__ = [
-    "Fetcher",
-    "Staged",
-    "discard",
-    "download",
-    "index_bound",
-    "is_disk_full",
-    "staged_names",
-]
+__all__ = ["Fetcher", "download", "index_bound"]
 
 log = logging.getLogger(__name__)
 
@@ -180,13 +172,9 @@ def _same_mode(
 
 
 class Fetcher:
-    """Shard mode: the cache's catalog is the remote's manifest (or listing), and each
-    entry is filled by downloading it (see the module doc).
-
-    One of the two fillers of :class:`~recordkit.cache.ShardCache` (the other is
-    producer mode's :class:`~recordkit.cache.produce.Producer`): the cache owns the
-    budget, eviction, pins and threads; a filler says what the entries are, how much
-    room one needs, and how it gets there.
+    """Shard mode's :class:`~recordkit.cache.reservation.Filler`: the cache's catalog is the
+    remote's manifest (or listing), and each entry is filled by downloading it (see the
+    module doc; the other filler is producer mode's :class:`~.produce.Producer`).
 
     Args:
         context: the cache's settings a filler needs.

@@ -31,22 +31,20 @@ class StreamGate:
         self._pid = os.getpid()
         self._forked: DirGate | None = None
 
-    def _other(self) -> DirGate | None:
+    def _gate(self) -> Stream | DirGate:
         if os.getpid() == self._pid:
-            return None
+            return self.stream
         if self._forked is None or self._forked.pid != os.getpid():
             self._forked = DirGate(self.stream.dir.root, self.stream.timeout, self.limit)
         return self._forked
 
     def ready(self, rel: str) -> bool:
         """Whether shard ``rel`` is complete in the cache and pinned for this pass."""
-        other = self._other()
-        return self.stream.ready(rel) if other is None else other.ready(rel)
+        return self._gate().ready(rel)
 
     def wait(self, rel: str) -> float:
         """Block until ``rel`` is ready; returns the seconds waited (see :meth:`Stream.wait`)."""
-        other = self._other()
-        return self.stream.wait(rel) if other is None else other.wait(rel)
+        return self._gate().wait(rel)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (DirGate, (self.stream.dir.root, self.stream.timeout, self.limit))

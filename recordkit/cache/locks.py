@@ -51,14 +51,6 @@ class DirLock:
         self._fd = -1
         _LOCKS.add(self)
 
-    def before_fork(self) -> None:
-        """Wait for the current holder to leave, and hold the lock across the fork."""
-        self._thread_lock.acquire()
-
-    def after_fork_in_parent(self) -> None:
-        """Let this process's threads in again."""
-        self._thread_lock.release()
-
     def after_fork_in_child(self) -> None:
         """Start afresh: the parent's holder does not exist in the child."""
         if self._fd >= 0:
@@ -97,13 +89,13 @@ def _before_fork() -> None:
     # No thread may be between opening the lock file and recording the descriptor
     # (or blocked in flock on it) while the process is copied.
     for lock in list(_LOCKS):
-        lock.before_fork()
+        lock._thread_lock.acquire()  # the current holder leaves; held across the fork
         _HELD_FOR_FORK.append(lock)
 
 
 def _after_fork_in_parent() -> None:
     while _HELD_FOR_FORK:
-        _HELD_FOR_FORK.pop().after_fork_in_parent()
+        _HELD_FOR_FORK.pop()._thread_lock.release()  # this process's threads come in again
 
 
 def _after_fork_in_child() -> None:
@@ -139,10 +131,6 @@ class HeldFile:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             raise
-
-    @property
-    def name(self) -> str:
-        return os.path.basename(self.path)
 
     @property
     def held(self) -> bool:

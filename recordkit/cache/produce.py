@@ -8,32 +8,18 @@ like foreign shards to the rest of the cache (``crc32c=None``; records and size
 are what production found), so the fill order, eviction, pins and snapshots
 are shard mode's.
 
-Filling one entry, nothing visible before the last step:
-
-1. The cache reserves an *estimate* of the output: the same bytes as last time
-   if this partition was produced before (evicted since: the same plan writes
-   the same bytes), else the partition's source bytes times the largest
-   output/source ratio seen so far plus headroom (or a conservative first
-   guess), never more than the budget.
-2. A writer process (a fresh interpreter, never a fork; one per fill worker,
-   reused) converts the partition into the reservation's temp names
-   ``NAME.tmp-<lease>`` and ``NAME.idx.tmp-<lease>``, with the reservation as a
-   hard cap on shard plus index: a record that would pass it aborts the
-   partition (temp files removed).
-   Transient source errors are retried inside the writer, as ``recordkit
-   convert`` does.
-3. An aborted partition is redone with a larger reservation (grown in place,
-   evicting as needed); one that passes the whole budget is a
-   :class:`CacheFullError`. A writer that fails, dies or goes silent for
-   ``inactivity_timeout`` (terminate, then kill) is a :class:`ProduceError`: the
-   partition is tried again later while the others go ahead.
-4. The cache publishes the staged index and then the shard, as a download is
-   published, and records its size, record count and source bytes in its state
-   (the next estimates learn from them).
-
-The budget therefore bounds temp files too, at every moment. A killed cache
-process leaves only temp files whose reservation died with it; ``gc`` removes
-them, and shards of another plan (the source or options changed).
+Filling one entry, nothing visible before the last step: the cache reserves an
+estimate of the output; a writer process (:mod:`.writer`; one per fill worker,
+reused) converts the partition into the reservation's temp names with the
+reservation as a hard cap; a partition that outgrows it is redone with a larger
+reservation (the estimate and the redo: ``docs/cache.md``, "How the budget is
+kept"); the cache publishes the staged index and then the shard, as a download is
+published, and records its size, record count and source bytes (the next estimates
+learn from them). A writer that fails, dies or goes silent for
+``inactivity_timeout`` (terminate, then kill) is a :class:`ProduceError`: the
+partition is tried again later while the others go ahead. ``gc`` removes the temp
+files of dead reservations, and shards of another plan (the source or options
+changed).
 """
 
 from __future__ import annotations
@@ -258,12 +244,11 @@ class Producer:
         before, else an estimate from its source bytes (see the module doc), never
         more than ``capacity`` (the budget less the bookkeeping)."""
         meta = state.meta(info.path)
-        budget = capacity
         if meta.get("plan") == self.fingerprint and "bytes" in meta:
             exact = int(meta["bytes"]) + int(meta.get("index_bytes", 0))
-            return min(budget, exact)
+            return min(capacity, exact)
         estimate = math.ceil(info.bytes * self._ratio(state)) + _SLACK
-        return min(budget, max(estimate, self._need.get(info.path, 0)))
+        return min(capacity, max(estimate, self._need.get(info.path, 0)))
 
     def _outgrown(
         self, info: ShardInfo, items: tuple[Any, ...], outcome: tuple[Any, ...], capacity: int
@@ -271,11 +256,10 @@ class Producer:
         """The next reservation of a partition that outgrew ``cap`` (``capacity``: the
         most one shard may take, the budget less the cache's bookkeeping)."""
         cap, items_done, source_done = (int(x) for x in outcome[1:])
-        budget = capacity
-        if cap >= budget:
+        if cap >= capacity:
             raise CacheFullError(
                 f"the partition converts to more than the whole cache budget of "
-                f"{self.context.max_bytes} bytes, {budget} of them for shards beside the "
+                f"{self.context.max_bytes} bytes, {capacity} of them for shards beside the "
                 f"cache's bookkeeping (it passed them after {items_done} of {len(items)} "
                 "source items); use a smaller shard_size or partition_items, or a larger budget",
                 path=info.path,
@@ -285,7 +269,7 @@ class Producer:
         self._floor = max(self._floor, cap / max(1, source_done + current))
         total = sum(int(i.size) for i in items)
         bigger = max(2 * cap, math.ceil(total * self._floor * _HEADROOM) + _SLACK)
-        bigger = min(budget, bigger)
+        bigger = min(capacity, bigger)
         self._need[info.path] = max(self._need.get(info.path, 0), bigger)
         log.info(
             "%s: the output outgrew its reservation of %d bytes; redoing it with %d",

@@ -23,12 +23,8 @@ DEFAULT_SHARD_SIZE = "256MiB"
 class ProducerOptions:
     """Producer mode: convert a remote of raw samples into local shards while training runs.
 
-    Given to :class:`ShardCache` as ``producer=`` (shard mode has no such
-    settings: a cache without it copies the remote's shards). The flat keywords
-    ``format=``, ``schema=``, ``source_options=``, ``convert_options=`` and
-    ``inactivity_timeout=`` of ``ShardCache`` are the same settings, and
-    ``shard_size=`` / ``compress=`` a shorthand for ``convert_options``; a
-    keyword given beside ``producer=`` is an :class:`~recordkit.errors.OptionError`.
+    Given to :class:`ShardCache` as ``producer=``, or as its flat keywords (see there;
+    a keyword given beside ``producer=`` is an :class:`~recordkit.errors.OptionError`).
 
     Attributes:
         format: the converter that reads the remote (``converters.available()``:
@@ -106,7 +102,7 @@ def producer_options(
         if not isinstance(producer, ProducerOptions):
             raise TypeError(f"producer= takes a ProducerOptions, got {type(producer).__name__}")
         flat = [k for k in (*_FLAT, "shard_size", "compress") if k in passed]
-        refuse(flat, "producer", "ProducerOptions", [k for k in flat])
+        refuse(flat, "producer", "ProducerOptions", flat)
         return producer
     if format is None:
         extras = {
@@ -122,12 +118,8 @@ def producer_options(
             raise ValueError(f"{', '.join(sorted(named))}: producer mode only; give format= too")
         return None
     if convert_options is not None:
-        refuse(
-            [k for k in ("shard_size", "compress") if k in passed],
-            "convert_options",
-            "ConvertOptions",
-            [k for k in ("shard_size", "compress") if k in passed],
-        )
+        both = [k for k in ("shard_size", "compress") if k in passed]
+        refuse(both, "convert_options", "ConvertOptions", both)
     elif shard_size != DEFAULT_SHARD_SIZE or compress is not None:
         from ..conversion import ConvertOptions
 

@@ -1,58 +1,32 @@
-"""The reader-facing parts of ``ShardCache``: epoch snapshots (growing epochs) and
-whole-epoch streams.
-
-Each is a part the cache holds (:class:`Snapshots`, :class:`Streams`), given the
-pieces it uses, never the cache. :class:`Streams` is also what a
-:class:`~recordkit.cache.Stream` is handed of its cache (a
-:class:`~.stream.StreamHost`).
-"""
+"""The reader-facing parts of ``ShardCache``: epoch snapshots (growing epochs,
+:class:`Snapshots`) and whole-epoch streams (:class:`Streams`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ..errors import ShardNotFoundError
 from ..format.manifest import ShardInfo
-from .catalog import Catalog
-from .directory import CacheDir, Scan
 from .locks import HeldFile
-from .reservation import Filler, reserve_room
-from .shared import Budget, Wakeup
+from .scan import Scan
 from .snapshot import Snapshot
 from .stream import Stream, StreamStats
-from .workers import POLL_S, FillWorkers
+from .workers import POLL_S, FillWorkers, Part
 
 __all__ = ["Snapshots", "Streams"]
 
 
-class Snapshots:
+@dataclass(eq=False)
+class Snapshots(Part):
     """Takes epoch snapshots: pins and lists the complete shards (see ``ShardCache.snapshot``).
 
     Args:
-        directory: the cache directory.
-        filler: gives the manifest a snapshot hands readers.
-        catalog: the entries.
-        budget: the budget, policy and events (shared with the cache).
-        wakeup: the cache's in-process wake-up (fill workers notify it as they publish).
-        workers: the fill machinery (missing shards of a resume are filled in this thread).
+        _workers: the fill machinery (missing shards of a resume are filled in this thread).
     """
 
-    def __init__(
-        self,
-        directory: CacheDir,
-        filler: Filler,
-        catalog: Catalog,
-        budget: Budget,
-        wakeup: Wakeup,
-        workers: FillWorkers,
-    ) -> None:
-        self.dir = directory
-        self._filler = filler
-        self._catalog = catalog
-        self._budget = budget
-        self._wakeup = wakeup
-        self._workers = workers
+    _workers: FillWorkers
 
     def _complete_infos(self, scan: Scan) -> list[ShardInfo]:
         out = []
@@ -132,36 +106,17 @@ class Snapshots:
         return Snapshot(self.dir, chosen, claim, epoch, manifest, self._wakeup.notify)
 
 
-class Streams:
+@dataclass(eq=False)
+class Streams(Part):
     """The cache's whole-epoch streams, and what each is handed of the cache
     (:class:`~.stream.StreamHost`: the directory, the budget, one fetch).
-
-    Args:
-        directory: the cache directory.
-        filler: fills one shard (shard mode's downloads).
-        catalog: the entries (a shard a reader asks for outside the order).
-        budget: the budget, policy and events (shared with the cache).
-        wakeup: the cache's in-process wake-up.
 
     Attributes:
         stats: what the streams did, over all passes.
     """
 
-    def __init__(
-        self,
-        directory: CacheDir,
-        filler: Filler,
-        catalog: Catalog,
-        budget: Budget,
-        wakeup: Wakeup,
-    ) -> None:
-        self.dir = directory
-        self._filler = filler
-        self._catalog = catalog
-        self._budget = budget
-        self._wakeup = wakeup
-        self._open: set[Stream] = set()
-        self.stats = StreamStats()
+    _open: set[Stream] = field(default_factory=set, init=False)
+    stats: StreamStats = field(default_factory=StreamStats, init=False)
 
     def running(self) -> bool:
         """Whether a stream runs (the cache's own fill workers then fetch nothing)."""
@@ -210,15 +165,7 @@ class Streams:
                 return "present"
             if info.path in scan.leased:
                 return "elsewhere"
-            room = reserve_room(
-                self.dir,
-                self._filler,
-                info,
-                scan,
-                self._budget,
-                displace=False,
-                abandoning=lambda: False,
-            )
+            room = self._reserve(info, scan, displace=False, abandoning=lambda: False)
             if room is None:
                 return "blocked"
         try:

@@ -1,26 +1,14 @@
 """Reading the remote side of a cache: its manifest or listing, and byte ranges.
 
 Every read is checked, and retried under the one
-:class:`~recordkit.retry.RetryPolicy` while the failure is transient or the
-bytes are wrong; what the remote answers decides the rest
-(:func:`recordkit.retry.classify`, which reads the whole exception chain):
-
-* a ranged read must return exactly the bytes asked for, or it is a
-  :class:`DownloadError` and not data;
-* the remote's catalog — ``recordkit.json``, or without one the listing of
-  its shards — is read twice per try and the two reads must agree (and the
-  manifest must parse): a body cut short or a flipped byte is retried, never
-  taken for the dataset. Only an answer that says "not there" (HTTP 404, S3
-  ``NoSuchKey``) means the dataset has no manifest; a failure that outlasts the
-  retries is an error, never "absent" (fsspec's HTTP ``info()`` turns every
-  failure into ``FileNotFoundError``; the cause it is raised from says which);
-* HTTP 401/403 and S3 ``AccessDenied`` are :class:`~recordkit.errors.AccessDeniedError`,
-  a 404 :class:`~recordkit.errors.ShardNotFoundError`, neither retried;
-* every request has the policy's deadlines (connect, per-read inactivity).
-
-All I/O goes through :class:`recordkit.storage.Location`: plain local paths
-with ``os.pread`` (no fsspec), any other URL through fsspec, imported on first
-use.
+:class:`~recordkit.retry.RetryPolicy` while the failure is transient or the bytes
+are wrong; what the remote answers decides the rest (:func:`recordkit.retry.classify`).
+A ranged read must return exactly the bytes asked for; the remote's catalog is read
+twice per try and the two reads must agree; only an answer that says "not there"
+means the dataset has no manifest, and a failure that outlasts the retries is an
+error (``docs/howto/remote.md``, "When the remote misbehaves", says what each answer
+means). All I/O goes through :class:`recordkit.storage.Location`: plain local paths
+with ``os.pread`` (no fsspec), any other URL through fsspec, imported on first use.
 """
 
 from __future__ import annotations
@@ -167,7 +155,7 @@ class Remote:
         url = self.full(rel)
 
         def once() -> bytes:
-            data = self._raw_range(rel, start, end)
+            data = self._loc.read_range(rel, start, end)
             if len(data) != end - start:
                 raise DownloadError(
                     f"ranged read returned {len(data)} bytes, asked for {end - start} "
@@ -178,9 +166,6 @@ class Remote:
             return data
 
         return self._retrying("ranged read", url, once, offset=start)
-
-    def _raw_range(self, rel: str, start: int, end: int) -> bytes:
-        return self._loc.read_range(rel, start, end)
 
     def size(self, rel: str) -> int:
         """The remote file's size in bytes."""

@@ -16,11 +16,10 @@ from ..errors import CacheFullError, RecordkitError
 from ..format.manifest import Manifest, ShardInfo
 from .directory import CacheDir
 from .locks import HeldFile
-from .scan import Scan
 from .shared import Budget, CacheEvents
 from .staged import Staged, discard, is_disk_full, staged_names
 
-__all__ = ["Filler", "Reservation", "ShardState", "reserve_room"]
+__all__ = ["Filler", "Reservation", "ShardState"]
 
 _T = TypeVar("_T")
 
@@ -180,36 +179,3 @@ class Filler(Protocol):
 
     def close(self) -> None:
         """Release what filling holds (writer processes)."""
-
-
-def reserve_room(
-    directory: CacheDir,
-    filler: Filler,
-    info: ShardInfo,
-    scan: Scan,
-    budget: Budget,
-    *,
-    displace: bool,
-    abandoning: Callable[[], bool],
-) -> Reservation | None:
-    """Reserve the room ``filler`` needs to fill ``info`` (under the directory lock,
-    ``scan`` taken under it), evicting as ``budget``'s policy allows; ``None`` when
-    no room can be made now. ``displace``: see :meth:`CacheDir.victims`.
-
-    Raises:
-        CacheFullError: the entry cannot fit in the whole budget.
-    """
-    capacity = max(0, budget.max_bytes - directory.fixed_bytes(scan))
-    lease = directory.reserve(
-        info.path,
-        filler.need(info, directory.store, capacity),
-        max_bytes=budget.max_bytes,
-        policy=budget.policy,
-        displace=displace,
-        on_evict=budget.events.evicted,
-    )
-    if lease is None:
-        return None
-    return Reservation(
-        directory, lease, info.path, budget, capacity=capacity, abandoning=abandoning
-    )

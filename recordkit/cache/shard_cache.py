@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..codec.schema import Schema
     from ..conversion.plan import ConvertOptions
 
-__all__ = ["CacheEvents", "CacheStatus", "ShardCache"]
+__all__ = ["ShardCache"]
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +70,11 @@ class ShardCache:
     process that dies releases its reservations and pins by itself.
 
     **Producer mode** (``format=`` a converter name): ``remote`` holds raw
-    samples (JSONL, images, NumPy arrays, ... — any ``converters`` source) and
-    the fill workers convert them as ``recordkit convert`` would, in writer
-    processes (fresh interpreters, never forks), one shard
-    ``part-PPPPP-00000.tfrecord`` per partition of the conversion plan. The
-    budget is kept the same way: a partition's output size is estimated before
-    it is written (from the output/source ratio of the partitions produced so
-    far), reserved, and enforced as a hard cap on the writer; one that
-    outgrows its reservation is redone with a larger one. See ``docs/cache.md``.
+    samples (any ``converters`` source) and the fill workers convert them as
+    ``recordkit convert`` would, in writer processes, one shard
+    ``part-PPPPP-00000.tfrecord`` per partition of the conversion plan, within the
+    same budget (an estimate of each partition's output is reserved and enforced
+    as a hard cap on its writer). See ``docs/cache.md``.
 
     Args:
         remote: the dataset to cache: an fsspec URL or a local path, holding a

@@ -20,25 +20,19 @@ class CacheEvents(Protocol):
 
     def downloaded(self, nbytes: int) -> None:
         """``nbytes`` more arrived from the remote."""
+        return None
 
     def published(self, shard: ShardInfo, used: int) -> None:
         """``shard`` became visible; ``used`` is the cache's size right after."""
+        return None
 
     def evicted(self, path: str) -> None:
         """A shard was removed to make room."""
+        return None
 
 
-class NoEvents:
-    """Events that go nowhere (the default)."""
-
-    def downloaded(self, nbytes: int) -> None:
-        pass
-
-    def published(self, shard: ShardInfo, used: int) -> None:
-        pass
-
-    def evicted(self, path: str) -> None:
-        pass
+class NoEvents(CacheEvents):
+    """Events that go nowhere (the default): the protocol's methods."""
 
 
 @dataclass(slots=True)
@@ -60,12 +54,9 @@ class Budget:
 class Wakeup:
     """How one process's threads of a cache tell each other that something changed.
 
-    ``cv`` is notified when a fill worker finishes a step (snapshots waiting for
-    shards wake up); :meth:`notify` counts an in-process change that may unblock
-    the fill workers (a release, a consumption) and wakes them.
-
     Attributes:
-        cv: the condition the cache's waiting threads wait on.
+        cv: the condition the cache's waiting threads wait on, notified when a fill
+            worker finishes a step (snapshots waiting for shards wake up).
         gen: bumped by every :meth:`notify`.
         wake: set to wake idle fill workers.
     """

@@ -1,30 +1,14 @@
 """The cache's bookkeeping: one ``sqlite3`` database in WAL mode, a row per shard.
 
-Why sqlite (and not a journal of our own): every event — a publish, an
-eviction, a read, a snapshot — changes a few rows, and a WAL commit appends
-those pages to ``state.db-wal`` instead of rewriting the whole state, so an
-event costs the same at 100 shards and at 100,000. sqlite's WAL is crash-safe
-by construction (a commit is a frame append with a checksum; a torn frame is
-ignored on recovery), it is in the standard library, and it has been read by
-more eyes than a journal-plus-compaction we would write ourselves. Its one
-weakness here, sharing between processes, is moot: every access happens under
-the cache directory's ``flock`` (:class:`~recordkit.cache.locks.DirLock`), so
-sqlite never waits on its own locks and a checkpoint always completes.
-
-Durability: ``synchronous=NORMAL``. A commit survives the death of the process
-(SIGKILL included: the frames are in the kernel's page cache); a power cut may
-lose the last commits but never corrupts the database, and the files those
-commits described are found again by the rescan at the next start
-(:meth:`CacheDir.rescan <recordkit.cache.directory.CacheDir.rescan>`).
-
-Size: the WAL is checkpointed and truncated whenever a commit leaves it past
-:data:`WAL_LIMIT`, so it never holds more than that plus one transaction (which
-rewrites at most every page of the database); the budget counts the WAL at
-that bound (``directory.CacheDir.bookkeeping``).
-
-A database that cannot be read — not sqlite at all, corrupt, or of another
-layout — is set aside with a log line and rebuilt empty; the rescan then
-re-adopts every complete shard in the directory (only their LRU history is lost).
+Why sqlite (and not a journal of our own), how durable a commit is
+(``synchronous=NORMAL``), what the budget counts of it and how an unreadable one is
+set aside and rebuilt (the rescan re-adopts the complete shards): ``docs/cache.md``,
+"Bookkeeping: sqlite in WAL mode". Every access happens under the cache directory's
+``flock`` (:class:`~recordkit.cache.locks.DirLock`), so sqlite never waits on its own
+locks and a checkpoint always completes. The WAL is checkpointed and truncated
+whenever a commit leaves it past :data:`WAL_LIMIT`, so it never holds more than that
+plus one transaction; the budget counts it at that bound
+(``directory.CacheDir.bookkeeping``).
 
 Only :class:`~recordkit.cache.directory.CacheDir` uses this module, always under the
 directory lock.
@@ -131,6 +115,13 @@ _WRONG_SHAPE = f"""SELECT
 _CHANGES_KEPT = 256
 _PAGE = 64  # eviction candidates read at a time
 _COLUMNS = ("seen", "published", "used", "uses", "reads", "consumed")
+_META = "seen, published, used, uses, reads, consumed, extra"  # what _meta() reads
+# A published shard found on disk: present with these sizes (its history, if any, stays).
+_FOUND = (
+    "INSERT INTO shards(path, present, bytes, index_bytes, published, used) "
+    "VALUES (?, 1, ?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET present = 1, "
+    "bytes = excluded.bytes, index_bytes = excluded.index_bytes"
+)
 
 
 class Store:
@@ -303,29 +294,14 @@ class Store:
         row = self._db().execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
         return int(row[0]) if row else 0
 
-    @property
-    def epoch(self) -> int:
-        """The latest epoch any snapshot was taken for."""
-        return self.setting("epoch")
-
     def meta(self, rel: str) -> dict[str, Any]:
         """What is known of one shard (empty if nothing): its history and publish extras."""
-        row = (
-            self._db()
-            .execute(
-                "SELECT seen, published, used, uses, reads, consumed, extra "
-                "FROM shards WHERE path = ?",
-                (rel,),
-            )
-            .fetchone()
-        )
+        row = self._db().execute(f"SELECT {_META} FROM shards WHERE path = ?", (rel,)).fetchone()
         return {} if row is None else _meta(row)
 
     def metas(self) -> dict[str, dict[str, Any]]:
         """Every shard's :meth:`meta` (a full read: for gc, not per event)."""
-        rows = self._db().execute(
-            "SELECT seen, published, used, uses, reads, consumed, extra, path FROM shards"
-        )
+        rows = self._db().execute(f"SELECT {_META}, path FROM shards")
         return {row[7]: _meta(row) for row in rows}
 
     def seen(self, *, absent: bool = False) -> dict[str, int]:
@@ -350,7 +326,7 @@ class Store:
         used = "reads" if policy == "consumed-lru" else "uses"
         extra = f" AND {used} > 0" if displace else ""
         if policy == "consumed-lru":
-            epoch = self.epoch
+            epoch = self.setting("epoch")  # the latest epoch any snapshot was taken for
             yield from self._by_lru(f"consumed = ?{extra}", (epoch,))
             yield from self._by_lru(f"(consumed IS NULL OR consumed != ?){extra}", (epoch,))
         else:
@@ -360,19 +336,16 @@ class Store:
         # Keyset pages: shards evicted between two pages leave the set without
         # shifting the rest (the caller holds the directory lock: nothing else moves).
         after: tuple[Any, ...] = ()
+        db = self._db()
         while True:
             cond = f"present = 1 AND {where}"
             if after:
                 cond += " AND (used, published, path) > (?, ?, ?)"
-            rows = (
-                self._db()
-                .execute(
-                    f"SELECT path, bytes + index_bytes, used, published FROM shards "
-                    f"WHERE {cond} ORDER BY used, published, path LIMIT {_PAGE}",
-                    (*args, *after),
-                )
-                .fetchall()
-            )
+            rows = db.execute(
+                f"SELECT path, bytes + index_bytes, used, published FROM shards "
+                f"WHERE {cond} ORDER BY used, published, path LIMIT {_PAGE}",
+                (*args, *after),
+            ).fetchall()
             for path, size, _, _ in rows:
                 yield str(path), int(size)
             if len(rows) < _PAGE:
@@ -382,19 +355,16 @@ class Store:
 
     def max_ratio(self, plan: str) -> float | None:
         """The largest (shard + index bytes) / source bytes of shards produced by ``plan``."""
-        row = (
-            self._db()
-            .execute(
-                "SELECT max((json_extract(extra, '$.bytes') "
-                "+ coalesce(json_extract(extra, '$.index_bytes'), 0)) * 1.0 "
-                "/ json_extract(extra, '$.source_bytes')) FROM shards "
-                "WHERE json_extract(extra, '$.plan') = ? "
-                "AND json_extract(extra, '$.source_bytes') > 0 "
-                "AND json_extract(extra, '$.bytes') IS NOT NULL",
-                (plan,),
-            )
-            .fetchone()
-        )
+        db = self._db()
+        row = db.execute(
+            "SELECT max((json_extract(extra, '$.bytes') "
+            "+ coalesce(json_extract(extra, '$.index_bytes'), 0)) * 1.0 "
+            "/ json_extract(extra, '$.source_bytes')) FROM shards "
+            "WHERE json_extract(extra, '$.plan') = ? "
+            "AND json_extract(extra, '$.source_bytes') > 0 "
+            "AND json_extract(extra, '$.bytes') IS NOT NULL",
+            (plan,),
+        ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
     # -- changing ------------------------------------------------------------------------------
@@ -424,24 +394,14 @@ class Store:
                 db.execute("UPDATE shards SET present = 0 WHERE path = ?", (rel,))
             for rel, (nbytes, index_bytes) in found.items():
                 if have.get(rel) != (nbytes, index_bytes):
-                    db.execute(
-                        "INSERT INTO shards(path, present, bytes, index_bytes, published, used) "
-                        "VALUES (?, 1, ?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET present = 1, "
-                        "bytes = excluded.bytes, index_bytes = excluded.index_bytes",
-                        (rel, nbytes, index_bytes, time.time(), time.time()),
-                    )
+                    db.execute(_FOUND, (rel, nbytes, index_bytes, time.time(), time.time()))
             db.execute("UPDATE settings SET value = ? WHERE key = 'foreign'", (foreign,))
 
     def found(self, rel: str, nbytes: int, index_bytes: int) -> None:
         """Record a published shard found on disk (its history, if any, stays)."""
         now = time.time()
         with self._write() as db:
-            db.execute(
-                "INSERT INTO shards(path, present, bytes, index_bytes, published, used) "
-                "VALUES (?, 1, ?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET present = 1, "
-                "bytes = excluded.bytes, index_bytes = excluded.index_bytes",
-                (rel, nbytes, index_bytes, now, now),
-            )
+            db.execute(_FOUND, (rel, nbytes, index_bytes, now, now))
 
     def vouch(self, rel: str, crc32c: int) -> None:
         """Record the CRC32C a re-adopted shard was found to have (it is not read again)."""

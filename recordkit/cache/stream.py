@@ -8,12 +8,8 @@ claim as they enter it (before they are fetched, so that no process evicts one
 between its publish and its use), fetched by ``workers`` threads in order, and
 let go (unpinned, marked consumed, so evicted first) when the reader says it is
 done with them; the window then moves on. Room for a download is made by
-evicting unpinned shards, consumed ones first.
-
-Readers ask through a *gate* (``ShardSet.gate``): a ``StreamGate`` in the
-process that runs the stream; in other processes (DataLoader workers, the
-loader process), the ``DirGate`` a ``StreamGate`` pickles into, which polls
-the cache directory for the shard to be complete and pinned (both in ``gates``).
+evicting unpinned shards, consumed ones first. Readers ask through a *gate*
+(``ShardSet.gate``; see ``gates``).
 """
 
 from __future__ import annotations
@@ -193,8 +189,6 @@ class Stream:
             if capacity is not None:
                 self.capacity = min(self.capacity, capacity)
             self._claim: HeldFile = self.dir.pin([], epoch=epoch)
-        # the most shard bytes one reader task may touch (half the window, so the
-        # next task's shards fit beside a task's)
         self.task_limit = max(1, self.capacity // 2)
         self._threads = [
             threading.Thread(target=self._schedule, name="recordkit-stream", daemon=True)

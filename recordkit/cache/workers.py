@@ -1,10 +1,6 @@
-"""The cache's fill machinery: threads that fill entries in the fill order, and the retry
-state of the entries whose fill failed.
-
-:class:`FillWorkers` is one part of :class:`~recordkit.cache.ShardCache`: it gets the
-pieces it uses (the directory, the filler, the catalog, the budget's rules, the
-wake-up the cache's threads share), never the cache.
-"""
+"""The cache's fill machinery (:class:`FillWorkers`): threads that fill entries in the fill
+order, and the retry state of the entries whose fill failed; and :class:`Part`, what each
+part of the cache is given."""
 
 from __future__ import annotations
 
@@ -12,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import CacheFullError
@@ -19,10 +16,11 @@ from ..format.manifest import ShardInfo
 from ..retry import DEFAULT_POLICY, RetryPolicy
 from .catalog import Catalog
 from .directory import CacheDir
-from .reservation import Filler, reserve_room
+from .reservation import Filler, Reservation
+from .scan import Scan
 from .shared import Budget, Wakeup
 
-__all__ = ["POLL_S", "FillWorkers"]
+__all__ = ["POLL_S", "FillWorkers", "Part"]
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +32,56 @@ POLL_S = 0.5
 Outcome = Literal["worked", "blocked", "idle"]
 
 
-class FillWorkers:
+@dataclass(eq=False)
+class Part:
+    """The pieces a part of :class:`~recordkit.cache.ShardCache` is given (never the cache).
+
+    Args:
+        dir: the cache directory.
+        _filler: lists and fills the entries.
+        _catalog: the entries and their fill order.
+        _budget: the budget, policy and events (shared with the cache).
+        _wakeup: the cache's in-process wake-up.
+    """
+
+    dir: CacheDir
+    _filler: Filler
+    _catalog: Catalog
+    _budget: Budget
+    _wakeup: Wakeup
+
+    def _reserve(
+        self, info: ShardInfo, scan: Scan, *, displace: bool, abandoning: Callable[[], bool]
+    ) -> Reservation | None:
+        """Reserve the room the filler needs to fill ``info`` (under the directory lock,
+        ``scan`` taken under it), evicting as the budget's policy allows; ``None`` when
+        no room can be made now. ``displace``: see :meth:`CacheDir.victims`.
+
+        Raises:
+            CacheFullError: the entry cannot fit in the whole budget.
+        """
+        budget = self._budget
+        capacity = max(0, budget.max_bytes - self.dir.fixed_bytes(scan))
+        lease = self.dir.reserve(
+            info.path,
+            self._filler.need(info, self.dir.store, capacity),
+            max_bytes=budget.max_bytes,
+            policy=budget.policy,
+            displace=displace,
+            on_evict=budget.events.evicted,
+        )
+        if lease is None:
+            return None
+        return Reservation(
+            self.dir, lease, info.path, budget, capacity=capacity, abandoning=abandoning
+        )
+
+
+@dataclass(eq=False)
+class FillWorkers(Part):
     """Fill threads and what they remember of failed entries (see ``ShardCache.fill``).
 
     Args:
-        directory: the cache directory.
-        filler: lists and fills the entries.
-        catalog: the entries and their fill order.
-        budget: the budget, policy and events (shared with the cache).
-        wakeup: the cache's in-process wake-up.
         retry: the retry policy (``None``: the default one).
         workers: the number of background threads :meth:`start` runs.
         streaming: whether whole-epoch streams run (then they decide what comes next).
@@ -55,26 +94,11 @@ class FillWorkers:
         budget_full: whether the last :meth:`fill` stopped on a full budget.
     """
 
-    def __init__(
-        self,
-        directory: CacheDir,
-        filler: Filler,
-        catalog: Catalog,
-        budget: Budget,
-        wakeup: Wakeup,
-        *,
-        retry: RetryPolicy | None,
-        workers: int,
-        streaming: Callable[[], bool],
-    ) -> None:
-        self.dir = directory
-        self._filler = filler
-        self._catalog = catalog
-        self._budget = budget
-        self._wakeup = wakeup
-        self._retry = retry
-        self._workers = workers
-        self._streaming = streaming
+    retry: RetryPolicy | None = field(kw_only=True)
+    workers: int = field(kw_only=True)
+    streaming: Callable[[], bool] = field(kw_only=True)
+
+    def __post_init__(self) -> None:
         self.threads: list[threading.Thread] = []
         self._idents: set[int] = set()  # threads whose work stop() abandons
         self._stop = threading.Event()
@@ -89,7 +113,7 @@ class FillWorkers:
 
     @property
     def _policy(self) -> RetryPolicy:
-        return self._retry or DEFAULT_POLICY
+        return self.retry or DEFAULT_POLICY
 
     # -- background threads --------------------------------------------------------------------
 
@@ -98,7 +122,7 @@ class FillWorkers:
         self._stop.clear()
         self.failure = None
         self._last.clear()
-        for i in range(self._workers if self.threads == [] else 0):
+        for i in range(self.workers if self.threads == [] else 0):
             t = threading.Thread(target=self._worker, name=f"recordkit-cache-fill-{i}", daemon=True)
             t.start()
             self.threads.append(t)
@@ -189,7 +213,7 @@ class FillWorkers:
     def fill_one(self, only: str | None = None) -> Outcome:
         """See ``ShardCache.fill_one``."""
         known = self._catalog.known()
-        if only is None and self._streaming():
+        if only is None and self.streaming():
             return "idle"  # whole-epoch readers decide what comes next
         with self.dir.lock():
             scan = self.dir.scan()
@@ -203,16 +227,8 @@ class FillWorkers:
                 info = self._catalog.next(present, seen, self._free(leased))
             if info is None:
                 return "idle"
-            room = reserve_room(
-                self.dir,
-                self._filler,
-                info,
-                scan,
-                self._budget,
-                # a shard a reader asks for (a resume) may displace any unpinned one
-                displace=only is None,
-                abandoning=self._abandoning,
-            )
+            # a shard a reader asks for (a resume) may displace any unpinned one
+            room = self._reserve(info, scan, displace=only is None, abandoning=self._abandoning)
             if room is None:
                 return "blocked"
         try:
@@ -254,7 +270,7 @@ class FillWorkers:
         try:
             while True:
                 outcomes.clear()
-                threads = [threading.Thread(target=run) for _ in range(max(1, self._workers))]
+                threads = [threading.Thread(target=run) for _ in range(max(1, self.workers))]
                 for t in threads:
                     t.start()
                 for t in threads:

@@ -29,7 +29,7 @@ from ..retry import RetryPolicy, is_transient
 from ..writer.sequence import ShardSequence
 from .staged import Staged, discard, is_disk_full, staged_names
 
-__all__ = ["OutgrewError", "ProduceTask", "WriterPool", "produce", "run_task"]
+__all__ = ["ProduceTask", "WriterPool", "produce", "run_task"]
 
 log = logging.getLogger(__name__)
 
@@ -249,10 +249,6 @@ class _WriterProcess:
 
     def __init__(self) -> None:
         self.child = Child(f"{__name__}:_writer_main", what="writer process")
-        self.pid = self.child.pid
-
-    def alive(self) -> bool:
-        return self.child.alive()
 
     def run(
         self,
@@ -278,28 +274,20 @@ class _WriterProcess:
                 if msg[0] != "progress":
                     return msg
                 on_bytes(int(msg[1]))
-            elif not self.alive():
+            elif not self.child.alive():
                 return self._died()
             elif abandon():
-                self.stop("the cache is stopping")
+                self.child.stop("the cache is stopping")
                 return ("abandoned",)
             elif deadline.expired():
-                self.stop(f"no progress for {timeout:.0f} s")
+                self.child.stop(f"no progress for {timeout:.0f} s")
                 return ("silent", timeout)
 
     def _died(self) -> tuple[Any, ...]:
         reason = self.child.reason()
-        log.warning("writer process %d died (%s)", self.pid, reason)
+        log.warning("writer process %d died (%s)", self.child.pid, reason)
         self.child.conn.close()
         return ("died", reason)
-
-    def stop(self, why: str) -> None:
-        """terminate -> join -> kill, with a log line at each step."""
-        self.child.stop(why)
-
-    def close(self) -> None:
-        """Ask the process to exit (join), then stop it if it does not."""
-        self.child.close(None)
 
 
 class WriterPool:
@@ -334,14 +322,14 @@ class WriterPool:
         try:
             outcome = writer.run(task, on_bytes, timeout=timeout, abandon=abandon)
         finally:
-            healthy = outcome[0] in ("done", "outgrew", "full", "error") and writer.alive()
+            healthy = outcome[0] in ("done", "outgrew", "full", "error") and writer.child.alive()
             with self._lock:
                 if healthy:
                     self._idle.append(writer)
                 else:
                     self._all.discard(writer)
             if not healthy:
-                writer.stop(f"its partition ended with {outcome[0]}")
+                writer.child.stop(f"its partition ended with {outcome[0]}")
         return outcome
 
     def close(self) -> None:
@@ -351,4 +339,4 @@ class WriterPool:
             self._all.clear()
             self._idle.clear()
         for w in writers:
-            w.close()
+            w.child.close()  # ask it to exit (join), then stop it if it does not

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
 from typing import Any, NoReturn
 
 __all__ = [
@@ -101,24 +100,6 @@ def progress_mode(args: argparse.Namespace) -> str:
     if getattr(args, "quiet", 0):
         return "none"
     return str(getattr(args, "progress", "auto"))
-
-
-def add_engine_options(p: argparse.ArgumentParser, engines: Sequence[str]) -> None:
-    """``--engine`` and ``--scheduler``, shared by ``convert`` and ``write``."""
-    p.add_argument(
-        "--engine",
-        choices=list(engines),
-        default="local",
-        help="where partitions run: writer processes here (default), Dask or Ray",
-    )
-    p.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="the cluster: a Dask scheduler (tcp://host:8786) or a Ray cluster "
-        "(ray://head:10001, auto); default: a local one started for the run (Ray: "
-        "$RAY_ADDRESS when set)",
-    )
 
 
 def key_values(pairs: list[str]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ import logging
 import sys
 from typing import Any
 
-from .args import add_progress_options, count, positive, progress_mode
+from .args import add_progress_options, count, json_object, positive, progress_mode
+from .convert import add_converter_options
 
 __all__ = ["add_parser"]
 
@@ -60,12 +61,6 @@ class _Events:
 
     def evicted(self, path: str) -> None:
         log.info("evicted %s", path)
-
-
-def _storage_options(text: str | None) -> dict[str, Any] | None:
-    from .args import json_object
-
-    return json_object("--storage-options", text)
 
 
 def _producer_options(args: argparse.Namespace) -> Any:
@@ -137,7 +132,7 @@ def _cmd_fill(args: argparse.Namespace) -> int:
             max_bytes=args.max_bytes,
             fill_workers=workers,
             policy=args.policy,
-            storage_options=_storage_options(args.storage_options),
+            storage_options=json_object("--storage-options", args.storage_options),
             retry=_retry_policy(args),
             producer=producer,
         )
@@ -190,7 +185,8 @@ def _cmd_fill(args: argparse.Namespace) -> int:
 
 
 def _open_local(local: str, max_bytes: str | None) -> Any:
-    from ..cache import CacheDir, ShardCache
+    from ..cache import ShardCache
+    from ..cache.directory import CacheDir
 
     catalog = CacheDir(local).load_catalog() or {}
     budget = max_bytes or catalog.get("max_bytes") or 1
@@ -303,10 +299,7 @@ def add_parser(sub: Any) -> None:
         help="the source format (as recordkit convert --from): imagefolder, jsonl, csv, numpy, "
         "parquet, webdataset, tfrecord, or one a plugin registers",
     )
-    prod.add_argument(
-        "--schema",
-        help="JSON, @file.json, or 'name:type[shape],...' (default: inferred from the source)",
-    )
+    add_converter_options(prod)
     prod.add_argument(
         "--shard-size",
         help="source bytes per partition, each converted into one shard (default 256MiB)",
@@ -317,14 +310,6 @@ def add_parser(sub: Any) -> None:
         help="at most N source items per partition (default 65536)",
     )
     prod.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
-    prod.add_argument(
-        "-o",
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a converter option (value parsed as JSON when it is JSON)",
-    )
     prod.add_argument(
         "--retries", type=count, default=None, help="retries on transient source errors (default 3)"
     )

@@ -13,8 +13,8 @@ import os
 import sys
 from typing import Any
 
-from ..conversion.engines import ENGINES
-from .args import add_engine_options, add_progress_options, progress_mode
+from .args import progress_mode
+from .convert import add_run_options
 
 __all__ = ["add_parser", "read_inputs"]
 
@@ -64,11 +64,10 @@ def read_inputs(spec: str) -> list[Any]:
 
 def _cmd_write(args: argparse.Namespace) -> int:
     from ..codec.schema_text import parse_schema
-    from ..conversion import ConvertOptions, write
+    from ..conversion import write
     from ..conversion.function import import_function
     from ..conversion.progress import choose_progress
-    from ..errors import PartitionsFailedError
-    from .convert import interrupted, print_failed
+    from .convert import run, run_keywords
 
     log = logging.getLogger("recordkit.conversion")
     if not args.quiet and log.getEffectiveLevel() > logging.INFO:
@@ -82,41 +81,25 @@ def _cmd_write(args: argparse.Namespace) -> int:
         return 2
     inputs = read_inputs(args.inputs)
     storage_options = json.loads(args.storage_options) if args.storage_options else None
-    options = ConvertOptions(
-        shard_size=args.shard_size,
-        max_records=args.max_records,
-        compress=args.compress,
-        fsync=not args.no_fsync,
-        retries=args.retries,
-    )
     try:
-        result = write(
-            args.function,
-            inputs,
+        return run(
+            "write",
             args.out,
-            schema=parse_schema(args.schema),
-            workers=args.workers,
-            inputs_per_partition=args.inputs_per_partition,
-            engine=args.engine,
-            scheduler=args.scheduler,
-            resume=True if args.resume else None,
-            overwrite=args.overwrite,
-            break_lock=args.break_lock,
-            storage_options=storage_options,
-            options=options,
-            progress=choose_progress(progress_mode(args), args.log_interval, "write", "input"),
+            storage_options,
+            lambda: write(
+                args.function,
+                inputs,
+                args.out,
+                schema=parse_schema(args.schema),
+                inputs_per_partition=args.inputs_per_partition,
+                storage_options=storage_options,
+                progress=choose_progress(progress_mode(args), args.log_interval, "write", "input"),
+                **run_keywords(args),
+            ),
         )
-    except KeyboardInterrupt:
-        print(interrupted("write", args.out, storage_options), file=sys.stderr)
-        return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
-    except PartitionsFailedError as group:
-        print_failed("write", group)
-        return 1
     except (TypeError, ValueError) as exc:  # an input or the function, refused up front
         print(f"recordkit write: error: {exc}", file=sys.stderr)
         return 2
-    print(result.summary(), file=sys.stderr)
-    return 0
 
 
 def add_parser(sub: Any) -> None:
@@ -144,23 +127,6 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="inputs per partition, the unit of work and resume (default: about 64 partitions)",
     )
-    p.add_argument("--shard-size", default="256MiB", help="shard roll-over size (default 256MiB)")
-    p.add_argument("--max-records", type=int, default=None, help="also roll over after N records")
-    p.add_argument("--compress", choices=["zstd"], default=None, help="zstd-compress tensors")
-    add_engine_options(p, ENGINES)
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="resume a partial run (also the default when OUT holds one of the same plan)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace what is at OUT")
-    p.add_argument(
-        "--break-lock",
-        action="store_true",
-        help="take over a remote OUT's lease whose holder is gone (one writer at a time)",
-    )
     p.add_argument("--storage-options", default=None, help="fsspec options for OUT as JSON")
-    p.add_argument("--retries", type=int, default=3, help="retries on transient errors")
-    p.add_argument("--no-fsync", action="store_true", help="do not fsync shards (scratch data)")
-    add_progress_options(p)
+    add_run_options(p, "OUT")
     p.set_defaults(func=_cmd_write)

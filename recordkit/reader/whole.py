@@ -55,7 +55,7 @@ class WholeEpochs:
         timeout: float | None,
         agree_min: Callable[[int], int] | None = None,
     ) -> None:
-        from ..cache import footprint, plan_capacity
+        from ..cache.stream import footprint, plan_capacity
 
         self.cache = cache
         self.timeout = timeout
@@ -151,7 +151,7 @@ class WholePass:
         start: int,
         shards: ShardSet,
     ) -> None:
-        from ..cache import StreamGate
+        from ..cache.gates import StreamGate
 
         self.whole = whole
         self.epoch = plan.epoch

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from recordkit.cache import ShardCache, plan_capacity
+from recordkit.cache import ShardCache
+from recordkit.cache.stream import plan_capacity
 from recordkit.reader import CacheOptions, ReadOptions
 from tests.cache.conftest import BudgetWatch, check_sample, overhead, write_dataset
 from tests.servers import http_server

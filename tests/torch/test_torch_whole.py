@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from recordkit.cache import CacheFullError, ShardCache, plan_capacity
+from recordkit.cache import CacheFullError, ShardCache
+from recordkit.cache.stream import plan_capacity
 from recordkit.reader import CacheOptions, ReadOptions
 from tests.cache.conftest import BudgetWatch, check_sample, write_dataset
 from tests.servers import http_server, s3_server
