@@ -67,7 +67,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
     from .buffers import BufferPool
     from .decode import BatchDecoder
-    from .epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
+    from .epochs import open_cache
+    from .growing import CacheEpochs
     from .local import ProcessLocalShards
     from .mapped import MappedShard
     from .options import CacheOptions, ReadOptions
@@ -76,11 +77,12 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
     from .process import ProcessReader
     from .shards import ShardSet, find_shards, open_shards
     from .tfds import TFDSInfo, TFDSView, tfds_folder
+    from .whole import TaskFeed, WholeEpochs
 
 _WHERE = {
     "BatchDecoder": ".decode",
     "BufferPool": ".buffers",
-    "CacheEpochs": ".epochs",
+    "CacheEpochs": ".growing",
     "CacheOptions": ".options",
     "Chunk": ".pipeline",
     "EpochPlan": ".plan",
@@ -95,8 +97,8 @@ _WHERE = {
     "Split": ".plan",
     "TFDSInfo": ".tfds",
     "TFDSView": ".tfds",
-    "TaskFeed": ".epochs",
-    "WholeEpochs": ".epochs",
+    "TaskFeed": ".whole",
+    "WholeEpochs": ".whole",
     "find_shards": ".shards",
     "open_cache": ".epochs",
     "open_shards": ".shards",
