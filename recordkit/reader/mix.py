@@ -7,24 +7,17 @@ ranks and DataLoader workers, and resuming work on it unchanged: a list is a
 **concatenation**, every record of every dataset once per epoch, the shuffle
 mixing across all of them.
 
-What an epoch is made of otherwise travels in :class:`Mix`, a field of
-:class:`~recordkit.reader.plan.PlanOptions`:
+What an epoch is made of otherwise travels in :class:`~recordkit.reader.plan_options.Mix`,
+a field of :class:`~recordkit.reader.plan_options.PlanOptions`:
 
 - **record ranges** (``records=``): each source's selected ``[lo, hi)``; the plan
   sees only those records, before it shuffles (the same records every epoch).
-- **weights** (``weights=``, ``epoch_records=``): an epoch of ``L`` records
-  (``epoch_records``; default: the sources' records together) of which source
-  ``s`` gives ``n_s``: ``L * w_s / sum(w)`` rounded by largest remainder (ties to
-  the earlier source), so the counts add up to ``L`` exactly. A source of ``N_s``
-  records gives ``q = n_s // N_s`` whole passes, each a fresh permutation of all
-  its records (its own block shuffle, keyed by the seed, the epoch and the pass),
-  and ``r = n_s % N_s`` more, taken from a *rotation*: a keyed permutation of the
-  source read round and round across epochs, epoch ``e`` taking its positions
-  ``e*r .. e*r + r - 1`` (mod ``N_s``). So within an epoch every record of a
-  source comes ``q`` or ``q + 1`` times, never more: drawn *without replacement*
-  within a pass, repeated only across passes (an upsampled source); a
-  downsampled source (``q = 0``) gives different records each epoch, going
-  through all of them in about ``N_s / r`` epochs before any comes again.
+- **weights** (``weights=``, ``epoch_records=``), as ``docs/howto/mixing.md`` says:
+  an epoch of ``L`` records of which source ``s`` gives ``n_s`` (largest remainder).
+  A source of ``N_s`` records gives ``q = n_s // N_s`` whole passes, each a fresh
+  permutation keyed by the seed, the epoch and the pass, and ``r = n_s % N_s`` more
+  from a *rotation*: a keyed permutation of the source read round and round across
+  epochs, epoch ``e`` taking its positions ``e*r .. e*r + r - 1`` (mod ``N_s``).
 
 Where the sources' records go in the epoch: position ``P`` (before the shuffle)
 belongs to a source by a smooth apportionment, so any stretch of positions holds
@@ -61,7 +54,6 @@ from .shards import ShardSet, open_shards
 __all__ = [
     "MIX_BLOCK",
     "CombinedShards",
-    "Mix",
     "Mixer",
     "SourcePlan",
     "check_schemas",
@@ -402,7 +394,6 @@ class Mixer:
         size, n = self.sizes[s], self.quotas[s]
         passes, r = divmod(n, size)
         j = np.empty_like(k)
-        key: list[tuple[int, ...]] = []
         in_pass = k < passes * size
         # whole passes: a fresh permutation each (keyed by epoch and pass)
         p, within = np.divmod(k[in_pass], size)
@@ -417,8 +408,8 @@ class Mixer:
         pass_ids[in_pass] = p
         for i in np.unique(pass_ids).tolist():
             at = pass_ids == i
-            key = [(s, 1, self.epoch, i)] if i >= 0 else [(s, 2, base // size)]
-            out[at] = self._plan(s, key[0]).order(j[at])
+            key = (s, 1, self.epoch, i) if i >= 0 else (s, 2, base // size)
+            out[at] = self._plan(s, key).order(j[at])
         return out
 
 
