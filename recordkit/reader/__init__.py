@@ -68,6 +68,7 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
     from .buffers import BufferPool
     from .decode import BatchDecoder
     from .epochs import open_cache
+    from .finding import find_shards
     from .growing import CacheEpochs
     from .local import ProcessLocalShards
     from .mapped import MappedShard
@@ -75,7 +76,7 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
     from .pipeline import Chunk, ReaderStats, RecordReader
     from .plan import EpochPlan, PlanOptions, Split
     from .process import ProcessReader
-    from .shards import ShardSet, find_shards, open_shards
+    from .shards import ShardSet, open_shards
     from .tfds import TFDSInfo, TFDSView, tfds_folder
     from .whole import TaskFeed, WholeEpochs
 
@@ -99,7 +100,7 @@ _WHERE = {
     "TFDSView": ".tfds",
     "TaskFeed": ".whole",
     "WholeEpochs": ".whole",
-    "find_shards": ".shards",
+    "find_shards": ".finding",
     "open_cache": ".epochs",
     "open_shards": ".shards",
     "tfds_folder": ".tfds",

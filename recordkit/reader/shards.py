@@ -49,7 +49,7 @@ from ..format.manifest import (
 from ..storage import is_remote, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
-from .finding import check_listed, find_shards, has_glob, shard_infos
+from .finding import check_listed, has_glob, shard_infos
 from .generation import Identity, Pin, pin
 from .index import ShardIndex
 from .mapped import MappedShard
@@ -59,9 +59,6 @@ __all__ = [
     "Gate",
     "MappedShard",
     "ShardSet",
-    "find_shards",
-    "kept_index_bytes",
-    "max_open_shards",
     "open_shards",
 ]
 

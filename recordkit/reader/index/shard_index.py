@@ -311,9 +311,6 @@ class ShardIndex:
             recs = np.arange(n, dtype=np.int64)
         else:  # distinct: (n - 1) / (SPOT_CHECKS - 1) > 1
             recs = np.arange(SPOT_CHECKS, dtype=np.int64) * (n - 1) // (SPOT_CHECKS - 1)
-        self._check_entries(recs, buf, path)
-
-    def _check_entries(self, recs: np.ndarray | None, buf: Any, path: str | None) -> None:
         self._retrying(self._check_entries_once, recs, buf, path)
 
     def _retrying(self, check: Any, *args: Any) -> None:
