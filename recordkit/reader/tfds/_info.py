@@ -43,31 +43,6 @@ FEATURES_NAME = "features.json"
 _TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Split:
-    name: str
-    shard_lengths: tuple[int, ...]
-    template: str
-
-    def files(self, dataset: str, file_format: str) -> list[str]:
-        count = len(self.shard_lengths)
-        digits = max(5, len(str(count)))
-        out = []
-        for i in range(count):
-            index, total = f"{i:0{digits}d}", f"{count:0{digits}d}"
-            out.append(
-                self.template.format(
-                    DATASET=dataset,
-                    SPLIT=self.name,
-                    FILEFORMAT=file_format,
-                    SHARD_INDEX=index,
-                    NUM_SHARDS=total,
-                    SHARD_X_OF_Y=f"{index}-of-{total}",
-                )
-            )
-        return out
-
-
 @dataclass(frozen=True)
 class TFDSInfo:
     """A tensorflow-datasets version folder, read from its JSON files.
@@ -144,8 +119,23 @@ class TFDSInfo:
                 f"{self.root}: tfds dataset {self.name!r} has no split {split!r}; "
                 f"it has {self._split_list()}"
             )
-        meta = _Split(split, self.splits[split], self._templates.get(split, _TEMPLATE))
-        return list(zip(meta.files(self.name, self.file_format), self.splits[split]))
+        lengths = self.splits[split]
+        digits = max(5, len(str(len(lengths))))
+        total = f"{len(lengths):0{digits}d}"
+        template = self._templates.get(split, _TEMPLATE)
+        out = []
+        for i, records in enumerate(lengths):
+            index = f"{i:0{digits}d}"
+            name = template.format(
+                DATASET=self.name,
+                SPLIT=split,
+                FILEFORMAT=self.file_format,
+                SHARD_INDEX=index,
+                NUM_SHARDS=total,
+                SHARD_X_OF_Y=f"{index}-of-{total}",
+            )
+            out.append((name, records))
+        return out
 
     def _split_list(self) -> str:
         return ", ".join(f"{s} ({sum(n)} records)" for s, n in self.splits.items()) or "none"
