@@ -54,6 +54,7 @@ from .shards import ShardSet, open_shards
 __all__ = [
     "MIX_BLOCK",
     "CombinedShards",
+    "Mix",  # documented here (docs/reference/lowlevel.md)
     "Mixer",
     "SourcePlan",
     "check_schemas",

@@ -12,9 +12,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from recordkit.reader.mix import MIX_BLOCK, _quotas, make_mix
+from recordkit.reader.mix import MIX_BLOCK, Mix, _quotas, make_mix
 from recordkit.reader.plan import EpochPlan, PlanOptions, Split
-from recordkit.reader.plan_options import Mix
 from recordkit.reader.select import parse_records, take_split
 
 
