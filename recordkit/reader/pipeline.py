@@ -34,7 +34,6 @@ from ._tasks import (
     pieces,
     take,
     units_within,
-    units_within_bytes,
 )
 from .buffers import BufferPool
 from .decode import BatchDecoder
@@ -267,7 +266,7 @@ class RecordReader:
             if task.nshards > cap and len(task.units) > 1:
                 task = self._locate(plan, split, task.units[: units_within(task, cap)])
             if limit and len(task.units) > 1:  # a cache holds what a task touches at once
-                k = units_within_bytes(task, limit, self.shards.nbytes)
+                k = units_within(task, limit, self.shards.nbytes)
                 if k < len(task.units):
                     task = self._locate(plan, split, task.units[:k])
             yield task

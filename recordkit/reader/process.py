@@ -145,23 +145,19 @@ def _child_entry(conn: Connection) -> None:
         job = receive(conn)
     except EOFError:
         return
-    _child_main(job, conn, conn)
-
-
-def _child_main(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
-    """The loader process: read the plan's units and hand chunks over, slot by slot."""
     try:
-        _child_loop(job, data, ctrl)
+        _child_loop(job, conn)
     except BaseException as exc:
         try:
             pickle.dumps(exc)
         except Exception:
             exc = RecordkitError(f"loader process failed: {type(exc).__name__}: {exc}")
         with contextlib.suppress(OSError):
-            data.send(("error", exc))
+            conn.send(("error", exc))
 
 
-def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
+def _child_loop(job: dict[str, Any], conn: Connection) -> None:
+    """The loader process: read the plan's units and hand chunks over, slot by slot."""
     from .shards import open_shards
 
     shards = job["shards"]
@@ -190,7 +186,7 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
 
     def wait_ctrl() -> tuple[Any, ...]:
         try:
-            msg: tuple[Any, ...] = ctrl.recv()  # EOF when the parent is gone
+            msg: tuple[Any, ...] = conn.recv()  # EOF when the parent is gone
         except EOFError:
             raise SystemExit(0) from None
         if msg[0] == "stop":
@@ -205,7 +201,7 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
     try:
         for chunk in chunks:
             meta, copies, size = _layout(chunk)
-            while ctrl.poll(0):
+            while conn.poll(0):
                 handle(wait_ctrl())
             while not free:
                 handle(wait_ctrl())
@@ -214,7 +210,7 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
             if seg is None or len(seg) < size:
                 if seg is not None:
                     seg.close()
-                data.send(("grow", slot, size))
+                conn.send(("grow", slot, size))
                 while (msg := wait_ctrl())[0] != "segment":
                     handle(msg)
                 seg = segments[slot] = _attach(msg[2], msg[3])
@@ -223,8 +219,8 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
                 np.copyto(dst, a)
                 del dst  # no export left behind: the segment must stay closable
             done, reader.pending = reader.pending, []
-            data.send(("chunk", slot, chunk.rows, meta, done))
-        data.send(("end",))
+            conn.send(("chunk", slot, chunk.rows, meta, done))
+        conn.send(("end",))
     finally:
         chunks.close()
         for seg in segments.values():
