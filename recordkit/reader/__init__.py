@@ -80,31 +80,24 @@ if TYPE_CHECKING:  # for type checkers; at run time the names load on first use 
     from .tfds import TFDSInfo, TFDSView, tfds_folder
     from .whole import TaskFeed, WholeEpochs
 
-_WHERE = {
-    "BatchDecoder": ".decode",
-    "BufferPool": ".buffers",
-    "CacheEpochs": ".growing",
-    "CacheOptions": ".options",
-    "Chunk": ".pipeline",
-    "EpochPlan": ".plan",
-    "MappedShard": ".mapped",
-    "PlanOptions": ".plan",
-    "ProcessLocalShards": ".local",
-    "ProcessReader": ".process",
-    "ReadOptions": ".options",
-    "ReaderStats": ".pipeline",
-    "RecordReader": ".pipeline",
-    "ShardSet": ".shards",
-    "Split": ".plan",
-    "TFDSInfo": ".tfds",
-    "TFDSView": ".tfds",
-    "TaskFeed": ".whole",
-    "WholeEpochs": ".whole",
-    "find_shards": ".finding",
-    "open_cache": ".epochs",
-    "open_shards": ".shards",
-    "tfds_folder": ".tfds",
+# module -> the names it defines, as imported above
+_MODULES = {
+    ".buffers": ("BufferPool",),
+    ".decode": ("BatchDecoder",),
+    ".epochs": ("open_cache",),
+    ".finding": ("find_shards",),
+    ".growing": ("CacheEpochs",),
+    ".local": ("ProcessLocalShards",),
+    ".mapped": ("MappedShard",),
+    ".options": ("CacheOptions", "ReadOptions"),
+    ".pipeline": ("Chunk", "ReaderStats", "RecordReader"),
+    ".plan": ("EpochPlan", "PlanOptions", "Split"),
+    ".process": ("ProcessReader",),
+    ".shards": ("ShardSet", "open_shards"),
+    ".tfds": ("TFDSInfo", "TFDSView", "tfds_folder"),
+    ".whole": ("TaskFeed", "WholeEpochs"),
 }
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "BatchDecoder",
