@@ -259,12 +259,8 @@ class TFDSView:
         self, stored: Mapping[str, Any], columns: Sequence[str] | None = None
     ) -> dict[str, Any]:
         """One record's tfds values from ``Schema.decode(payload, copy=True)`` output."""
-        out: dict[str, Any] = {}
-        for name, f in self.info.features.items():
-            if columns is not None and name not in columns:
-                continue
-            out[name] = self.value(f, stored)
-        return out
+        features = self.info.features.items()
+        return {n: self.value(f, stored) for n, f in features if columns is None or n in columns}
 
     def value(self, f: TFDSFeature, stored: Mapping[str, Any]) -> Any:
         """Feature ``f`` of one record, from its stored values (``Schema.decode`` output)."""
@@ -373,13 +369,8 @@ class TFDSView:
         return {n: out[n] for n in self._order(out)}, sorted(bad.items())
 
     def _order(self, out: Mapping[str, Any]) -> list[str]:
-        names = []
-        for name in self.info.features:
-            if name in out:
-                names.append(name)
-                if name + "/lengths" in out:
-                    names.append(name + "/lengths")
-        return names
+        """The features in the folder's order, each followed by its lengths if any."""
+        return [m for n in self.info.features for m in (n, n + "/lengths") if m in out]
 
 
 def _load_json(path: str) -> Any:
