@@ -47,9 +47,7 @@ log = logging.getLogger(__name__)
 OnError = Literal["raise", "skip", "warn"]
 
 
-# Scheduling priority of the runner's threads (see _reader_nice); measured in
-# docs/performance.md (GIL pressure).
-_DEFAULT_NICE = 10
+_DEFAULT_NICE = 10  # see _reader_nice
 
 # One lock for every ReaderStats: updates are per task or per batch, so it is never
 # contended, and a module-level lock keeps the dataclass picklable (DataLoader workers).
@@ -517,14 +515,10 @@ class RecordReader:
 
 
 def _reader_nice() -> int:
-    """How much the runner's threads lower their scheduling priority (``nice``).
-
-    The training thread waits on the reader threads only when they are behind; when
-    they are ahead, every slice of CPU they take from it delays the step. So on
-    Linux they add 10 to their ``nice`` value by default: on a busy machine the training
-    thread's Python goes first, and the readers take the rest (all of it while the
-    training thread waits on data or the accelerator). ``RECORDKIT_READER_NICE``
-    sets another value; 0 keeps the process's priority. Other systems: unchanged
+    """How much the runner's threads add to their ``nice`` value: ``RECORDKIT_READER_NICE``
+    (``docs/reference/environment.md``; default 10, measured in ``docs/performance.md``).
+    The training thread waits on them only when they are behind, and when they are
+    ahead every slice of CPU they take delays the step. 0 on systems other than Linux
     (there ``setpriority`` cannot name a thread).
     """
     if sys.platform != "linux":

@@ -44,7 +44,7 @@ import numpy as np
 from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
 from ..errors import CorruptRecordError, LoaderTimeoutError, RecordkitError
-from .buffers import BufferPool
+from .buffers import BufferPool, Lease
 from .decode import BatchDecoder
 from .pipeline import Chunk, OnError, ReaderStats, RecordReader, TaskDone
 from .plan import EpochPlan, PlanOptions, Split
@@ -248,21 +248,6 @@ class _Segment:
                 self.shm.unlink()
 
 
-class _Lease:
-    """Exports ``size`` bytes of a segment to NumPy; its death frees the slot."""
-
-    __slots__ = ("__array_interface__", "__weakref__", "segment")
-
-    def __init__(self, segment: _Segment, size: int) -> None:
-        self.segment = segment  # keeps the mapping alive
-        self.__array_interface__ = {
-            "shape": (size,),
-            "typestr": "|u1",
-            "data": (segment.address, False),
-            "version": 3,
-        }
-
-
 class _Slots:
     """The parent's side of the slot protocol (thread-safe: finalizers run anywhere)."""
 
@@ -289,7 +274,8 @@ class _Slots:
         self.send(("segment", slot, seg.shm.name, seg.size))
 
     def region(self, slot: int, size: int) -> np.ndarray:
-        lease = _Lease(self.segments[slot], size)
+        segment = self.segments[slot]
+        lease = Lease(segment, segment.address, (size,), np.dtype(np.uint8))
         with self.lock:
             self.held.add(slot)
         weakref.finalize(lease, self.release, slot)
