@@ -57,7 +57,6 @@ __all__ = [
     "cached_entry",
     "drop_bounds",
     "drop_entry",
-    "store_bounds",
     "store_bounds_soon",
     "store_index",
     "touch",
@@ -263,22 +262,6 @@ def _load_bounds(fd: int, dtype: np.dtype, count: int) -> np.ndarray:
         return np.fromfile(f, dtype=dtype, count=count)
 
 
-def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
-    """Keep the boundaries parsed from ``index_file`` for the shard at ``path``.
-
-    Best effort, like :func:`store_index`; no fsync (the entry is checked when read).
-    """
-    directory = _bounds_dir()
-    if directory is None:
-        return None
-    try:
-        shard_st, text_st = os.stat(path), os.stat(index_file)
-    except OSError as exc:
-        log.info("could not cache the index boundaries of %s (%s)", path, exc)
-        return None
-    return _write_bounds(directory, path, shard_st, text_st, bounds)
-
-
 def _write_bounds(
     directory: str,
     path: str,
@@ -341,8 +324,9 @@ def store_bounds_soon(
     text_st: os.stat_result | None = None,
     shard_st: os.stat_result | None = None,
 ) -> None:
-    """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it),
-    of the boundaries ``bounds()`` returns there.
+    """Keep the boundaries ``bounds()`` returns, parsed from ``index_file`` for the shard
+    at ``path``, on a background thread (:func:`wait_stored` waits for it); best effort,
+    like :func:`store_index`, and without fsync (the entry is checked when read).
 
     The copy is for the next process, so nobody waits for it; a process that exits
     first finishes the writes it queued (the interpreter joins the thread at exit).
