@@ -221,11 +221,10 @@ class BatchDecoder:
 
         ``None`` when the native extension is not in use, or when a feature needs
         Python per record (zstd tensors, variable shapes, lists, ``bytes_as="list"``):
-        those schemas are decoded by :meth:`decode` on reader threads as before.
-        The runner takes exactly the records :meth:`decode` takes on its fast path
-        and gives identical columns (see :meth:`runner_outputs`,
-        :meth:`runner_columns`); any other record makes its task fall back to
-        :meth:`decode`.
+        :meth:`decode` on reader threads then. The runner takes exactly the records
+        :meth:`decode` takes on its fast path and gives identical columns (see
+        :meth:`runner_outputs`, :meth:`runner_columns`); any other record makes its
+        task fall back to :meth:`decode`.
         """
         runner_type = getattr(_impl, "Runner", None)
         if runner_type is None or self.python_features or not self.plans:

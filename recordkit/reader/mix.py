@@ -255,10 +255,8 @@ def make_mix(
         per = list(records)
     else:
         per = [records] * n  # one dataset's range, or None for every dataset
-    counts = shards.counts
-    ranges = tuple(
-        parse_records(r, int(counts[bounds[s] : bounds[s + 1]].sum())) for s, r in enumerate(per)
-    )
+    totals = [int(shards.counts[bounds[s] : bounds[s + 1]].sum()) for s in range(n)]
+    ranges = tuple(parse_records(r, t) for r, t in zip(per, totals))
     sizes = [hi - lo for lo, hi in ranges]
     if epoch_records is not None:
         if isinstance(epoch_records, bool) or not isinstance(epoch_records, int):
@@ -281,7 +279,6 @@ def make_mix(
         if total < 1:
             raise ValueError("the datasets have no records (selected) to mix")
         return Mix(tuple(bounds), ranges, tuple(w), total)
-    totals = [int(counts[bounds[s] : bounds[s + 1]].sum()) for s in range(n)]
     if all(r == (0, t) for r, t in zip(ranges, totals)):
         return None  # every record once: the plan needs nothing more
     return Mix(tuple(bounds), ranges)

@@ -243,11 +243,7 @@ class ShardIndex:
         """
         recs = np.asarray(records, dtype=np.int64)
         self._need(recs)
-        if not self._all_checked:
-            runs = recs >> self._shift
-            todo = ~self._checked[runs]
-            if todo.any():
-                self._check_runs(np.unique(runs[todo]), buf, path, recs)
+        self.check(recs, buf, path=path)
         start = self._bounds[recs]
         return start.astype(np.int64), np.subtract(self._bounds[recs + 1], start, dtype=np.int64)
 

@@ -23,7 +23,6 @@ from ._values import (
     cast_value,
     decode_image,
     inflate,
-    keep_rows,
     stack_rows,
     stack_values,
     text_value,
@@ -359,7 +358,7 @@ class TFDSView:
         if bad:
             keep = np.array([i not in bad for i in range(n)], dtype=bool)
             out = {
-                k: v[keep] if isinstance(v, np.ndarray) else keep_rows(v, keep)
+                k: v[keep] if isinstance(v, np.ndarray) else [x for x, y in zip(v, keep) if y]
                 for k, v in out.items()
             }
         for f in per_row:
