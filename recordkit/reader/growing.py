@@ -9,7 +9,6 @@ with them; it says at WARNING how much of the dataset the epoch reads.
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,10 +38,6 @@ class EpochShards:
     root: str
     manifest: Manifest | None
     infos: tuple[ShardInfo, ...]
-
-    @property
-    def paths(self) -> list[str]:
-        return [os.path.join(self.root, info.path) for info in self.infos]
 
 
 class CacheEpochs:

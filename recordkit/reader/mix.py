@@ -369,12 +369,7 @@ class Mixer:
         if plan is None:
             if len(self._plans) >= _PLANS_KEPT:
                 self._plans.clear()
-            options = PlanOptions(
-                shuffle=True,
-                seed=mix64(self.options.seed, *key) >> 1,  # a seed in [0, 2**63)
-                block_records=self.block,
-                window_blocks=self.options.window_blocks,
-            )
+            options = self.options.part(mix64(self.options.seed, *key), self.block)
             plan = self._plans[key] = self._make_plan(self._counts[s], options)
         return plan
 

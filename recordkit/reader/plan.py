@@ -373,12 +373,7 @@ class _ShardWindows:
             if len(self._plans) > 8:  # positions move forward: old groups are done
                 self._plans.clear()
             lo, hi = int(self.cuts[g]), int(self.cuts[g + 1])
-            options = PlanOptions(
-                shuffle=True,
-                seed=mix64(self.key, 5, g) >> 1,  # a seed in [0, 2**63)
-                block_records=self.block,
-                window_blocks=self.options.window_blocks,
-            )
+            options = self.options.part(mix64(self.key, 5, g), self.block)
             plan = self._plans[g] = EpochPlan(np.diff(self.seq_starts[lo : hi + 1]), options, 0)
         return plan
 

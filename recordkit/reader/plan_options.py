@@ -106,3 +106,9 @@ class PlanOptions:
             raise ValueError(f"shard_window_bytes must be >= 0, got {self.shard_window_bytes}")
         if self.mix is not None and self.mix.weighted and self.shard_window_bytes:
             raise ValueError("weighted mixing does not read in shard windows (a shard cache)")
+
+    def part(self, key: int, block_records: int) -> PlanOptions:
+        """A shuffled plan's options for a part of an epoch (a shard window, a pass over a
+        mixed source): seeded by the 64-bit ``key``, with these blocks and windows."""
+        seed = key >> 1  # in [0, 2**63)
+        return PlanOptions(True, seed, block_records, window_blocks=self.window_blocks)
