@@ -258,9 +258,7 @@ class ShardSet:
         ids = [int(i) for i in ids]
         with self._lock:
             self._forked()
-            # Only shards with a large index to load go to the pool: a small one (or one
-            # whose index is kept) opens faster here than a thread is handed the work.
-            mine = [
+            mine = [  # a small index (or a kept one) opens faster here than on a thread
                 i
                 for i in ids
                 if self.counts[i] >= _opening.PARALLEL_MIN_RECORDS
