@@ -47,7 +47,7 @@ from ..errors import CorruptRecordError, LoaderTimeoutError, RecordkitError
 from .buffers import BufferPool, Lease
 from .decode import BatchDecoder
 from .pipeline import Chunk, OnError, ReaderStats, RecordReader, TaskDone
-from .plan import EpochPlan, PlanOptions, Split
+from .plan import EpochPlan, Split
 from .shards import ShardSet
 
 __all__ = ["ProcessReader"]
@@ -373,34 +373,25 @@ class ProcessReader:
             raise ValueError(f"progress_timeout must be > 0 or None, got {progress_timeout!r}")
         self.progress_timeout = progress_timeout
         self.path = path
-        self.schema = schema
-        self.fingerprint = fingerprint
-        self.decoder = decoder
-        self.num_threads = num_threads
-        self.prefetch = prefetch
         self.on_error = on_error
         self.slots = slots
         self.stats = stats or ReaderStats()
-        self.shards = shards
+        self._job = {  # what the child is sent, with each pass's plan and units
+            "path": path,
+            "schema": schema.to_json(),
+            "fingerprint": fingerprint,
+            "decoder": decoder,
+            "num_threads": num_threads,
+            "prefetch": prefetch,
+            "on_error": on_error,
+            "slots": slots,
+            "shards": shards,
+        }
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order; stops the child when closed."""
-        options: PlanOptions = plan.options
-        job = {
-            "path": self.path,
-            "schema": self.schema.to_json(),
-            "fingerprint": self.fingerprint,
-            "options": options,
-            "epoch": plan.epoch,
-            "split": split,
-            "units": units,
-            "decoder": self.decoder,
-            "num_threads": self.num_threads,
-            "prefetch": self.prefetch,
-            "on_error": self.on_error,
-            "slots": self.slots,
-            "shards": self.shards,
-        }
+        job = {**self._job, "options": plan.options, "epoch": plan.epoch}
+        job.update(split=split, units=units)
         child = Child(_ENTRY, what="loader process")
         conn = child.conn
         slots = _Slots(conn, self.slots)

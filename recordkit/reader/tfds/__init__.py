@@ -21,7 +21,6 @@ from __future__ import annotations
 from ._decoder import TFDSBatchDecoder
 from ._feature import TFDSFeature
 from ._info import INFO_NAME, TFDSInfo, TFDSView, tfds_folder, tfds_hint
-from ._values import decode_image
 
 __all__ = [
     "INFO_NAME",
@@ -29,7 +28,6 @@ __all__ = [
     "TFDSFeature",
     "TFDSInfo",
     "TFDSView",
-    "decode_image",
     "tfds_folder",
     "tfds_hint",
 ]
