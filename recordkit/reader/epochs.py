@@ -1,13 +1,8 @@
-"""Each epoch's shards, when a reader reads through the shard cache: :func:`open_cache`.
-
-One source for every framework adapter (:mod:`recordkit.torch`, :mod:`recordkit.tf`),
-chosen from the reader's ``cache=`` (a :class:`~recordkit.reader.options.CacheOptions`
-or a ``ShardCache``): :class:`~recordkit.reader.whole.WholeEpochs` (the default,
-``epochs="whole"``: every epoch the whole remote dataset, its shards streamed in ahead
-of the readers) or :class:`~recordkit.reader.growing.CacheEpochs` (``epochs="growing"``:
-each epoch reads the shards the cache holds complete when it starts).
-
-Both log to ``recordkit.reader.epochs`` (how much each epoch reads).
+"""Each epoch's shards when a reader reads through the shard cache: :func:`open_cache`
+picks, from the reader's ``cache=``, :class:`~recordkit.reader.whole.WholeEpochs`
+(``epochs="whole"``, the default) or :class:`~recordkit.reader.growing.CacheEpochs`
+(``epochs="growing"``), for every framework adapter. Both log to
+``recordkit.reader.epochs`` (how much each epoch reads).
 """
 
 from __future__ import annotations
