@@ -303,7 +303,6 @@ class Mixer:
         mix: the weighted :class:`Mix`.
         counts: records the plan reads per shard (after ranges).
         options: the plan's options (shuffle, seed, block_records, window_blocks).
-        epoch: the epoch.
         block: the plan's block of records (for the sources' own block shuffles).
         make_plan: ``(counts, options) -> EpochPlan`` of one pass over one source.
     """

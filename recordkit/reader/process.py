@@ -332,7 +332,6 @@ class ProcessReader:
 
     Args:
         path: the dataset path (the child opens its own maps).
-        schema: the schema.
         fingerprint: the parent's ``ShardSet.fingerprint()``; the child refuses
             to read a shard set that differs.
         decoder: ``BatchDecoder`` keyword arguments (``columns``, ``verify``, ``bytes_as``).

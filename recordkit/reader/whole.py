@@ -241,8 +241,7 @@ class TaskFeed:
         whole: the cache's whole epochs.
         shards: the shard set the tasks read.
         plan: the plan of an epoch (``PlanTasks.plan``).
-        task_units: units per task.
-        tasks: tasks per epoch.
+        task_units, tasks: units per task, tasks per epoch.
         rank: the pipeline id; world_size: the number of pipelines.
     """
 
