@@ -304,9 +304,7 @@ class RecordReader:
             held = self.shards.acquire_many([sid for sid, _ in groups])
             for slot, (shard, (_, at)) in enumerate(zip(held, groups)):
                 rec[at, 0] = slot
-                # The runner compares every record's length field with its index size
-                # as it frames it; a mismatch refuses the task, and _decode_task's
-                # locate() then checks the runs and names the record (a stale index).
+                # unchecked runs: the runner checks each length field (ShardIndex.lookup)
                 rec[at, 1], rec[at, 2] = shard.lookup(records[at])
         except BaseException:
             self._release(held)

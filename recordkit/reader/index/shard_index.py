@@ -250,10 +250,8 @@ class ShardIndex:
     def lookup(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The int64 offsets and framed sizes of ``records``, their length fields unread.
 
-        For a reader that compares each record's length field with its size as it
-        frames the record, before returning it (the native task runner: a mismatch
-        refuses the task, and the reader then takes :meth:`locate`, which raises
-        ``InvalidIndexError`` naming the record). Each entry is still checked to
+        For the native task runner, which checks each record's length field as it
+        frames the record (see the module docs). Each entry is still checked to
         lie inside the shard with a size of at least 16 (boundaries from a binary
         copy included); ``None`` when one does not (the caller takes
         :meth:`locate`, which says which).
