@@ -345,8 +345,7 @@ class RecordReader:
         ]
         for t in threads:
             t.start()
-        # A task whose units touch more shards than half the map budget goes to the
-        # runner in pieces of at most that many shards, joined when the last is done.
+        # a task touching more than half the map budget's shards goes in pieces (_join)
         cap = max(1, self.shards.max_open // 2)
         jobs = ((task, rows) for task in tasks for rows in pieces(task, cap))
         pending: deque[tuple[Task, _Prepared, int]] = deque()
@@ -452,8 +451,6 @@ class RecordReader:
         chunks = 0
 
         def refill(wait: bool) -> None:
-            # wait: nothing is pending, so a task whose shards are still on their
-            # way (a cache fetching them) is waited for; else it waits its turn
             while len(pending) < depth[0]:
                 task = upcoming[0]
                 if task is None:
