@@ -49,10 +49,6 @@ class Lease:
         }
 
 
-def _empty(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, dtype=np.uint8)
-
-
 class BufferPool:
     """A thread-safe pool of page-touched slabs that batch arrays are carved from.
 
@@ -73,7 +69,7 @@ class BufferPool:
     ) -> None:
         self.max_free_bytes = max_free_bytes
         self.min_bytes = min_bytes
-        self._allocate = allocate or _empty
+        self._allocate = allocate or (lambda nbytes: np.empty(nbytes, dtype=np.uint8))
         self._free: list[np.ndarray] = []
         self._free_bytes = 0
         self._lock = threading.Lock()

@@ -273,7 +273,7 @@ class ShardIndex:
         self._need_span(record, record + 1)
         run = record >> self._shift
         if not self._all_checked and not self._checked[run]:
-            self._check_runs(np.array([run]), buf, path, np.array([record]))
+            self._retrying(self._check_runs, np.array([run]), buf, path, np.array([record]))
         start = int(self._bounds[record])
         return start, int(self._bounds[record + 1]) - start
 
@@ -289,13 +289,13 @@ class ShardIndex:
         runs = np.asarray(records, dtype=np.int64) >> self._shift
         todo = runs[~self._checked[runs]]
         if len(todo):
-            self._check_runs(np.unique(todo), buf, path, records)
+            self._retrying(self._check_runs, np.unique(todo), buf, path, records)
 
     def check_all(self, buf: Any, *, path: str | None = None) -> None:
         """Check every length field not checked yet."""
         todo = np.flatnonzero(~self._checked)
         if len(todo):
-            self._check_runs(todo, buf, path)
+            self._retrying(self._check_runs, todo, buf, path)
 
     def spot_check(self, buf: Any, *, path: str | None = None) -> None:
         """Check :data:`SPOT_CHECKS` length fields spread over the shard (first and last too)."""
@@ -363,11 +363,6 @@ class ShardIndex:
         check_lengths(start, sizes, buf, path=path, where=self.source, records=recs)
 
     def _check_runs(self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None) -> None:
-        self._retrying(self._check_runs_once, runs, buf, path, wanted)
-
-    def _check_runs_once(
-        self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None
-    ) -> None:
         if wanted is not None and guard.shrunk(buf):  # name a record asked for, if cut
             asked = np.asarray(wanted, dtype=np.int64)
             self._need(asked)
@@ -421,7 +416,7 @@ class ShardIndex:
             first = runs << self._shift
             count = np.minimum(first + (1 << self._shift), self.records) - first
             recs = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-        self._check_entries_once(recs, buf, path)  # _check_runs reads the text on failure
+        self._check_entries_once(recs, buf, path)  # _retrying reads the text on failure
 
 
 def run_shift(nbytes: int, records: int) -> int:
