@@ -160,8 +160,12 @@ class ShardIndex:
 
     @property
     def bounds(self) -> np.ndarray:
-        """The ``n + 1`` record boundaries (read-only; all of them filled in first)."""
-        self.fill()
+        """The ``n + 1`` record boundaries (read-only; all of them filled in first).
+
+        Raises:
+            InvalidIndexError: a line not parsed before is malformed or does not fit.
+        """
+        self._fill(None)
         return self._bounds
 
     @property
@@ -187,14 +191,6 @@ class ShardIndex:
     def complete(self) -> bool:
         """Whether every boundary is filled in (nothing left to parse or copy)."""
         return self._pending is None
-
-    def fill(self) -> None:
-        """Fill in every boundary not filled in yet (a lazily loaded index, whole).
-
-        Raises:
-            InvalidIndexError: a line not parsed before is malformed or does not fit.
-        """
-        self._fill(None)
 
     def _need(self, records: np.ndarray) -> None:
         """Fill in the boundaries of ``records`` (and of the record after each)."""
