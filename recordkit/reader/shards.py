@@ -249,11 +249,9 @@ class ShardSet:
     def acquire_many(self, ids: Sequence[int]) -> list[MappedShard]:
         """Shards ``ids`` (distinct), each as :meth:`acquire` gives it, held until released.
 
-        The ones nobody has mapped yet, with indexes large enough to be worth it
-        (``_opening.PARALLEL_MIN_RECORDS``), are opened on several threads at once
-        (:func:`recordkit.reader._opening.open_all`): loading an index (reading its
-        text, parsing it, checking it) is most of what a reader's first task waits
-        for, and the parse runs without the GIL. On an error nothing stays held.
+        The ones nobody has mapped yet, with indexes large enough to be worth it, are
+        opened together (:mod:`recordkit.reader._opening` says why). On an error
+        nothing stays held.
         """
         ids = [int(i) for i in ids]
         with self._lock:
