@@ -9,6 +9,7 @@ with them; it says at WARNING how much of the dataset the epoch reads.
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,11 @@ class EpochShards:
     root: str
     manifest: Manifest | None
     infos: tuple[ShardInfo, ...]
+
+    @property
+    def paths(self) -> list[str]:
+        """The shards' absolute paths."""
+        return [os.path.join(self.root, info.path) for info in self.infos]
 
 
 class CacheEpochs:
