@@ -7,8 +7,8 @@ ranks and DataLoader workers, and resuming work on it unchanged: a list is a
 **concatenation**, every record of every dataset once per epoch, the shuffle
 mixing across all of them.
 
-What an epoch is made of otherwise travels in :class:`~recordkit.reader.plan_options.Mix`,
-a field of :class:`~recordkit.reader.plan_options.PlanOptions`:
+What an epoch is made of otherwise travels in :class:`Mix`, a field of
+:class:`~recordkit.reader.plan.PlanOptions`:
 
 - **record ranges** (``records=``): each source's selected ``[lo, hi)``; the plan
   sees only those records, before it shuffles (the same records every epoch).

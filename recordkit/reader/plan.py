@@ -10,7 +10,7 @@ record-count prefix sums; the order itself is computed, never stored.
 How an epoch is ordered (``shuffle=True``) is ``docs/howto/shuffle.md``'s
 *hierarchical block shuffle*: the records, in dataset order, cut into blocks of
 ``block_records`` (about 64 KiB each by default); the blocks ordered by a keyed
-bijection (:class:`~recordkit.reader.order.Permutation`, seeded by ``seed`` and
+bijection (``recordkit.reader.order.Permutation``, seeded by ``seed`` and
 ``epoch``); taken ``window_blocks`` at a time, every record of a window permuted by a
 second one. Without shuffle the order is the dataset order.
 
