@@ -26,7 +26,8 @@ from .errors import CorruptRecordError, ManifestError, SchemaError
 from .format import guard
 from .format.framing import read_record
 from .format.manifest import MANIFEST_NAME, ShardInfo
-from .reader.shards import MappedShard, find_shards, open_shards
+from .reader.finding import find_shards
+from .reader.shards import MappedShard, open_shards
 from .reader.tfds import TFDSInfo
 
 __all__ = ["Dataset", "find_shards"]

@@ -67,41 +67,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for type checkers; at run time the names load on first use (below)
     from .buffers import BufferPool
     from .decode import BatchDecoder
-    from .epochs import CacheEpochs, TaskFeed, WholeEpochs, open_cache
+    from .epochs import open_cache
+    from .finding import find_shards
+    from .growing import CacheEpochs
     from .local import ProcessLocalShards
     from .mapped import MappedShard
     from .options import CacheOptions, ReadOptions
     from .pipeline import Chunk, ReaderStats, RecordReader
     from .plan import EpochPlan, PlanOptions, Split
     from .process import ProcessReader
-    from .shards import ShardSet, find_shards, open_shards
+    from .shards import ShardSet, open_shards
     from .tfds import TFDSInfo, TFDSView, tfds_folder
+    from .whole import TaskFeed, WholeEpochs
 
-_WHERE = {
-    "BatchDecoder": ".decode",
-    "BufferPool": ".buffers",
-    "CacheEpochs": ".epochs",
-    "CacheOptions": ".options",
-    "Chunk": ".pipeline",
-    "EpochPlan": ".plan",
-    "MappedShard": ".mapped",
-    "PlanOptions": ".plan",
-    "ProcessLocalShards": ".local",
-    "ProcessReader": ".process",
-    "ReadOptions": ".options",
-    "ReaderStats": ".pipeline",
-    "RecordReader": ".pipeline",
-    "ShardSet": ".shards",
-    "Split": ".plan",
-    "TFDSInfo": ".tfds",
-    "TFDSView": ".tfds",
-    "TaskFeed": ".epochs",
-    "WholeEpochs": ".epochs",
-    "find_shards": ".shards",
-    "open_cache": ".epochs",
-    "open_shards": ".shards",
-    "tfds_folder": ".tfds",
+# module -> the names it defines, as imported above
+_MODULES = {
+    ".buffers": ("BufferPool",),
+    ".decode": ("BatchDecoder",),
+    ".epochs": ("open_cache",),
+    ".finding": ("find_shards",),
+    ".growing": ("CacheEpochs",),
+    ".local": ("ProcessLocalShards",),
+    ".mapped": ("MappedShard",),
+    ".options": ("CacheOptions", "ReadOptions"),
+    ".pipeline": ("Chunk", "ReaderStats", "RecordReader"),
+    ".plan": ("EpochPlan", "PlanOptions", "Split"),
+    ".process": ("ProcessReader",),
+    ".shards": ("ShardSet", "open_shards"),
+    ".tfds": ("TFDSInfo", "TFDSView", "tfds_folder"),
+    ".whole": ("TaskFeed", "WholeEpochs"),
 }
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
     "BatchDecoder",

@@ -1,7 +1,4 @@
-"""How much a :class:`~recordkit.reader.shards.ShardSet` holds: maps open, indexes kept.
-
-Re-exported by :mod:`recordkit.reader.shards`.
-"""
+"""How much a :class:`~recordkit.reader.shards.ShardSet` holds: maps open, indexes kept."""
 
 from __future__ import annotations
 

@@ -24,7 +24,6 @@ __all__ = [
     "pieces",
     "take",
     "units_within",
-    "units_within_bytes",
 ]
 
 Columns = dict[str, Any]
@@ -46,23 +45,16 @@ class Task:
         return len(self.groups)
 
 
-def units_within(task: Task, cap: int) -> int:
-    """How many of a task's leading units touch at most ``cap`` distinct shards (>= 1)."""
-    _, first_rows = np.unique(task.shard_ids, return_index=True)
-    over = int(np.sort(first_rows)[cap])  # the first row of the (cap + 1)-th shard
-    units_before = int(task.unit_of_row[over]) - task.units.start
-    return max(1, units_before // task.units.step)
-
-
-def units_within_bytes(task: Task, limit: int, nbytes: np.ndarray) -> int:
-    """How many of a task's leading units touch shards of at most ``limit`` bytes (>= 1)."""
+def units_within(task: Task, limit: int, nbytes: np.ndarray | None = None) -> int:
+    """How many of a task's leading units touch at most ``limit`` distinct shards, or
+    with ``nbytes`` (bytes per shard id) shards of at most ``limit`` bytes (>= 1)."""
     ids, first_rows = np.unique(task.shard_ids, return_index=True)
     order = np.argsort(first_rows)
-    total = np.cumsum(nbytes[ids[order]])
+    total = np.arange(1, len(ids) + 1) if nbytes is None else np.cumsum(nbytes[ids[order]])
     over = np.flatnonzero(total > limit)
     if not len(over):
         return len(task.units)
-    row = int(first_rows[order[over[0]]])  # the first row of the shard that passes the limit
+    row = int(first_rows[order[over[0]]])  # the first row of the shard past the limit
     units_before = int(task.unit_of_row[row]) - task.units.start
     return max(1, units_before // task.units.step)
 

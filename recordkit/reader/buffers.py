@@ -25,28 +25,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BufferPool"]
+__all__ = ["BufferPool", "Lease"]
 
 _ALIGN = 64  # cache line; also what SIMD copies like
 
 
-class _Lease:
-    """Exports a slab's memory to NumPy via ``__array_interface__``; its death frees the slab."""
+class Lease:
+    """Exports the memory at ``address`` to NumPy via ``__array_interface__`` and keeps
+    its ``owner`` (a slab, a shared-memory segment) alive; a ``weakref.finalize`` on the
+    lease frees the memory once every array made from it is gone."""
 
-    __slots__ = ("__array_interface__", "__weakref__", "slab")
+    __slots__ = ("__array_interface__", "__weakref__", "owner")
 
-    def __init__(self, slab: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> None:
-        self.slab = slab
+    def __init__(
+        self, owner: Any, address: int, shape: tuple[int, ...], dtype: np.dtype[Any]
+    ) -> None:
+        self.owner = owner
         self.__array_interface__ = {
             "shape": shape,
             "typestr": dtype.str,
-            "data": (slab.ctypes.data, False),
+            "data": (address, False),
             "version": 3,
         }
-
-
-def _empty(nbytes: int) -> np.ndarray:
-    return np.empty(nbytes, dtype=np.uint8)
 
 
 class BufferPool:
@@ -69,7 +69,7 @@ class BufferPool:
     ) -> None:
         self.max_free_bytes = max_free_bytes
         self.min_bytes = min_bytes
-        self._allocate = allocate or _empty
+        self._allocate = allocate or (lambda nbytes: np.empty(nbytes, dtype=np.uint8))
         self._free: list[np.ndarray] = []
         self._free_bytes = 0
         self._lock = threading.Lock()
@@ -82,7 +82,7 @@ class BufferPool:
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
         slab = self._take(nbytes)
-        lease = _Lease(slab, tuple(int(d) for d in shape), dtype)
+        lease = Lease(slab, slab.ctypes.data, tuple(int(d) for d in shape), dtype)
         weakref.finalize(lease, self._give_back, slab)
         return np.asarray(lease)
 

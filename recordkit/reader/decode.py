@@ -111,6 +111,13 @@ class BatchDecoder:
             :class:`~recordkit.codec.DecodeLimits`).
         max_record_bytes: a length field above this is corruption.
 
+    Attributes:
+        plans: each feature read, how it is located and copied (what a
+            :class:`~recordkit.reader.decode_run.BatchRun` reads, with the next four);
+            ``list_names``: those decoded per record; ``python_features``: whether any
+            needs per-record Python (lists, zstd); ``ragged``: the padded features with
+            ``None`` dims and their axes; ``columns_arg``: the reference path's columns.
+
     Raises:
         SchemaError: a column not in the schema, or a padded column's
             ``"/lengths"`` name taken by another feature.
@@ -147,24 +154,23 @@ class BatchDecoder:
         self.max_record_bytes = max_record_bytes
         wanted = set(schema.names if columns is None else columns)
         self.columns: tuple[str, ...] = tuple(n for n in schema.names if n in wanted)
-        self._columns_arg = None if columns is None else list(self.columns)
+        self.columns_arg = None if columns is None else list(self.columns)
         self.ragged_as = ragged_as
-        self._ragged = ragged_axes(schema, self.columns) if ragged_as == "padded" else {}
-        self._plans, keys = self._plan()
+        self.ragged = ragged_axes(schema, self.columns) if ragged_as == "padded" else {}
+        self.plans, keys = self._plan()
         # surrogatepass: a name no record can hold (a lone surrogate) still gets a key
         self._keys = tuple(k.encode("utf-8", "surrogatepass") for k in keys)
         # What the fast path needs of each fast feature's span: (kind, count, nbytes).
-        fast = [p for p in self._plans if p.mode != "list"]
-        self._nfast = len(fast)
+        fast = [p for p in self.plans if p.mode != "list"]
         self._expect = np.array([_contract.expected(p) for p in fast], np.int64).reshape(-1, 3)
-        self._list_names = [p.name for p in self._plans if p.mode == "list"]
-        self._python_features = any(p.mode in ("list", "zstd") for p in self._plans)
+        self.list_names = [p.name for p in self.plans if p.mode == "list"]
+        self.python_features = any(p.mode in ("list", "zstd") for p in self.plans)
         self._fusable = [
             p
-            for p in self._plans
+            for p in self.plans
             if p.mode in ("raw", "float") or (p.mode == "bytes" and bytes_as == "padded")
         ]
-        names = {p.name for p in self._plans if p.mode == "bytes" and bytes_as == "padded"}
+        names = {p.name for p in self.plans if p.mode == "bytes" and bytes_as == "padded"}
         for name in names:
             if name + "/lengths" in schema:
                 raise SchemaError(
@@ -205,57 +211,30 @@ class BatchDecoder:
 
     # ------------------------------------------------------------- whole tasks
 
-    # What a BatchRun (recordkit/reader/decode_run.py) reads of its decoder.
     @property
     def impl(self) -> ModuleType:
         """The native functions, or their pure Python twins (``IMPLEMENTATION``)."""
         return _impl
-
-    @property
-    def plans(self) -> list[FeaturePlan]:
-        """Each feature read: how it is located and copied."""
-        return self._plans
-
-    @property
-    def list_names(self) -> list[str]:
-        """The features decoded per record (lists of bytes, variable shapes)."""
-        return self._list_names
-
-    @property
-    def python_features(self) -> bool:
-        """Whether any feature needs per-record Python (lists, zstd)."""
-        return self._python_features
-
-    @property
-    def columns_arg(self) -> list[str] | None:
-        """The columns for the reference path (``None``: all)."""
-        return self._columns_arg
-
-    @property
-    def ragged(self) -> dict[str, Any]:
-        """The padded features with ``None`` dims and their ragged axes."""
-        return self._ragged
 
     def runner(self) -> Any | None:
         """A ``recordkit.native._ext.Runner`` decoding whole tasks with no GIL, or ``None``.
 
         ``None`` when the native extension is not in use, or when a feature needs
         Python per record (zstd tensors, variable shapes, lists, ``bytes_as="list"``):
-        those schemas are decoded by :meth:`decode` on reader threads as before.
-        The runner takes exactly the records :meth:`decode` takes on its fast path
-        and gives identical columns (see :meth:`runner_outputs`,
-        :meth:`runner_columns`); any other record makes its task fall back to
-        :meth:`decode`.
+        :meth:`decode` on reader threads then. The runner takes exactly the records
+        :meth:`decode` takes on its fast path and gives identical columns (see
+        :meth:`runner_outputs`, :meth:`runner_columns`); any other record makes its
+        task fall back to :meth:`decode`.
         """
         runner_type = getattr(_impl, "Runner", None)
-        if runner_type is None or self._python_features or not self._plans:
+        if runner_type is None or self.python_features or not self.plans:
             return None
-        if self.bytes_as == "list" and any(p.mode == "bytes" for p in self._plans):
+        if self.bytes_as == "list" and any(p.mode == "bytes" for p in self.plans):
             return None
         return runner_type(
             self._keys,
             self._expect,
-            tuple(_contract.column_spec(plan) for plan in self._plans),
+            tuple(_contract.column_spec(plan) for plan in self.plans),
             self.verify,
             self.max_record_bytes,
             _contract.FUSE_MIN_BYTES,
@@ -270,18 +249,18 @@ class BatchDecoder:
         width to allocate: a task whose widest value is wider is left to
         :meth:`decode`.
         """
-        return _contract.task_outputs(self._plans, n, bytes_widths, alloc)
+        return _contract.task_outputs(self.plans, n, bytes_widths, alloc)
 
     def runner_columns(
         self, outs: Sequence[np.ndarray], widths: Sequence[int], n: int
     ) -> dict[str, Any]:
         """The columns of a finished runner task (as :meth:`decode` gives them)."""
-        return _contract.task_columns(self._plans, outs, widths, n)
+        return _contract.task_columns(self.plans, outs, widths, n)
 
     @property
     def bytes_features(self) -> list[str]:
         """The padded bytes features, in schema order (one width each for the runner)."""
-        return [p.name for p in self._plans if p.mode == "bytes"]
+        return [p.name for p in self.plans if p.mode == "bytes"]
 
     # ------------------------------------------------------------------ decode
 

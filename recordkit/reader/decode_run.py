@@ -47,24 +47,14 @@ class Planned(Protocol):
     bytes_as: Literal["padded", "list"]
     limits: DecodeLimits
     max_record_bytes: int
+    plans: list[FeaturePlan]
+    list_names: list[str]
+    python_features: bool
+    columns_arg: list[str] | None
+    ragged: dict[str, Any]
 
     @property
     def impl(self) -> ModuleType: ...
-
-    @property
-    def plans(self) -> list[FeaturePlan]: ...
-
-    @property
-    def list_names(self) -> list[str]: ...
-
-    @property
-    def python_features(self) -> bool: ...
-
-    @property
-    def columns_arg(self) -> list[str] | None: ...
-
-    @property
-    def ragged(self) -> dict[str, Any]: ...
 
 
 class BatchRun:
@@ -135,9 +125,8 @@ class BatchRun:
                 self.budget.batch_left = mark  # and counts the record again
                 for plan in zstd:
                     self.extra[plan.name].pop(i, None)
-        if dec.list_names:
-            for name in dec.list_names:
-                self.extra[name] = {i: v[name] for i, v in values.items()}
+        for name in dec.list_names:
+            self.extra[name] = {i: v[name] for i, v in values.items()}
         for i in np.flatnonzero(~fast).tolist():
             self._reference(i)
 

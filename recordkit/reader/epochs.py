@@ -1,40 +1,20 @@
-"""Each epoch's shards, when a reader reads through the shard cache: the two modes.
-
-One source for every framework adapter (:mod:`recordkit.torch`, :mod:`recordkit.tf`),
-chosen by :func:`open_cache` from the reader's ``cache=`` (a
-:class:`~recordkit.reader.options.CacheOptions` or a ``ShardCache``):
-
-- :class:`~recordkit.reader.whole.WholeEpochs` (the default, ``epochs="whole"``):
-  every epoch is the whole remote dataset in the epoch plan's order, its shards
-  streamed in ahead of the readers (:mod:`recordkit.reader.whole`);
-- :class:`~recordkit.reader.growing.CacheEpochs` (``epochs="growing"``): each epoch
-  reads the shards the cache holds complete when it starts
-  (:mod:`recordkit.reader.growing`).
-
-Both log to ``recordkit.reader.epochs`` (how much each epoch reads).
+"""Each epoch's shards when a reader reads through the shard cache: :func:`open_cache`
+picks, from the reader's ``cache=``, :class:`~recordkit.reader.whole.WholeEpochs`
+(``epochs="whole"``, the default) or :class:`~recordkit.reader.growing.CacheEpochs`
+(``epochs="growing"``), for every framework adapter. Both log to
+``recordkit.reader.epochs`` (how much each epoch reads).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Literal
 
-from .growing import Agree, CacheEpochs, EpochShards
+from .growing import Agree, CacheEpochs
 from .options import CacheOptions
-from .whole import TaskFeed, WholeEpochs, WholePass
+from .whole import WholeEpochs
 
-__all__ = [
-    "CacheEpochs",
-    "EpochShards",
-    "Mode",
-    "TaskFeed",
-    "WholeEpochs",
-    "WholePass",
-    "open_cache",
-]
-
-Mode = Literal["whole", "growing"]
+__all__ = ["open_cache"]
 
 
 def open_cache(

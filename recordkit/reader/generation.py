@@ -1,25 +1,15 @@
 """One generation per reader: a dataset replaced under an open reader is never read as a mix.
 
-A dataset's *generation* is its manifest's content
-(:attr:`recordkit.format.manifest.Manifest.generation`: every shard's name, records,
-bytes and CRC32C, the schema and metadata), so rewriting it with the same records is
-the same generation and anything else another. A reader opens a manifest once and
-maps its shards lazily; what it pins at open is the manifest file's identity
-(device, inode, size, ``mtime_ns``) and generation (:class:`Pin`). Every writer of
-ours removes the manifest *before* it removes or replaces a shard
-(``recordkit.Writer``, ``recordkit convert --overwrite``), so:
-
-- a shard mapped for the first time while the manifest is still the pinned one is of
-  the pinned generation (the shard is mapped first, the manifest checked after);
-- a shard mapped for the first time after the manifest changed (or went) is refused
-  unless the manifest now there is of the same generation: a
-  :class:`~recordkit.errors.ShardChangedError` naming the shard and both generations;
-- a shard mapped again (the map budget unmapped it) must be the very file mapped the
-  first time (device, inode, size, ``mtime_ns``), whatever the manifest says.
-
-Shards mapped before a replacement stay readable where the file system keeps an
-unlinked file's pages while mapped (a local disk: the replaced files are new inodes),
-so a reader that mapped its epoch's shards finishes it on the old generation.
+The rules (``docs/howto/concurrency.md``, "one generation per reader"): a dataset's
+*generation* is its manifest's content
+(:attr:`recordkit.format.manifest.Manifest.generation`); a reader pins the manifest
+file's identity (device, inode, size, ``mtime_ns``) and generation at open
+(:class:`Pin`). Every writer of ours removes the manifest *before* it removes or
+replaces a shard, so a shard first mapped while the pinned manifest is still there is
+of its generation (mapped first, the manifest checked after); one first mapped after
+the manifest changed is refused (:class:`~recordkit.errors.ShardChangedError`) unless
+the new manifest is the same generation; and a shard mapped again must be the very
+file mapped the first time.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ class EpochShards:
 
     @property
     def paths(self) -> list[str]:
+        """The shards' absolute paths."""
         return [os.path.join(self.root, info.path) for info in self.infos]
 
 
@@ -80,12 +81,8 @@ class CacheEpochs:
         return str(self.cache.root)
 
     def take(self, epoch: int, shards: Sequence[str] | None = None) -> EpochShards:
-        """Pin and return epoch ``epoch``'s shards (the last epoch's are let go first).
-
-        Args:
-            epoch: the epoch number.
-            shards: exactly these (a resume): the cache fetches any it lacks first.
-        """
+        """Pin and return epoch ``epoch``'s shards (the last epoch's are let go first);
+        ``shards``: exactly these (a resume), the cache fetching any it lacks first."""
         self.let_go()  # with a full budget, this epoch's shards may have to displace them
         snap = self.cache.snapshot(epoch, shards=shards, timeout=self.timeout)
         have = [info.path for info in snap.shards]

@@ -28,9 +28,7 @@ class ProcessLocalShards:
     """Shard maps (and what hangs off them) live in one process each.
 
     Subclasses set ``path`` (and optionally ``schema``, ``partial``, ``split``,
-    ``decode_images`` and ``limits``) and call
-    :meth:`_open` for the shard set; :meth:`_opened` runs once in each process
-    that opens it (to make per-process buffers).
+    ``decode_images`` and ``limits``) and call :meth:`_open` for the shard set.
     """
 
     path: str
@@ -38,19 +36,16 @@ class ProcessLocalShards:
     decode_images: bool = False
     limits: DecodeLimits | None = None
     _shards: ShardSet | None = None
-    _pid = -1
+    _pid = -1  # the process that opened (or took over) the shard set
 
     def _open(self) -> ShardSet:
         shards = self._shards
         if shards is not None and self._pid == os.getpid():
             return shards
         with OPEN_LOCK:  # several threads may iterate one reader: open once
-            if self._shards is None or self._pid != os.getpid():
-                shards = self._shards if self._shards is not None else self._open_shards()
-                self._opened()  # before publishing: a thread that sees the shards sees the rest
-                self._shards = shards
-                self._pid = os.getpid()
-            assert self._shards is not None
+            if self._shards is None:
+                self._shards = self._open_shards()
+            self._pid = os.getpid()
             return self._shards
 
     def _open_shards(self) -> ShardSet:
@@ -65,16 +60,12 @@ class ProcessLocalShards:
         """A tensorflow-datasets split's view, with this reader's options (or ``None``)."""
         view = self._open().view
         if view is None:
-            if getattr(self, "decode_images", False):
+            if self.decode_images:
                 raise ValueError("decode_images=True is for tensorflow-datasets folders")
             return None
         return view.with_options(decode_images=self.decode_images, limits=self.limits)
 
-    def _opened(self) -> None:
-        """Called in each process after its maps are opened."""
-
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_pid"] = -1  # the shard set pickles without its maps; the pool stays here
-        state.pop("_pool", None)
+        state["_pid"] = -1  # the shard set pickles without its maps
         return state

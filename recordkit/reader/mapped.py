@@ -1,8 +1,4 @@
-"""One shard, mapped: :class:`MappedShard` (re-exported by :mod:`recordkit.reader.shards`).
-
-The map, the index in the compact form readers hold, checked against what the
-shard set expects, and the record lookups that check index runs before use.
-"""
+"""One shard, mapped: :class:`MappedShard` (re-exported by :mod:`recordkit.reader.shards`)."""
 
 from __future__ import annotations
 

@@ -12,19 +12,12 @@ What an epoch is made of otherwise travels in :class:`Mix`, a field of
 
 - **record ranges** (``records=``): each source's selected ``[lo, hi)``; the plan
   sees only those records, before it shuffles (the same records every epoch).
-- **weights** (``weights=``, ``epoch_records=``): an epoch of ``L`` records
-  (``epoch_records``; default: the sources' records together) of which source
-  ``s`` gives ``n_s``: ``L * w_s / sum(w)`` rounded by largest remainder (ties to
-  the earlier source), so the counts add up to ``L`` exactly. A source of ``N_s``
-  records gives ``q = n_s // N_s`` whole passes, each a fresh permutation of all
-  its records (its own block shuffle, keyed by the seed, the epoch and the pass),
-  and ``r = n_s % N_s`` more, taken from a *rotation*: a keyed permutation of the
-  source read round and round across epochs, epoch ``e`` taking its positions
-  ``e*r .. e*r + r - 1`` (mod ``N_s``). So within an epoch every record of a
-  source comes ``q`` or ``q + 1`` times, never more: drawn *without replacement*
-  within a pass, repeated only across passes (an upsampled source); a
-  downsampled source (``q = 0``) gives different records each epoch, going
-  through all of them in about ``N_s / r`` epochs before any comes again.
+- **weights** (``weights=``, ``epoch_records=``), as ``docs/howto/mixing.md`` says:
+  an epoch of ``L`` records of which source ``s`` gives ``n_s`` (largest remainder).
+  A source of ``N_s`` records gives ``q = n_s // N_s`` whole passes, each a fresh
+  permutation keyed by the seed, the epoch and the pass, and ``r = n_s % N_s`` more
+  from a *rotation*: a keyed permutation of the source read round and round across
+  epochs, epoch ``e`` taking its positions ``e*r .. e*r + r - 1`` (mod ``N_s``).
 
 Where the sources' records go in the epoch: position ``P`` (before the shuffle)
 belongs to a source by a smooth apportionment, so any stretch of positions holds
@@ -61,7 +54,7 @@ from .shards import ShardSet, open_shards
 __all__ = [
     "MIX_BLOCK",
     "CombinedShards",
-    "Mix",
+    "Mix",  # documented here (docs/reference/lowlevel.md)
     "Mixer",
     "SourcePlan",
     "check_schemas",
@@ -262,10 +255,8 @@ def make_mix(
         per = list(records)
     else:
         per = [records] * n  # one dataset's range, or None for every dataset
-    counts = shards.counts
-    ranges = tuple(
-        parse_records(r, int(counts[bounds[s] : bounds[s + 1]].sum())) for s, r in enumerate(per)
-    )
+    totals = [int(shards.counts[bounds[s] : bounds[s + 1]].sum()) for s in range(n)]
+    ranges = tuple(parse_records(r, t) for r, t in zip(per, totals))
     sizes = [hi - lo for lo, hi in ranges]
     if epoch_records is not None:
         if isinstance(epoch_records, bool) or not isinstance(epoch_records, int):
@@ -288,7 +279,6 @@ def make_mix(
         if total < 1:
             raise ValueError("the datasets have no records (selected) to mix")
         return Mix(tuple(bounds), ranges, tuple(w), total)
-    totals = [int(counts[bounds[s] : bounds[s + 1]].sum()) for s in range(n)]
     if all(r == (0, t) for r, t in zip(ranges, totals)):
         return None  # every record once: the plan needs nothing more
     return Mix(tuple(bounds), ranges)
@@ -313,7 +303,6 @@ class Mixer:
         mix: the weighted :class:`Mix`.
         counts: records the plan reads per shard (after ranges).
         options: the plan's options (shuffle, seed, block_records, window_blocks).
-        epoch: the epoch.
         block: the plan's block of records (for the sources' own block shuffles).
         make_plan: ``(counts, options) -> EpochPlan`` of one pass over one source.
     """
@@ -379,12 +368,7 @@ class Mixer:
         if plan is None:
             if len(self._plans) >= _PLANS_KEPT:
                 self._plans.clear()
-            options = PlanOptions(
-                shuffle=True,
-                seed=mix64(self.options.seed, *key) >> 1,  # a seed in [0, 2**63)
-                block_records=self.block,
-                window_blocks=self.options.window_blocks,
-            )
+            options = self.options.part(mix64(self.options.seed, *key), self.block)
             plan = self._plans[key] = self._make_plan(self._counts[s], options)
         return plan
 
@@ -402,7 +386,6 @@ class Mixer:
         size, n = self.sizes[s], self.quotas[s]
         passes, r = divmod(n, size)
         j = np.empty_like(k)
-        key: list[tuple[int, ...]] = []
         in_pass = k < passes * size
         # whole passes: a fresh permutation each (keyed by epoch and pass)
         p, within = np.divmod(k[in_pass], size)
@@ -417,8 +400,8 @@ class Mixer:
         pass_ids[in_pass] = p
         for i in np.unique(pass_ids).tolist():
             at = pass_ids == i
-            key = [(s, 1, self.epoch, i)] if i >= 0 else [(s, 2, base // size)]
-            out[at] = self._plan(s, key[0]).order(j[at])
+            key = (s, 1, self.epoch, i) if i >= 0 else (s, 2, base // size)
+            out[at] = self._plan(s, key).order(j[at])
         return out
 
 

@@ -66,7 +66,7 @@ class Permutation:
         key: any integer; equal keys give equal permutations.
     """
 
-    __slots__ = ("_ckeys", "_keys", "_left", "_right", "n")
+    __slots__ = ("_keys", "_left", "_right", "n", "round_keys")
 
     def __init__(self, n: int, key: int) -> None:
         if n < 0:
@@ -74,14 +74,9 @@ class Permutation:
         self.n = n
         bits = max(2, (n - 1).bit_length())
         self._left, self._right = bits // 2, bits - bits // 2
-        ckeys = tuple(mix64(key, r) for r in range(_ROUNDS))
-        self._ckeys = ckeys
-        self._keys = [np.uint64(k) for k in ckeys]
-
-    @property
-    def round_keys(self) -> tuple[int, ...]:
-        """The network's round keys (for ``recordkit/native/order.c``'s ``plan_order``)."""
-        return self._ckeys
+        #: the network's round keys (also for ``recordkit/native/order.c``'s ``plan_order``)
+        self.round_keys = tuple(mix64(key, r) for r in range(_ROUNDS))
+        self._keys = [np.uint64(k) for k in self.round_keys]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """The images of positions ``x`` (int64 array in ``[0, n)``)."""
@@ -95,7 +90,7 @@ class Permutation:
         if (_c is not None if native is None else native) and self.n > 1:
             src = np.ascontiguousarray(x, dtype=np.int64)
             out = np.empty_like(src)
-            _c.permute(src, out, self.n, self._left, self._right, self._ckeys, inverse)
+            _c.permute(src, out, self.n, self._left, self._right, self.round_keys, inverse)
             return out
         return self._walk(x, self._decrypt if inverse else self._encrypt)
 

@@ -34,7 +34,6 @@ from ._tasks import (
     pieces,
     take,
     units_within,
-    units_within_bytes,
 )
 from .buffers import BufferPool
 from .decode import BatchDecoder
@@ -48,9 +47,7 @@ log = logging.getLogger(__name__)
 OnError = Literal["raise", "skip", "warn"]
 
 
-# Scheduling priority of the runner's threads (see _reader_nice); measured in
-# docs/performance.md (GIL pressure).
-_DEFAULT_NICE = 10
+_DEFAULT_NICE = 10  # see _reader_nice
 
 # One lock for every ReaderStats: updates are per task or per batch, so it is never
 # contended, and a module-level lock keeps the dataclass picklable (DataLoader workers).
@@ -267,7 +264,7 @@ class RecordReader:
             if task.nshards > cap and len(task.units) > 1:
                 task = self._locate(plan, split, task.units[: units_within(task, cap)])
             if limit and len(task.units) > 1:  # a cache holds what a task touches at once
-                k = units_within_bytes(task, limit, self.shards.nbytes)
+                k = units_within(task, limit, self.shards.nbytes)
                 if k < len(task.units):
                     task = self._locate(plan, split, task.units[:k])
             yield task
@@ -307,9 +304,7 @@ class RecordReader:
             held = self.shards.acquire_many([sid for sid, _ in groups])
             for slot, (shard, (_, at)) in enumerate(zip(held, groups)):
                 rec[at, 0] = slot
-                # The runner compares every record's length field with its index size
-                # as it frames it; a mismatch refuses the task, and _decode_task's
-                # locate() then checks the runs and names the record (a stale index).
+                # unchecked runs: the runner checks each length field (ShardIndex.lookup)
                 rec[at, 1], rec[at, 2] = shard.lookup(records[at])
         except BaseException:
             self._release(held)
@@ -350,8 +345,7 @@ class RecordReader:
         ]
         for t in threads:
             t.start()
-        # A task whose units touch more shards than half the map budget goes to the
-        # runner in pieces of at most that many shards, joined when the last is done.
+        # a task touching more than half the map budget's shards goes in pieces (_join)
         cap = max(1, self.shards.max_open // 2)
         jobs = ((task, rows) for task in tasks for rows in pieces(task, cap))
         pending: deque[tuple[Task, _Prepared, int]] = deque()
@@ -457,8 +451,6 @@ class RecordReader:
         chunks = 0
 
         def refill(wait: bool) -> None:
-            # wait: nothing is pending, so a task whose shards are still on their
-            # way (a cache fetching them) is waited for; else it waits its turn
             while len(pending) < depth[0]:
                 task = upcoming[0]
                 if task is None:
@@ -518,14 +510,10 @@ class RecordReader:
 
 
 def _reader_nice() -> int:
-    """How much the runner's threads lower their scheduling priority (``nice``).
-
-    The training thread waits on the reader threads only when they are behind; when
-    they are ahead, every slice of CPU they take from it delays the step. So on
-    Linux they add 10 to their ``nice`` value by default: on a busy machine the training
-    thread's Python goes first, and the readers take the rest (all of it while the
-    training thread waits on data or the accelerator). ``RECORDKIT_READER_NICE``
-    sets another value; 0 keeps the process's priority. Other systems: unchanged
+    """How much the runner's threads add to their ``nice`` value: ``RECORDKIT_READER_NICE``
+    (``docs/reference/environment.md``; default 10, measured in ``docs/performance.md``).
+    The training thread waits on them only when they are behind, and when they are
+    ahead every slice of CPU they take delays the step. 0 on systems other than Linux
     (there ``setpriority`` cannot name a thread).
     """
     if sys.platform != "linux":

@@ -7,23 +7,12 @@ same inputs read the same records in the same order, and a resumed run
 continues exactly where the interrupted one stopped. Memory is O(shards) for the
 record-count prefix sums; the order itself is computed, never stored.
 
-How an epoch is ordered (``shuffle=True``), a *hierarchical block shuffle*:
-
-1. The dataset's records, in dataset order, are cut into *blocks* of
-   ``block_records`` consecutive records (about 64 KiB each by default), so a
-   block is one sequential read.
-2. A keyed bijection (``recordkit.reader.order.Permutation``, seeded by
-   ``seed`` and ``epoch``) orders the blocks.
-3. The ordered blocks are taken ``window_blocks`` at a time; inside each window
-   a second keyed bijection permutes every record of the window's blocks.
-
-A window mixes records from ``window_blocks`` places spread over the whole
-dataset, so any run of M consecutive records looks like a uniform sample as long
-as M is well below ``window_blocks`` (label dispersion D(M) ~ 1 + M / window),
-whatever order the data was written in; a dataset of at most ``window_blocks``
-blocks gets a pseudo-uniform permutation. Each byte is read once per epoch, in
-blocks. ``docs/howto/shuffle.md`` has the figures. Without shuffle the order is
-the dataset order.
+How an epoch is ordered (``shuffle=True``) is ``docs/howto/shuffle.md``'s
+*hierarchical block shuffle*: the records, in dataset order, cut into blocks of
+``block_records`` (about 64 KiB each by default); the blocks ordered by a keyed
+bijection (``recordkit.reader.order.Permutation``, seeded by ``seed`` and
+``epoch``); taken ``window_blocks`` at a time, every record of a window permuted by a
+second one. Without shuffle the order is the dataset order.
 
 How an epoch is split (*shuffle first, then slice*): the global order is cut
 into global batches of ``batch_size * world_size`` records; rank ``r`` takes
@@ -36,19 +25,12 @@ worker ``u % num_workers``; PyTorch's DataLoader collects from its workers in
 the same order, so the stream a rank consumes does not depend on
 ``num_workers``.
 
-Remote reads under a disk budget (``shard_window_bytes``): a window of the
-block shuffle draws blocks from the whole dataset, so reading one needs every
-shard at hand. When the shards come from remote storage through a cache smaller
-than the dataset, the epoch is instead cut into *shard windows*: the shards in a
-keyed order (seeded by ``seed`` and ``epoch``), taken greedily into groups of at
-most ``shard_window_bytes`` bytes (a shard larger than that is a group alone),
-and each group's records are ordered by the hierarchical block shuffle above as
-if the group were the whole dataset. A stretch of the epoch then reads only the
-shards of one group (two where a global batch straddles the border), so the
-cache fetches the next group while the readers read this one; splitting by
-global batch is unchanged. Mixing is bounded by the group: on sorted data a run
-of records holds only the labels of its group's shards (``docs/howto/shuffle.md``
-has the figures). Without shuffle the order is the dataset order either way.
+Remote reads under a disk budget (``shard_window_bytes``, the same page's *shard
+windows*): the shards in a keyed order, taken greedily into groups of at most
+``shard_window_bytes`` bytes (a larger shard is a group alone), each group's records
+ordered by the block shuffle as if it were the whole dataset, so a stretch of the epoch
+reads one group's shards (two where a global batch straddles the border) while the
+cache fetches the next. Splitting by global batch is unchanged.
 
 Uneven ends: with ``drop_last=False`` every record is read exactly once per
 epoch; the last, partial global batch is shared evenly (ranks' shares differ by
@@ -285,16 +267,6 @@ class EpochPlan:
         offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
         return np.arange(int(lengths.sum()), dtype=np.int64) + offsets, lengths
 
-    def last_units(self, rank: int, world_size: int, shards: int) -> np.ndarray:
-        """For each shard, a unit of ``rank`` by which it has read all it reads of it.
-
-        Exact without shuffle up to the global batch; with shuffle, the last unit
-        of the last window that holds the shard's records (a shard's records are
-        spread over its windows). -1 for a shard with no records. O(blocks) time,
-        O(window + shards) memory.
-        """
-        return self.shard_units(rank, world_size)[1]
-
     def shard_units(self, rank: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
         """For each shard, the first and last unit of ``rank`` that may read it.
 
@@ -302,7 +274,8 @@ class EpochPlan:
         never before the last (both exact without shuffle up to the global batch;
         with shuffle, those of the windows that hold its records). -1 for a shard
         this rank never reads. A reader through a cache fetches shards in order
-        of ``first`` and lets each go after ``last``.
+        of ``first`` and lets each go after ``last``. O(blocks) time, O(window +
+        shards) memory.
         """
         shards = len(self.starts) - 1
         glob = self._batches(world_size)[1]
@@ -400,12 +373,7 @@ class _ShardWindows:
             if len(self._plans) > 8:  # positions move forward: old groups are done
                 self._plans.clear()
             lo, hi = int(self.cuts[g]), int(self.cuts[g + 1])
-            options = PlanOptions(
-                shuffle=True,
-                seed=mix64(self.key, 5, g) >> 1,  # a seed in [0, 2**63)
-                block_records=self.block,
-                window_blocks=self.options.window_blocks,
-            )
+            options = self.options.part(mix64(self.key, 5, g), self.block)
             plan = self._plans[g] = EpochPlan(np.diff(self.seq_starts[lo : hi + 1]), options, 0)
         return plan
 

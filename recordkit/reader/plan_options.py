@@ -1,9 +1,9 @@
 """What an epoch plan is asked for: :class:`PlanOptions`, and the :class:`Mix` it may
 carry (what an epoch is made of, beyond every record of the shard set once).
 
-A leaf under both :mod:`recordkit.reader.plan` (which orders an epoch by them) and
-:mod:`recordkit.reader.mix` (which makes a :class:`Mix` from sources and orders a
-weighted one); each re-exports the type it is known for.
+A leaf under both :mod:`recordkit.reader.plan` (which orders an epoch by them and
+re-exports :class:`PlanOptions`) and :mod:`recordkit.reader.mix` (which makes a
+:class:`Mix` from sources and orders a weighted one).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class PlanOptions:
         batch_size: records per unit, or ``None`` for single-record units.
         drop_last: drop the tail so every rank gets the same number of full batches.
         shard_window_bytes: with ``shuffle``, order the epoch in shard windows of
-            at most this many shard bytes (see the module docs); 0 (default): one
+            at most this many shard bytes (see :mod:`recordkit.reader.plan`); 0 (default): one
             window over the whole dataset, the order of a local read. The shard
             cache sets it from its budget when the dataset does not fit.
         mix: what the epoch is made of when it is not every record of the shard
@@ -106,3 +106,9 @@ class PlanOptions:
             raise ValueError(f"shard_window_bytes must be >= 0, got {self.shard_window_bytes}")
         if self.mix is not None and self.mix.weighted and self.shard_window_bytes:
             raise ValueError("weighted mixing does not read in shard windows (a shard cache)")
+
+    def part(self, key: int, block_records: int) -> PlanOptions:
+        """A shuffled plan's options for a part of an epoch (a shard window, a pass over a
+        mixed source): seeded by the 64-bit ``key``, with these blocks and windows."""
+        seed = key >> 1  # in [0, 2**63)
+        return PlanOptions(True, seed, block_records, window_blocks=self.window_blocks)

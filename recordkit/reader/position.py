@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import context as _mp_context
 from typing import Any
 
@@ -206,7 +206,7 @@ class Pass:
     step: int = 1
     worker: int = 0
     key: int = 0
-    finished: bool = field(default=False)
+    finished: bool = False
 
 
 # What a state must agree with to resume: the epoch's order depends on these (and on

@@ -44,10 +44,10 @@ import numpy as np
 from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
 from ..errors import CorruptRecordError, LoaderTimeoutError, RecordkitError
-from .buffers import BufferPool
+from .buffers import BufferPool, Lease
 from .decode import BatchDecoder
 from .pipeline import Chunk, OnError, ReaderStats, RecordReader, TaskDone
-from .plan import EpochPlan, PlanOptions, Split
+from .plan import EpochPlan, Split
 from .shards import ShardSet
 
 __all__ = ["ProcessReader"]
@@ -145,23 +145,19 @@ def _child_entry(conn: Connection) -> None:
         job = receive(conn)
     except EOFError:
         return
-    _child_main(job, conn, conn)
-
-
-def _child_main(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
-    """The loader process: read the plan's units and hand chunks over, slot by slot."""
     try:
-        _child_loop(job, data, ctrl)
+        _child_loop(job, conn)
     except BaseException as exc:
         try:
             pickle.dumps(exc)
         except Exception:
             exc = RecordkitError(f"loader process failed: {type(exc).__name__}: {exc}")
         with contextlib.suppress(OSError):
-            data.send(("error", exc))
+            conn.send(("error", exc))
 
 
-def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None:
+def _child_loop(job: dict[str, Any], conn: Connection) -> None:
+    """The loader process: read the plan's units and hand chunks over, slot by slot."""
     from .shards import open_shards
 
     shards = job["shards"]
@@ -190,7 +186,7 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
 
     def wait_ctrl() -> tuple[Any, ...]:
         try:
-            msg: tuple[Any, ...] = ctrl.recv()  # EOF when the parent is gone
+            msg: tuple[Any, ...] = conn.recv()  # EOF when the parent is gone
         except EOFError:
             raise SystemExit(0) from None
         if msg[0] == "stop":
@@ -205,7 +201,7 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
     try:
         for chunk in chunks:
             meta, copies, size = _layout(chunk)
-            while ctrl.poll(0):
+            while conn.poll(0):
                 handle(wait_ctrl())
             while not free:
                 handle(wait_ctrl())
@@ -214,7 +210,7 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
             if seg is None or len(seg) < size:
                 if seg is not None:
                     seg.close()
-                data.send(("grow", slot, size))
+                conn.send(("grow", slot, size))
                 while (msg := wait_ctrl())[0] != "segment":
                     handle(msg)
                 seg = segments[slot] = _attach(msg[2], msg[3])
@@ -223,8 +219,8 @@ def _child_loop(job: dict[str, Any], data: Connection, ctrl: Connection) -> None
                 np.copyto(dst, a)
                 del dst  # no export left behind: the segment must stay closable
             done, reader.pending = reader.pending, []
-            data.send(("chunk", slot, chunk.rows, meta, done))
-        data.send(("end",))
+            conn.send(("chunk", slot, chunk.rows, meta, done))
+        conn.send(("end",))
     finally:
         chunks.close()
         for seg in segments.values():
@@ -250,21 +246,6 @@ class _Segment:
             self.unlinked = True
             with contextlib.suppress(FileNotFoundError):
                 self.shm.unlink()
-
-
-class _Lease:
-    """Exports ``size`` bytes of a segment to NumPy; its death frees the slot."""
-
-    __slots__ = ("__array_interface__", "__weakref__", "segment")
-
-    def __init__(self, segment: _Segment, size: int) -> None:
-        self.segment = segment  # keeps the mapping alive
-        self.__array_interface__ = {
-            "shape": (size,),
-            "typestr": "|u1",
-            "data": (segment.address, False),
-            "version": 3,
-        }
 
 
 class _Slots:
@@ -293,7 +274,8 @@ class _Slots:
         self.send(("segment", slot, seg.shm.name, seg.size))
 
     def region(self, slot: int, size: int) -> np.ndarray:
-        lease = _Lease(self.segments[slot], size)
+        segment = self.segments[slot]
+        lease = Lease(segment, segment.address, (size,), np.dtype(np.uint8))
         with self.lock:
             self.held.add(slot)
         weakref.finalize(lease, self.release, slot)
@@ -350,7 +332,6 @@ class ProcessReader:
 
     Args:
         path: the dataset path (the child opens its own maps).
-        schema: the schema.
         fingerprint: the parent's ``ShardSet.fingerprint()``; the child refuses
             to read a shard set that differs.
         decoder: ``BatchDecoder`` keyword arguments (``columns``, ``verify``, ``bytes_as``).
@@ -391,34 +372,25 @@ class ProcessReader:
             raise ValueError(f"progress_timeout must be > 0 or None, got {progress_timeout!r}")
         self.progress_timeout = progress_timeout
         self.path = path
-        self.schema = schema
-        self.fingerprint = fingerprint
-        self.decoder = decoder
-        self.num_threads = num_threads
-        self.prefetch = prefetch
         self.on_error = on_error
         self.slots = slots
         self.stats = stats or ReaderStats()
-        self.shards = shards
+        self._job = {  # what the child is sent, with each pass's plan and units
+            "path": path,
+            "schema": schema.to_json(),
+            "fingerprint": fingerprint,
+            "decoder": decoder,
+            "num_threads": num_threads,
+            "prefetch": prefetch,
+            "on_error": on_error,
+            "slots": slots,
+            "shards": shards,
+        }
 
     def read(self, plan: EpochPlan, split: Split, units: range) -> Generator[Chunk, None, None]:
         """Yield decoded chunks covering ``units`` in order; stops the child when closed."""
-        options: PlanOptions = plan.options
-        job = {
-            "path": self.path,
-            "schema": self.schema.to_json(),
-            "fingerprint": self.fingerprint,
-            "options": options,
-            "epoch": plan.epoch,
-            "split": split,
-            "units": units,
-            "decoder": self.decoder,
-            "num_threads": self.num_threads,
-            "prefetch": self.prefetch,
-            "on_error": self.on_error,
-            "slots": self.slots,
-            "shards": self.shards,
-        }
+        job = {**self._job, "options": plan.options, "epoch": plan.epoch}
+        job.update(split=split, units=units)
         child = Child(_ENTRY, what="loader process")
         conn = child.conn
         slots = _Slots(conn, self.slots)

@@ -13,12 +13,8 @@ A record's values are ``value[i][tuple(slice(0, s) for s in its sizes)]`` over
 the ``None`` dims (fixed dims whole); for the common ``(None, ...)`` shape,
 ``value[i, : lengths[i]]``. ``ragged_as="list"`` gives a list of ``n`` arrays instead.
 
-Padded rather than nested tensors: a padded batch is one array (one copy to the
-device, pinned memory, every op and ``pack_padded_sequence`` take it), the lengths
-make its mask, and the padding is cut to each batch's widest record (a
-reader pads to the widest of its decoding task, :func:`trim` cuts each batch).
-``torch.nested`` tensors hold one ragged dim only, and most ops and
-``DataLoader`` collation do not take them.
+Padded rather than nested tensors: ``docs/pytorch.md`` says why. A reader pads to the
+widest record of its decoding task; :func:`trim` cuts each batch to its own widest.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Record ranges: ``records=slice(0, 10_000)`` or a split string like ``"train[:10%]"``.
 
-A selection names a contiguous range of a dataset's records in dataset order
-(the manifest's shard order, then record order within each shard). It is
-applied to the epoch plan before anything is shuffled: every epoch reads the
-same records, shuffled among themselves, split exactly over ranks and
-DataLoader workers like a whole dataset.
-
-Accepted forms, as Python slices and tensorflow-datasets' split strings:
-
-- ``slice(start, stop)``: Python slice semantics (negative ends count from the
-  end, ends past the dataset are clipped); no step other than 1.
-- ``"[start:stop]"``: the same with integers, or percents of the dataset
-  (``"[:10%]"``, ``"[-5%:]"``, ``"[0.5%:1%]"``). A percent boundary is rounded to
-  the nearest record (halves to even), as tensorflow-datasets does by default.
-- ``"name[start:stop]"`` (``"train[:10%]"``): the records of split ``name`` of a
-  tensorflow-datasets folder; the name is the reader's ``split=``.
+A selection names a contiguous range of a dataset's records in dataset order (the
+manifest's shard order, then record order within each shard), applied to the epoch
+plan before anything is shuffled. The accepted forms, as Python slices and
+tensorflow-datasets' split strings (``"[1000:2000]"``, ``"[:10%]"``, ``"train[:10%]"``;
+a percent rounded to the nearest record, halves to even), are ``docs/howto/mixing.md``'s.
 """
 
 from __future__ import annotations

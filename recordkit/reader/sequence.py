@@ -30,7 +30,8 @@ SAMPLE = "sample"
 
 
 class SequenceBatchDecoder(BatchDecoder):
-    """Decodes batches of SequenceExample records into one column of whole samples.
+    """Decodes batches of SequenceExample records into one column of whole samples, record
+    by record on the threaded path (no features: no runner).
 
     Args:
         verify: check payload CRCs (length CRCs are always checked).
@@ -38,10 +39,6 @@ class SequenceBatchDecoder(BatchDecoder):
 
     def __init__(self, *, verify: bool = True) -> None:
         super().__init__(Schema({}), verify=verify, bytes_as="list")
-
-    def runner(self) -> Any | None:
-        """``None``: decoded record by record on the threaded path."""
-        return None
 
     @staticmethod
     def values(payload: bytes | memoryview) -> dict[str, Any]:

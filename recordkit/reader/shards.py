@@ -49,7 +49,7 @@ from ..format.manifest import (
 from ..storage import is_remote, strip_file_scheme
 from . import _opening
 from ._budgets import kept_index_bytes, max_open_shards
-from .finding import check_listed, find_shards, has_glob, shard_infos
+from .finding import check_listed, has_glob, shard_infos
 from .generation import Identity, Pin, pin
 from .index import ShardIndex
 from .mapped import MappedShard
@@ -59,9 +59,6 @@ __all__ = [
     "Gate",
     "MappedShard",
     "ShardSet",
-    "find_shards",
-    "kept_index_bytes",
-    "max_open_shards",
     "open_shards",
 ]
 
@@ -252,18 +249,14 @@ class ShardSet:
     def acquire_many(self, ids: Sequence[int]) -> list[MappedShard]:
         """Shards ``ids`` (distinct), each as :meth:`acquire` gives it, held until released.
 
-        The ones nobody has mapped yet, with indexes large enough to be worth it
-        (``_opening.PARALLEL_MIN_RECORDS``), are opened on several threads at once
-        (:func:`recordkit.reader._opening.open_all`): loading an index (reading its
-        text, parsing it, checking it) is most of what a reader's first task waits
-        for, and the parse runs without the GIL. On an error nothing stays held.
+        The ones nobody has mapped yet, with indexes large enough to be worth it, are
+        opened together (:mod:`recordkit.reader._opening` says why). On an error
+        nothing stays held.
         """
         ids = [int(i) for i in ids]
         with self._lock:
             self._forked()
-            # Only shards with a large index to load go to the pool: a small one (or one
-            # whose index is kept) opens faster here than a thread is handed the work.
-            mine = [
+            mine = [  # a small index (or a kept one) opens faster here than on a thread
                 i
                 for i in ids
                 if self.counts[i] >= _opening.PARALLEL_MIN_RECORDS

@@ -1,7 +1,8 @@
 """Whole epochs through the shard cache (``CacheOptions(epochs="whole")``, the default).
 
 :class:`WholeEpochs`: every epoch is the whole remote dataset in the epoch plan's
-order. The shard set is the remote's catalog; at each pass (a :class:`WholePass`) a
+order. The shard set is the remote's catalog (so ``len()`` and the plan are the whole
+dataset's); at each pass (a :class:`WholePass`) a
 :class:`~recordkit.cache.Stream` fetches the shards in the order the plan first
 needs them, ahead of the readers, and the reader lets each go after its last unit.
 Under a budget smaller than the dataset the shuffled plan reads in shard windows
@@ -30,11 +31,8 @@ log = logging.getLogger("recordkit.reader.epochs")
 
 
 class WholeEpochs:
-    """Whole epochs from remote storage through a :class:`~recordkit.cache.ShardCache`.
-
-    The shard set is the remote's whole catalog (so ``len()`` and the plan are
-    the whole dataset's); :meth:`begin` starts a pass: a stream that fetches
-    the shards in the order the plan first needs them, ahead of the reader.
+    """Whole epochs from remote storage through a :class:`~recordkit.cache.ShardCache`
+    (see the module docs): :meth:`begin` starts a pass.
 
     Args:
         cache: the cache (its own fill workers, if started, pause while a pass runs).
@@ -243,8 +241,7 @@ class TaskFeed:
         whole: the cache's whole epochs.
         shards: the shard set the tasks read.
         plan: the plan of an epoch (``PlanTasks.plan``).
-        task_units: units per task.
-        tasks: tasks per epoch.
+        task_units, tasks: units per task, tasks per epoch.
         rank: the pipeline id; world_size: the number of pipelines.
     """
 

@@ -37,10 +37,11 @@ from ..codec import Schema
 from ..errors import ShardNotFoundError
 from ..format.index import INDEX_SUFFIX
 from ..images import ImageOptions
-from ..reader.epochs import CacheEpochs, TaskFeed, WholeEpochs
+from ..reader.growing import CacheEpochs
 from ..reader.mix import make_mix, open_sources
 from ..reader.options import ReadOptions
 from ..reader.plan import PlanOptions
+from ..reader.whole import TaskFeed, WholeEpochs
 from .decode import padded_bytes
 from .files import (
     cached_files,
@@ -161,7 +162,7 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
     """Every record of a cached remote dataset every epoch, in the epoch plan's order.
 
     The shards the plan needs next are fetched ahead of the readers within the
-    budget (a :class:`~recordkit.reader.epochs.TaskFeed` per task); the length is
+    budget (a :class:`~recordkit.reader.whole.TaskFeed` per task); the length is
     known and ``tf.train.Checkpoint`` resumes mid-epoch.
     """
     assert source.manifest is not None

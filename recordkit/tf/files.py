@@ -21,8 +21,8 @@ from ..format import SHARD_PATTERNS, open_regular
 from ..format.complete import check_complete
 from ..format.index import INDEX_SUFFIX, parse_index
 from ..format.manifest import MANIFEST_NAME, Manifest, read_manifest
-from ..reader.epochs import CacheEpochs
-from ..reader.shards import find_shards
+from ..reader.finding import find_shards
+from ..reader.growing import CacheEpochs
 from ..reader.tfds import tfds_folder
 from ..storage import is_temp_name, strip_file_scheme
 from .decode import COMPANION as _COMPANION

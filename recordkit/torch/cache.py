@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from ..reader.epochs import CacheEpochs, WholeEpochs, WholePass, open_cache
+from ..reader.epochs import open_cache
+from ..reader.growing import CacheEpochs
 from ..reader.local import OPEN_LOCK, ProcessLocalShards
 from ..reader.mix import open_sources
 from ..reader.options import CacheOptions, ReadOptions
 from ..reader.plan import EpochPlan, PlanOptions, Split
 from ..reader.shards import ShardSet
+from ..reader.whole import WholeEpochs, WholePass
 from .distributed import common_shards, smallest
 
 if TYPE_CHECKING:
@@ -223,7 +225,7 @@ class EpochSource(ProcessLocalShards):
             return begun.release
         if self.cache_epochs == "whole":  # a worker: the training process streams and pins
             shards = self._open()
-            last = plan.last_units(split.rank, split.world_size, len(shards))
+            last = plan.shard_units(split.rank, split.world_size)[1]
             order = iter(np.argsort(last, kind="stable").tolist())
             pending = [next(order, None)]
 
@@ -236,7 +238,7 @@ class EpochSource(ProcessLocalShards):
         if self._epochs is None or get_worker_info() is not None:
             return None  # a DataLoader worker: the training process holds the pins
         shards = self._open()
-        last = plan.last_units(split.rank, split.world_size, len(shards))
+        last = plan.shard_units(split.rank, split.world_size)[1]
         return self._epochs.releaser(last, start, shards.evict)
 
     def resume_with(self, shard_paths: list[str]) -> None:

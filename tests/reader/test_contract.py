@@ -77,7 +77,7 @@ def test_slots_and_specs_follow_the_schema_order():
         }
     )
     dec = BatchDecoder(schema)
-    plans = dec._plans
+    plans = dec.plans
     assert [_contract.column_spec(p) for p in plans] == [
         (_contract.COL_BYTES, 0, 0, 0, True),
         (_contract.COL_INT64, 1, 0, 1, False),

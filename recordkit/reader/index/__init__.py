@@ -12,38 +12,8 @@ bytes, is :mod:`recordkit.format.index`).
 Imports go one way: ``open`` -> ``shard_index`` -> ``store`` -> ``text`` -> ``recordkit.format``.
 """
 
-from .open import cached_index, cached_shard_index, ensure_index, load_index_file, open_index
-from .shard_index import (
-    BINARY_MIN_TEXT,
-    LAZY_MIN_TEXT,
-    RUN_BYTES,
-    RUN_RECORDS,
-    SPOT_CHECKS,
-    ShardIndex,
-    run_shift,
-)
-from .store import ENV_INDEX_CACHE, ENV_INDEX_CACHE_BYTES, cache_dir, cache_limit, wait_stored
-from .text import FILL_RECORDS, FILL_SHIFT, parse_bounds
+from .open import ensure_index, load_index_file, open_index
+from .shard_index import ShardIndex
+from .text import parse_bounds
 
-__all__ = [
-    "BINARY_MIN_TEXT",
-    "ENV_INDEX_CACHE",
-    "ENV_INDEX_CACHE_BYTES",
-    "FILL_RECORDS",
-    "FILL_SHIFT",
-    "LAZY_MIN_TEXT",
-    "RUN_BYTES",
-    "RUN_RECORDS",
-    "SPOT_CHECKS",
-    "ShardIndex",
-    "cache_dir",
-    "cache_limit",
-    "cached_index",
-    "cached_shard_index",
-    "ensure_index",
-    "load_index_file",
-    "open_index",
-    "parse_bounds",
-    "run_shift",
-    "wait_stored",
-]
+__all__ = ["ShardIndex", "ensure_index", "load_index_file", "open_index", "parse_bounds"]

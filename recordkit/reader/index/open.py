@@ -32,7 +32,7 @@ from .shard_index import ShardIndex
 from .text import map_text
 from .text import native as _c
 
-__all__ = ["cached_index", "cached_shard_index", "ensure_index", "load_index_file", "open_index"]
+__all__ = ["cached_shard_index", "ensure_index", "load_index_file", "open_index"]
 
 log = logging.getLogger(__name__)
 
@@ -199,17 +199,6 @@ def cached_shard_index(
         return None
     store.touch(entry)  # least recently used goes first
     return index
-
-
-def cached_index(path: str, buf: bytes | memoryview | object) -> np.ndarray | None:
-    """A cached index for the shard at ``path`` (mapped as ``buf``), validated; else ``None``.
-
-    Every entry and length field is checked (:func:`recordkit.format.validate_index`).
-    An entry that does not validate is removed (with a log line) and ``None``
-    returned, so the caller rebuilds it.
-    """
-    found = cached_shard_index(path, buf, full=True)
-    return None if found is None else found.entries()
 
 
 def ensure_index(

@@ -4,38 +4,16 @@ The ``.idx`` sidecar stays DALI's text (:mod:`recordkit.format.index`). A reader
 it into a :class:`ShardIndex`: the ``n + 1`` record boundaries (record ``i`` spans
 ``[bounds[i], bounds[i + 1])``), ``uint32`` below 4 GiB: **4 bytes a record**.
 
-When it is checked (``docs/format.md`` says the same for users):
-
-- **At load, against the shard's size**: an index text under 64 KiB (or any,
-  for a full check) is parsed whole, in C (NumPy without it): every line strictly
-  ``"{offset} {size}"``; the first offset 0; each offset the previous one plus its
-  size; every size >= 16; the last record ending at the file size. A longer text is
-  mapped and its lines counted; its first and last blocks of 32 lines are parsed
-  now, any other block (with the same checks, its last entry against the next
-  block's first) the first time one of its records is located. For a shard the
-  manifest lists, as many records as it says (else every length field is checked
-  before blaming the manifest). A binary copy is mapped (its header, first and last
-  boundaries checked). Then 16 spread length fields (first and last included) are
-  compared with their sizes: an index left from another shard of the same size
-  fails here, before anything is read, and is rebuilt.
-- **Per run of records, before any record of the run is located**: the u64
-  length field of every record of the run equals its size minus 16 (read
-  through the SIGBUS guard). A run is about 4 KiB of the shard (64 records of
-  64 bytes, one record of 4 KiB or more; at most 256 records), so its fields
-  lie on the pages that reading one of its records touches anyway. A run that fails raises
-  :class:`~recordkit.errors.InvalidIndexError` naming the index file, record
-  and offset; no record of that run has been returned. Runs are checked once
-  per load. So the first batch of a shuffle pays for the runs it touches, not
-  for every record of every shard it touches (and a shard on a cold disk is not
-  read whole to check its index). The native task runner takes :meth:`ShardIndex.lookup`
-  instead: it compares every record's length field (and its CRC) with the index's size
-  as it frames the record, before any value of the task is returned, and a task with
-  a mismatch goes to the reference path, whose :meth:`ShardIndex.locate` checks the
-  runs and raises the error above.
-
-A missing or failing index is rebuilt as :func:`recordkit.reader.index.ensure_index`
-always did (per-user cache, else a CRC-checked scan, which checks every length
-field: nothing is left to check per run).
+When it is checked is the "Index sidecar" section of ``docs/format.md``: at load
+against the shard's size (a text under :data:`LAZY_MIN_TEXT` parsed whole, a longer one
+a block of lines at a time as its records are first located; then
+:data:`SPOT_CHECKS` spread length fields), and per run of records (:func:`run_shift`),
+before any record of the run is located: every length field of the run, once per load,
+failing with :class:`~recordkit.errors.InvalidIndexError` naming the index file, record
+and offset. The native task runner takes :meth:`ShardIndex.lookup` instead (it checks
+each length field as it frames the record; a mismatch sends the task to the reference
+path, whose :meth:`ShardIndex.locate` checks the runs and raises). A missing or failing
+index is rebuilt (:mod:`recordkit.reader.index.open`).
 """
 
 from __future__ import annotations
@@ -63,13 +41,12 @@ from .text import native as _c
 
 __all__ = [
     "BINARY_MIN_TEXT",
-    "FILL_RECORDS",
     "LAZY_MIN_TEXT",
     "RUN_BYTES",
     "RUN_RECORDS",
     "SPOT_CHECKS",
     "ShardIndex",
-    "parse_bounds",
+    "parse_bounds",  # open.py calls it from here (tests replace it)
 ]
 
 log = logging.getLogger(__name__)
@@ -183,8 +160,12 @@ class ShardIndex:
 
     @property
     def bounds(self) -> np.ndarray:
-        """The ``n + 1`` record boundaries (read-only; all of them filled in first)."""
-        self.fill()
+        """The ``n + 1`` record boundaries (read-only; all of them filled in first).
+
+        Raises:
+            InvalidIndexError: a line not parsed before is malformed or does not fit.
+        """
+        self._fill(None)
         return self._bounds
 
     @property
@@ -210,14 +191,6 @@ class ShardIndex:
     def complete(self) -> bool:
         """Whether every boundary is filled in (nothing left to parse or copy)."""
         return self._pending is None
-
-    def fill(self) -> None:
-        """Fill in every boundary not filled in yet (a lazily loaded index, whole).
-
-        Raises:
-            InvalidIndexError: a line not parsed before is malformed or does not fit.
-        """
-        self._fill(None)
 
     def _need(self, records: np.ndarray) -> None:
         """Fill in the boundaries of ``records`` (and of the record after each)."""
@@ -266,21 +239,15 @@ class ShardIndex:
         """
         recs = np.asarray(records, dtype=np.int64)
         self._need(recs)
-        if not self._all_checked:
-            runs = recs >> self._shift
-            todo = ~self._checked[runs]
-            if todo.any():
-                self._check_runs(np.unique(runs[todo]), buf, path, recs)
+        self.check(recs, buf, path=path)
         start = self._bounds[recs]
         return start.astype(np.int64), np.subtract(self._bounds[recs + 1], start, dtype=np.int64)
 
     def lookup(self, records: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """The int64 offsets and framed sizes of ``records``, their length fields unread.
 
-        For a reader that compares each record's length field with its size as it
-        frames the record, before returning it (the native task runner: a mismatch
-        refuses the task, and the reader then takes :meth:`locate`, which raises
-        ``InvalidIndexError`` naming the record). Each entry is still checked to
+        For the native task runner, which checks each record's length field as it
+        frames the record (see the module docs). Each entry is still checked to
         lie inside the shard with a size of at least 16 (boundaries from a binary
         copy included); ``None`` when one does not (the caller takes
         :meth:`locate`, which says which).
@@ -302,7 +269,7 @@ class ShardIndex:
         self._need_span(record, record + 1)
         run = record >> self._shift
         if not self._all_checked and not self._checked[run]:
-            self._check_runs(np.array([run]), buf, path, np.array([record]))
+            self._retrying(self._check_runs, np.array([run]), buf, path, np.array([record]))
         start = int(self._bounds[record])
         return start, int(self._bounds[record + 1]) - start
 
@@ -318,13 +285,13 @@ class ShardIndex:
         runs = np.asarray(records, dtype=np.int64) >> self._shift
         todo = runs[~self._checked[runs]]
         if len(todo):
-            self._check_runs(np.unique(todo), buf, path, records)
+            self._retrying(self._check_runs, np.unique(todo), buf, path, records)
 
     def check_all(self, buf: Any, *, path: str | None = None) -> None:
         """Check every length field not checked yet."""
         todo = np.flatnonzero(~self._checked)
         if len(todo):
-            self._check_runs(todo, buf, path)
+            self._retrying(self._check_runs, todo, buf, path)
 
     def spot_check(self, buf: Any, *, path: str | None = None) -> None:
         """Check :data:`SPOT_CHECKS` length fields spread over the shard (first and last too)."""
@@ -335,16 +302,17 @@ class ShardIndex:
             recs = np.arange(n, dtype=np.int64)
         else:  # distinct: (n - 1) / (SPOT_CHECKS - 1) > 1
             recs = np.arange(SPOT_CHECKS, dtype=np.int64) * (n - 1) // (SPOT_CHECKS - 1)
-        self._check_entries(recs, buf, path)
+        self._retrying(self._check_entries_once, recs, buf, path)
 
-    def _check_entries(self, recs: np.ndarray | None, buf: Any, path: str | None) -> None:
+    def _retrying(self, check: Any, *args: Any) -> None:
+        """``check(*args)``, again on the text's boundaries if a binary copy's failed."""
         bounds = self._bounds
         try:
-            self._check_entries_once(recs, buf, path)
+            check(*args)
         except InvalidIndexError:
             if not self._read_text_instead(bounds):
                 raise
-            self._check_entries_once(recs, buf, path)
+            check(*args)
 
     def _read_text_instead(self, failed: np.ndarray) -> bool:
         """Boundaries from a binary copy failed a check (``failed``, the array they
@@ -391,17 +359,6 @@ class ShardIndex:
         check_lengths(start, sizes, buf, path=path, where=self.source, records=recs)
 
     def _check_runs(self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None) -> None:
-        bounds = self._bounds
-        try:
-            self._check_runs_once(runs, buf, path, wanted)
-        except InvalidIndexError:
-            if not self._read_text_instead(bounds):
-                raise
-            self._check_runs_once(runs, buf, path, wanted)
-
-    def _check_runs_once(
-        self, runs: np.ndarray, buf: Any, path: str | None, wanted: Any = None
-    ) -> None:
         if wanted is not None and guard.shrunk(buf):  # name a record asked for, if cut
             asked = np.asarray(wanted, dtype=np.int64)
             self._need(asked)
@@ -455,7 +412,7 @@ class ShardIndex:
             first = runs << self._shift
             count = np.minimum(first + (1 << self._shift), self.records) - first
             recs = np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))
-        self._check_entries_once(recs, buf, path)  # _check_runs reads the text on failure
+        self._check_entries_once(recs, buf, path)  # _retrying reads the text on failure
 
 
 def run_shift(nbytes: int, records: int) -> int:

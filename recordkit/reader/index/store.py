@@ -1,51 +1,31 @@
 """A per-user cache of indexes: text for shards recordkit did not write, binary for all.
 
 The store keeps files and hands back paths and arrays; what an index is, and how a
-text entry is loaded and checked, is :mod:`recordkit.reader.index.open`'s.
+text entry is loaded and checked, is :mod:`recordkit.reader.index.open`'s. Where it
+is, its bound and what users see: ``RECORDKIT_INDEX_CACHE`` and
+``RECORDKIT_INDEX_CACHE_BYTES`` in ``docs/reference/environment.md``; how binary
+copies are checked: ``docs/format.md``.
 
-Reading someone else's TFRecords must not write into their folder (a
-tensorflow-datasets ``data_dir``, a read-only share, a colleague's home). An
-index rebuilt for such a shard goes here instead, keyed by the shard's
-absolute path, size and ``mtime_ns``: a shard rewritten in place gets a new
-key, and the stale entry ages out.
+Text entries: reading someone else's TFRecords must not write into their folder (a
+tensorflow-datasets ``data_dir``, a read-only share), so an index rebuilt for such a
+shard goes here, keyed by the shard's absolute path, size and ``mtime_ns`` (a shard
+rewritten in place gets a new key; the stale entry ages out), written atomically
+(temp file, fsync, rename), and validated against the shard like any index.
 
-The binary form (``bounds/*.bnd``): once a reader has parsed an index text (a
-sidecar or an entry here), it keeps the record boundaries it parsed there (a 56-byte
-header, then ``n + 1`` little-endian ``uint32``, or ``uint64`` past 4 GiB), so the
-next process that maps the shard (a DataLoader worker, another rank, the next run,
-the same reader after the map budget unmapped it) reads 4 bytes a record instead of
-parsing ~11-20 (``benchmarks/index_bench.py``: 0.06 against 3.8 ms for 250k
-records). A shard has one copy, keyed by its absolute path (``os.fsencode``), size,
-``mtime_ns`` and inode; the header names the text it was parsed from (size,
-``mtime_ns``, inode), and a copy of another text is a miss that the next parse
-replaces. It is derived data and checked like the text: the header against the
-shard and the text, the first and last boundary at load, the others per run of
-records before any record of the run is returned
-(:mod:`recordkit.reader.index.shard_index`); a copy that fails any check is dropped and
-the text parsed instead, never blamed on the text. Written without fsync (a torn or
-lost file is caught by those checks), on a background thread (the reader that parsed
-the text does not wait), keyed by the files as they were then, into the directory
-as it was when the write was asked for.
+Binary entries (``bounds/*.bnd``): the boundaries a reader parsed from an index text
+(a 56-byte header, then ``n + 1`` little-endian ``uint32``, or ``uint64`` past 4 GiB),
+one per shard, keyed by its absolute path (``os.fsencode``), size, ``mtime_ns`` and
+inode; the header names the text it was parsed from (size, ``mtime_ns``, inode), and a
+copy of another text is a miss that the next parse replaces. Derived data: written
+without fsync (a torn or lost file fails the checks), on a background thread, keyed by
+the files as they were then, into the directory as it was when the write was asked for.
 
-Where: ``$RECORDKIT_INDEX_CACHE`` if set (``off`` keeps indexes in memory
-only), else ``$XDG_CACHE_HOME/recordkit/index``, else
-``~/.cache/recordkit/index``. The directory is created private (mode 0700).
-
-Entries are the ordinary index text (the ``.idx`` format), written atomically
-(temp file, fsync, rename), and never trusted blindly: a hit is validated
-against the shard like any index, and one that fails is rebuilt.
-
-Bounded: when a write takes the directory (the text entries, or ``bounds/``:
-each has the budget) past ``$RECORDKIT_INDEX_CACHE_BYTES`` (default 1 GiB,
-about 50 million records' worth of index lines, or 250 million of binary
-boundaries), the least recently used entries (a hit sets its entry's access time,
-leaving its modification time, which a copy's header names) are removed until it
-holds 90% of that (so a full cache is listed once
-per tenth of its size written, not once per entry). Each process lists the
-directory once and then adds what it writes, so opening 100k foreign shards
-costs O(shards), not a listing per shard; a process that sees the estimate
-pass the limit lists it again. Temp files of writes that died (older than an
-hour) go at a listing.
+Bounded: a write that takes a directory (the text entries, or ``bounds/``) past the
+limit removes the least recently used entries (a hit sets its access time, leaving the
+modification time that a copy's header names) down to 90% of it, so a full cache is
+listed once per tenth of its size written. Each process lists a directory once and
+then adds what it writes (opening 100k foreign shards is O(shards)); an estimate past
+the limit lists it again. Temp files older than an hour (dead writers) go at a listing.
 """
 
 from __future__ import annotations
@@ -77,7 +57,6 @@ __all__ = [
     "cached_entry",
     "drop_bounds",
     "drop_entry",
-    "store_bounds",
     "store_bounds_soon",
     "store_index",
     "touch",
@@ -283,22 +262,6 @@ def _load_bounds(fd: int, dtype: np.dtype, count: int) -> np.ndarray:
         return np.fromfile(f, dtype=dtype, count=count)
 
 
-def store_bounds(path: str, index_file: str, bounds: np.ndarray) -> str | None:
-    """Keep the boundaries parsed from ``index_file`` for the shard at ``path``.
-
-    Best effort, like :func:`store_index`; no fsync (the entry is checked when read).
-    """
-    directory = _bounds_dir()
-    if directory is None:
-        return None
-    try:
-        shard_st, text_st = os.stat(path), os.stat(index_file)
-    except OSError as exc:
-        log.info("could not cache the index boundaries of %s (%s)", path, exc)
-        return None
-    return _write_bounds(directory, path, shard_st, text_st, bounds)
-
-
 def _write_bounds(
     directory: str,
     path: str,
@@ -361,8 +324,9 @@ def store_bounds_soon(
     text_st: os.stat_result | None = None,
     shard_st: os.stat_result | None = None,
 ) -> None:
-    """:func:`store_bounds` on a background thread (:func:`wait_stored` waits for it),
-    of the boundaries ``bounds()`` returns there.
+    """Keep the boundaries ``bounds()`` returns, parsed from ``index_file`` for the shard
+    at ``path``, on a background thread (:func:`wait_stored` waits for it); best effort,
+    like :func:`store_index`, and without fsync (the entry is checked when read).
 
     The copy is for the next process, so nobody waits for it; a process that exits
     first finishes the writes it queued (the interpreter joins the thread at exit).

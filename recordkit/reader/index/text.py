@@ -139,14 +139,12 @@ def _lines(data: Any, where: str | None = None) -> int:
     return int(native_call(native.index_scan, where, data, 30, directory))
 
 
-def _map_whole(fd: int) -> Any:
-    return native.map_fd(fd)
-
-
 def map_text(index_file: str, max_bytes: int) -> tuple[Any, os.stat_result]:
     """A map of an index file (no descriptor held) and its ``fstat``, refused as
     :func:`read_index_text` refuses."""
     try:
-        return map_regular(index_file, index_error, _map_whole, max_bytes=max_bytes, what="index")
+        return map_regular(
+            index_file, index_error, native.map_fd, max_bytes=max_bytes, what="index"
+        )
     except FileNotFoundError as exc:
         raise ShardNotFoundError(f"index not found: {index_file}") from exc

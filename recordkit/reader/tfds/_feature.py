@@ -8,7 +8,7 @@ The folder (:class:`~recordkit.reader.tfds.TFDSInfo`) holds these; its view
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ...codec.features import Bytes, FeatureType, Float32, Int64, Tensor
@@ -154,10 +154,8 @@ def parse_features(
         )
     elif "boundingBox" in node:
         box = node["boundingBox"]
-        dims = _dims(box) or (4,)
-        out.append(TFDSFeature(name, "bbox", _dtype(name, box.get("dtype", "float32")), seq + dims))
-        if n:
-            out[-1] = replace(out[-1], sequence=n)
+        dtype = _dtype(name, box.get("dtype", "float32"))
+        out.append(TFDSFeature(name, "bbox", dtype, seq + (_dims(box) or (4,)), sequence=n))
     else:
         raise SchemaError(f"feature {name!r}: tfds {cls} is not supported")
 

@@ -23,7 +23,6 @@ from ._values import (
     cast_value,
     decode_image,
     inflate,
-    keep_rows,
     stack_rows,
     stack_values,
     text_value,
@@ -41,31 +40,6 @@ __all__ = [
 INFO_NAME = "dataset_info.json"
 FEATURES_NAME = "features.json"
 _TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Split:
-    name: str
-    shard_lengths: tuple[int, ...]
-    template: str
-
-    def files(self, dataset: str, file_format: str) -> list[str]:
-        count = len(self.shard_lengths)
-        digits = max(5, len(str(count)))
-        out = []
-        for i in range(count):
-            index, total = f"{i:0{digits}d}", f"{count:0{digits}d}"
-            out.append(
-                self.template.format(
-                    DATASET=dataset,
-                    SPLIT=self.name,
-                    FILEFORMAT=file_format,
-                    SHARD_INDEX=index,
-                    NUM_SHARDS=total,
-                    SHARD_X_OF_Y=f"{index}-of-{total}",
-                )
-            )
-        return out
 
 
 @dataclass(frozen=True)
@@ -144,8 +118,23 @@ class TFDSInfo:
                 f"{self.root}: tfds dataset {self.name!r} has no split {split!r}; "
                 f"it has {self._split_list()}"
             )
-        meta = _Split(split, self.splits[split], self._templates.get(split, _TEMPLATE))
-        return list(zip(meta.files(self.name, self.file_format), self.splits[split]))
+        lengths = self.splits[split]
+        digits = max(5, len(str(len(lengths))))
+        total = f"{len(lengths):0{digits}d}"
+        template = self._templates.get(split, _TEMPLATE)
+        out = []
+        for i, records in enumerate(lengths):
+            index = f"{i:0{digits}d}"
+            name = template.format(
+                DATASET=self.name,
+                SPLIT=split,
+                FILEFORMAT=self.file_format,
+                SHARD_INDEX=index,
+                NUM_SHARDS=total,
+                SHARD_X_OF_Y=f"{index}-of-{total}",
+            )
+            out.append((name, records))
+        return out
 
     def _split_list(self) -> str:
         return ", ".join(f"{s} ({sum(n)} records)" for s, n in self.splits.items()) or "none"
@@ -269,12 +258,8 @@ class TFDSView:
         self, stored: Mapping[str, Any], columns: Sequence[str] | None = None
     ) -> dict[str, Any]:
         """One record's tfds values from ``Schema.decode(payload, copy=True)`` output."""
-        out: dict[str, Any] = {}
-        for name, f in self.info.features.items():
-            if columns is not None and name not in columns:
-                continue
-            out[name] = self.value(f, stored)
-        return out
+        features = self.info.features.items()
+        return {n: self.value(f, stored) for n, f in features if columns is None or n in columns}
 
     def value(self, f: TFDSFeature, stored: Mapping[str, Any]) -> Any:
         """Feature ``f`` of one record, from its stored values (``Schema.decode`` output)."""
@@ -373,7 +358,7 @@ class TFDSView:
         if bad:
             keep = np.array([i not in bad for i in range(n)], dtype=bool)
             out = {
-                k: v[keep] if isinstance(v, np.ndarray) else keep_rows(v, keep)
+                k: v[keep] if isinstance(v, np.ndarray) else [x for x, y in zip(v, keep) if y]
                 for k, v in out.items()
             }
         for f in per_row:
@@ -383,13 +368,8 @@ class TFDSView:
         return {n: out[n] for n in self._order(out)}, sorted(bad.items())
 
     def _order(self, out: Mapping[str, Any]) -> list[str]:
-        names = []
-        for name in self.info.features:
-            if name in out:
-                names.append(name)
-                if name + "/lengths" in out:
-                    names.append(name + "/lengths")
-        return names
+        """The features in the folder's order, each followed by its lengths if any."""
+        return [m for n in self.info.features for m in (n, n + "/lengths") if m in out]
 
 
 def _load_json(path: str) -> Any:

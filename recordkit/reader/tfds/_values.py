@@ -25,17 +25,12 @@ __all__ = [
     "cast_value",
     "decode_image",
     "inflate",
-    "keep_rows",
     "stack_rows",
     "stack_values",
     "text_value",
 ]
 
 _CHANNEL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
-
-
-def keep_rows(values: list[Any], keep: np.ndarray) -> list[Any]:
-    return [v for v, k in zip(values, keep.tolist()) if k]
 
 
 def stack_rows(f: TFDSFeature, values: list[Any]) -> np.ndarray:

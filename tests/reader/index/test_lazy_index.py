@@ -19,12 +19,8 @@ import recordkit.reader.index.shard_index as si
 import recordkit.reader.index.text as text_mod
 from recordkit.errors import InvalidIndexError
 from recordkit.format.index import format_index
-from recordkit.reader.index.shard_index import (
-    FILL_RECORDS,
-    LAZY_MIN_TEXT,
-    ShardIndex,
-    parse_bounds,
-)
+from recordkit.reader.index.shard_index import LAZY_MIN_TEXT, ShardIndex
+from recordkit.reader.index.text import FILL_RECORDS, parse_bounds
 
 pytestmark = pytest.mark.skipif(si._c is None, reason="the native extension is not built")
 

@@ -32,7 +32,8 @@ from recordkit.reader import ReadOptions
 from recordkit.reader.index import open as index_open
 from recordkit.reader.index import store as index_cache
 from recordkit.reader.index.open import open_index
-from recordkit.reader.index.shard_index import ShardIndex, parse_bounds, run_shift
+from recordkit.reader.index.shard_index import ShardIndex, run_shift
+from recordkit.reader.index.text import parse_bounds
 
 PATHS = [pytest.param(True, id="c"), pytest.param(False, id="numpy")]
 
