@@ -1,24 +1,15 @@
 """TensorFlow: read recordkit datasets into ``tf.data``, in the epoch plan's order.
 
-:func:`dataset` builds a ``tf.data.Dataset`` from a dataset's manifest (or a
-folder of foreign TFRecords plus a schema) with no Python in the per-record
-path. Shuffled, split over input pipelines, or (local, indexed) of a schema the
-native path takes, the records come in the order of
-:class:`~recordkit.reader.plan.EpochPlan` (the one ``recordkit.torch`` reads):
-epoch and task numbers from ``Dataset.range`` (positions that
-``tf.train.Checkpoint`` saves) and one stateless ``tf.numpy_function`` per task of
-thousands of records. For fixed-shape, uncompressed features it decodes the task
-natively into dense tensors (``recordkit/tf/native.py``: the torch reader's C
-decoder, no ``parse_example``); otherwise it verifies and gathers the records
-natively (``recordkit/tf/tasks.py``) and ``tf.strings.substr`` splits them. An
-unshuffled pipeline of other schemas (and the growing shard cache, and ``gs://``)
-reads with ``TFRecordDataset`` over the shard list with a parallel interleave.
-Serialized records then go through ``tf.io.parse_example`` with a feature spec
-derived from the schema and ``tf.io.decode_raw`` for
-:class:`~recordkit.codec.Tensor` features; every path ends in
-``prefetch(AUTOTUNE)``. :func:`feature_spec` gives that spec to users who build
-their own pipeline. :func:`dataset` checks its arguments and hands them to one
-builder per pipeline shape (``recordkit/tf/build.py`` lists them).
+:func:`dataset` builds a ``tf.data.Dataset`` from a dataset's manifest (or a folder
+of foreign TFRecords plus a schema) with no Python in the per-record path: records
+in the order of :class:`~recordkit.reader.plan.EpochPlan` (the one ``recordkit.torch``
+reads), one stateless ``tf.numpy_function`` per task, decoded natively into dense
+tensors where the schema allows (``recordkit/tf/native.py``), else by
+``tf.io.parse_example``; or TensorFlow's own ``TFRecordDataset`` for one unshuffled
+pipeline of other schemas, the growing shard cache and ``gs://``.
+``recordkit/tf/build.py`` lists the pipeline shapes, ``docs/tensorflow.md`` which
+path reads what. :func:`feature_spec` gives the ``parse_example`` spec to users who
+build their own pipeline.
 
 What each feature becomes (``B`` = the batch dimension, absent without ``batch_size``):
 
@@ -148,15 +139,9 @@ def dataset(
             epochs grow as the cache fills (each says at WARNING how much it
             reads); ``input_context`` then splits by shard only, the length is
             unknown, and the order is not the plan's. See ``docs/cache.md``.
-        options: the tuning, whole (:class:`ReadOptions`; its fields marked
-            *torch* are refused here). ``num_threads``: given, an unshuffled
-            pipeline reads through TensorFlow's ``TFRecordDataset``, this many
-            shards at once. ``weights``, ``epoch_records``: mixing a list of
-            datasets (``docs/howto/mixing.md``). ``limits``: the bytes a zstd
-            value may decompress to (its :class:`~recordkit.codec.DecodeLimits`
-            ``record_bytes``); a value over it fails the pipeline with
-            :class:`~recordkit.errors.RecordTooLargeError` before it is
-            allocated. ``decode_images``: ``Bytes()`` features holding encoded
+        options: the tuning, whole (:class:`ReadOptions`, which documents each
+            field; those marked *torch* are refused here). What only this reader
+            does with two of them: ``decode_images``: ``Bytes()`` features holding encoded
             images (a name, names, or :class:`~recordkit.images.ImageOptions`
             for the channels and the key feature) to decode with
             ``tf.io.decode_image``, per record, into ``uint8`` ``[H, W, C]``
