@@ -42,10 +42,6 @@ that only know the standard library can still catch it sensibly::
 Errors about bytes on disk carry ``path``, ``offset`` (byte offset of the record
 start in the shard) and ``record`` (0-based record number in the shard) where
 they are known, and put all three in the message as ``path:offset:record``.
-
-The classes are also importable where they were first defined
-(``recordkit.cache``, ``recordkit.conversion``, ``recordkit.converters``); those names
-are these classes.
 """
 
 from __future__ import annotations
@@ -91,6 +87,21 @@ __all__ = [
 class RecordkitError(Exception):
     """Base class of every error raised by recordkit."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only state survives crossing a process (multiprocessing, Dask and
+        # Ray pickle exceptions): rebuilt without calling __init__ again.
+        return (_restore, (type(self), self.args, self.__dict__.copy()))
+
+
+_R = TypeVar("_R", bound=BaseException)
+
+
+def _restore(cls: type[_R], args: tuple[Any, ...], state: dict[str, Any]) -> _R:
+    err = cls.__new__(cls, *args)
+    (OSError if issubclass(cls, OSError) else BaseException).__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 def _where(path: str | None, offset: int | None, record: int | None) -> str:
     parts = [str(path) if path is not None else "<buffer>"]
@@ -121,30 +132,12 @@ class _LocatedError(RecordkitError):
 
     def located(self: _E, path: str | None, offset: int | None, record: int | None) -> _E:
         """Return a copy of this error with its location filled in (keeps the subclass)."""
-        err: _E = _rebuild(type(self), self.reason, self.__dict__.copy())
+        err = _restore(type(self), self.args, self.__dict__.copy())
         err.path = None if path is None else str(path)
         err.offset, err.record = offset, record
         Exception.__init__(err, f"{_where(err.path, offset, record)}: {self.reason}")
         err.__cause__ = self
         return err
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keep keyword-only state when an error crosses a process boundary
-        # (multiprocessing and Dask pickle exceptions; our data never is).
-        return (_rebuild, (type(self), self.reason, self.__dict__.copy()))
-
-
-def _rebuild(cls: type[_E], reason: str, state: dict[str, Any]) -> _E:
-    err = cls.__new__(cls)
-    err.__dict__.update(state)
-    Exception.__init__(err, f"{_where(err.path, err.offset, err.record)}: {reason}")
-    return err
-
-
-def _construct(cls: type[BaseException], args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    """Unpickle an error whose state is its constructor's arguments: call it again
-    (its keyword-only state survives crossing a process)."""
-    return cls(*args, **kw)
 
 
 class CorruptRecordError(_LocatedError, ValueError):
@@ -184,14 +177,9 @@ class SequenceExampleError(CorruptRecordError):
 
 
 class UnknownFieldError(CorruptRecordError):
-    """A payload field that its message type does not define.
-
-    Protobuf parsers, TensorFlow's among them, skip such a field (a field number
-    the ``.proto`` does not name, or a known number with another wire type), so
-    whatever it holds is dropped without a word. recordkit refuses the record
-    instead: it is an error, never a sample read in part. The message names the
-    field, its wire type and where it sits, e.g. ``field 9 (varint) inside
-    Feature 'k' at payload byte 57, which tf.train.Example does not define: ...``.
+    """A payload field that its message type does not define (an unknown number, or a
+    known one with another wire type): protobuf skips it silently, recordkit refuses the
+    record. The message names the field, its wire type and where it sits.
 
     Attributes:
         field_number: the field's number.
@@ -310,9 +298,6 @@ class IncompleteDatasetError(RecordkitError, ValueError):
         super().__init__(message)
         self.path = path
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_construct, (type(self), (str(self),), {"path": self.path}))
-
 
 class ShardChangedError(_LocatedError, OSError):
     """A shard whose file changed after it was opened (truncated, rewritten in place).
@@ -353,9 +338,6 @@ class AccessDeniedError(RecordkitError, PermissionError):
         self.reason = reason
         self.url = url
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_construct, (type(self), (self.reason,), {"url": self.url}))
-
 
 class DatasetExistsError(RecordkitError, FileExistsError):
     """A writer was pointed at a directory that already holds a dataset."""
@@ -376,9 +358,6 @@ class DestinationBusyError(RecordkitError, BlockingIOError):
         self.path = path
         self.holder = holder
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_construct, (type(self), (str(self),), {"path": self.path, "holder": self.holder}))
-
 
 class LoaderTimeoutError(RecordkitError, TimeoutError):
     """A loader process that handed nothing over for longer than its progress deadline.
@@ -392,18 +371,12 @@ class MissingDependencyError(RecordkitError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
 
-# -- converters ------------------------------------------------------------------------
-
-
 class SourceError(RecordkitError, ValueError):
     """Source data that cannot be converted (names the item and, where known, the row)."""
 
 
 class SourceNotFoundError(RecordkitError, FileNotFoundError):
     """The source URL does not exist, or holds nothing this converter can read."""
-
-
-# -- conversion ------------------------------------------------------------------------
 
 
 class ConvertError(RecordkitError, RuntimeError):
@@ -436,17 +409,13 @@ class PartitionsFailedError(_Group, ConvertError):
     """
 
 
-# -- no room ---------------------------------------------------------------------------
-
-
 class DiskFullError(RecordkitError, OSError):
     """No room for a shard where recordkit writes it: ``errno`` ``ENOSPC`` (or ``EDQUOT``).
 
     A conversion's partition on a full device or quota (inside a
     :class:`~recordkit.errors.PartitionsFailedError`: the other partitions are
-    kept, free some space and rerun), or, as
-    :class:`~recordkit.errors.CacheFullError`, a shard cache whose budget cannot
-    hold a shard. Catch this class for both.
+    kept, free some space and rerun), or a shard cache's budget
+    (:class:`~recordkit.errors.CacheFullError`, a subclass).
 
     Attributes:
         reason: the message without the path.
@@ -461,19 +430,6 @@ class DiskFullError(RecordkitError, OSError):
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.path else self.reason
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keyword-only state survives crossing a process (a writer's error, a worker's).
-        return (_rebuild_full, (type(self), self.errno, self.reason, self.__dict__.copy()))
-
-
-def _rebuild_full(
-    cls: type[DiskFullError], errno: int, reason: str, state: dict[str, Any]
-) -> DiskFullError:
-    err = cls.__new__(cls)
-    OSError.__init__(err, errno, reason)
-    err.__dict__.update(state)
-    return err
-
 
 class CacheFullError(DiskFullError):
     """A shard cache cannot make room for a shard.
@@ -481,7 +437,6 @@ class CacheFullError(DiskFullError):
     Raised when a shard is larger than the whole budget, or when the budget or the
     disk itself is full (``ENOSPC``) and evicting unpinned shards did not free
     enough space. Shards that readers have pinned are never evicted to make room.
-    A :class:`~recordkit.errors.DiskFullError`: catching that catches this too.
 
     Attributes:
         path: the shard that did not fit (relative to the cache root).
@@ -491,9 +446,6 @@ class CacheFullError(DiskFullError):
     def __init__(self, reason: str, *, path: str | None = None, needed: int | None = None):
         super().__init__(reason, path=path)
         self.needed = needed
-
-
-# -- remote storage and the cache ------------------------------------------------------
 
 
 class DownloadError(RecordkitError, OSError):
@@ -519,9 +471,6 @@ class DownloadError(RecordkitError, OSError):
             where = f"{where}@{self.offset}"
         return f"{where}: {self.reason}"
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_construct, (type(self), (self.reason,), {"url": self.url, "offset": self.offset}))
-
 
 class ProduceError(RecordkitError, RuntimeError):
     """Producer mode: a partition could not be turned into a shard this time.
@@ -546,10 +495,6 @@ class ProduceError(RecordkitError, RuntimeError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.path else self.reason
-
-    def __reduce__(self) -> tuple[object, ...]:
-        kw = {"path": self.path, "details": self.details}
-        return (_construct, (type(self), (self.reason,), kw))
 
 
 class OutgrewError(RecordkitError, RuntimeError):
