@@ -32,9 +32,8 @@ __all__ = [
     "source_errors",
 ]
 
-# The registry lives in ``recordkit.conversion.sources`` (convert() looks sources up there
-# by name, without importing this package); these are its public faces.
-_registered = _sources.registered
+# The registry is ``recordkit.conversion.sources`` (convert() looks sources up there by
+# name, without importing this package); these are its public faces.
 
 
 def register(name: str, cls: type[Source]) -> None:

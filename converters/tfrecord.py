@@ -10,28 +10,16 @@ GZIP- and ZLIB-compressed TFRecord files (``TFRecordOptions(compression_type=
 The schema is inferred from the first records (``recordkit.Schema.infer``)
 unless given.
 
-``tf.train.SequenceExample`` records are detected from the leading records (one
-that has ``feature_lists`` makes them all SequenceExamples), or said with the
-option ``sequence_example=True``. They are copied byte for byte too, each
-decoded whole on the way (context and every feature list; one that does not
-decode stops the conversion, naming file, offset and record), and the
-manifest says ``"payload": "sequence_example"`` with a schema of the context
-features and feature lists counted over every record
-(:class:`recordkit.codec.SequenceSchema`), so every reader reads the
-copy whole without being told. An Example and a SequenceExample with no feature
-lists are the same bytes, so a record without feature lists among
-SequenceExamples is one of them (nothing of it is lost); a SequenceExample
-among records taken for Examples is mixed input, refused by name (checked on
-every record, ``check_payloads`` or not).
+``tf.train.SequenceExample`` records (detected from the leading records, or said
+with ``sequence_example=True``) are copied byte for byte too, each decoded whole on
+the way, and the manifest says ``"payload": "sequence_example"`` with a
+:class:`recordkit.codec.SequenceSchema` counted over every record. A SequenceExample
+among records taken for Examples is mixed input, refused by name (checked on every
+record, ``check_payloads`` or not).
 
-A tensorflow-datasets folder (a local one with ``dataset_info.json`` and
-``features.json``) converts one split (option ``split``, needed when it has
-several), its shards in ``dataset_info.json``'s order, with tfds's types:
-records are decoded as tfds serialized them and written again in the dtype
-and shape tfds returns (``Tensor`` features for int32, float64, bool, ...;
-``Text`` as UTF-8 ``Bytes``; ``Image`` as the encoded bytes, or decoded to
-``uint8`` with ``decode_images``), so the copy reads in tfds's shapes
-everywhere; the manifest's metadata gets ``{"tfds": {...}}`` (class names).
+A local tensorflow-datasets folder converts one split, written again in the dtypes
+and shapes tfds returns, its class names in the manifest's metadata. Both are told
+at length in ``docs/howto/foreign-tfrecords.md``.
 
 Options:
     infer_records: how many leading records inference looks at (default 64).

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -239,23 +238,10 @@ class Dataset:
         """Unmap every shard (maps are opened again on the next read)."""
         self._set.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The shard set pickles as root, shard infos and schema: its maps stay in
-        # this process (a copy maps on demand in its own, see ShardSet).
-        return self.__dict__.copy()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     def __enter__(self) -> Dataset:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

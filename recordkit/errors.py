@@ -110,6 +110,14 @@ def _where(path: str | None, offset: int | None, record: int | None) -> str:
     return ":".join(parts)
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where notes are not printed)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
 _E = TypeVar("_E", bound="_LocatedError")
 
 

@@ -26,13 +26,12 @@ from typing import Any
 
 from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
-from ..errors import DiskFullError
+from ..errors import DiskFullError, add_note
 from ..format.framing import OVERHEAD
 from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
 from ..retry import RetryPolicy
 from ..storage import open_target
 from ..writer.sequence import ShardSequence
-from .notes import add_note
 
 __all__ = ["PartitionResult", "PartitionTask", "Reporter", "Tally", "run_partition", "write_items"]
 

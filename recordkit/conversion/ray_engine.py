@@ -33,8 +33,7 @@ from typing import Any
 
 from .._deps import require
 from .._procs import RemoteTraceback, pack_exception
-from ..errors import ConvertError
-from .notes import add_note
+from ..errors import ConvertError, add_note
 from .partition import PartitionResult, PartitionTask, Reporter, run_partition
 
 __all__ = ["RayEngine"]

@@ -36,7 +36,7 @@ from .._procs import check_not_loading_main
 from .._version import __version__
 from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
-from ..errors import ConvertError, PartitionsFailedError, SchemaError, SourceError
+from ..errors import ConvertError, PartitionsFailedError, SchemaError, SourceError, add_note
 from ..format.complete import mark_finished
 from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
 from ..storage import source_url
@@ -51,9 +51,8 @@ from .destination import (
     published_from_manifest,
     write_plan,
 )
-from .engines import CLUSTERS, Engine, make_engine
+from .engines import Engine, make_engine
 from .identity import KEPT_LISTING, listing
-from .notes import add_note
 from .partition import PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
 from .progress import NullProgress, Progress
@@ -281,20 +280,12 @@ def convert(
     else:  # each setting one way: shard_size= and compress= are options' fields
         both = [k for k in ("shard_size", "compress") if k in given()]
         refuse(both, "options", "ConvertOptions", both)
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if workers < 0:
-        raise ValueError(f"workers must be >= 0, got {workers}")
-    in_memory = [u for u in (os.fspath(src), os.fspath(dst)) if u.startswith("memory://")]
-    if in_memory and engine in CLUSTERS:
-        raise ValueError(
-            f"{in_memory[0]} lives in this process; {engine.capitalize()} workers cannot see it"
-        )
-    if in_memory and workers:
-        log.info("%s lives in this process: converting in it (workers=0)", in_memory[0])
-        workers = 0
     runner = make_engine(
-        engine, workers=workers, scheduler=scheduler, inactivity_timeout=inactivity_timeout
+        engine,
+        workers=workers,
+        scheduler=scheduler,
+        inactivity_timeout=inactivity_timeout,
+        urls=(os.fspath(src), os.fspath(dst)),
     )
     storage_options = dict(storage_options or {})
     dso = dict(storage_options if dst_storage_options is None else dst_storage_options)

@@ -8,7 +8,6 @@ import fnmatch
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
 from .._units import parse_size
@@ -270,12 +269,7 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if exc_type is None:
             self.close()
         else:

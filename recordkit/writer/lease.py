@@ -28,7 +28,6 @@ import logging
 import os
 import socket
 import time
-from types import TracebackType
 from typing import Any
 
 from ..errors import DestinationBusyError
@@ -129,12 +128,7 @@ class Lease:
         self.acquire()
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def acquire(self) -> None:
