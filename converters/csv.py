@@ -53,8 +53,7 @@ class CsvSource(TabularSource):
     suffixes: ClassVar[tuple[str, ...]] = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
     def list_items(self) -> list[Item]:
-        self.check_exists()
-        return files_as_items(self, self.suffixes, fmt=self.name)
+        return files_as_items(self, self.suffixes)
 
     def _rows(self, item: Item) -> Iterator[tuple[int, dict[str, str]]]:
         rel = item.ref[0]

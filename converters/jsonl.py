@@ -59,9 +59,7 @@ class JsonlSource(TabularSource):
     )
 
     def list_items(self) -> list[Item]:
-        self.check_exists()
-        chunk = int(self.options["chunk_bytes"])
-        return files_as_items(self, self.suffixes, fmt=self.name, chunk_bytes=chunk)
+        return files_as_items(self, self.suffixes, chunk_bytes=int(self.options["chunk_bytes"]))
 
     def _lines(self, item: Item) -> Iterator[tuple[str, bytes | str]]:
         rel, start, stop = item.ref

@@ -18,15 +18,11 @@ or in sorted order with ``deterministic=True``), so byte equality holds for the
 order the protobuf serializer happened to choose; parsed content is equal for
 any order.
 
-Decoding follows the protobuf parser's semantics, so that a record means the
-same thing here as in ``tf.io.parse_example``: a repeated map key replaces the
-earlier entry, repeated occurrences of the same message field merge, the last
-member of the ``oneof`` set wins, and repeated scalars are accepted packed,
-unpacked or mixed. One departure, on purpose: protobuf skips a field that the
-message does not define (an unknown field number, or a known one with another
-wire type), and so would drop whatever it holds without a word; here it is an
-:class:`~recordkit.errors.UnknownFieldError` naming the field, its wire type and
-where it sits. Values are views into the payload where the wire format allows it.
+Decoding follows the protobuf parser's semantics (:mod:`recordkit.codec.messages`
+says which), so that a record means the same thing here as in ``tf.io.parse_example``,
+except that a field a message does not define is an
+:class:`~recordkit.errors.UnknownFieldError`, never skipped. Values are views into
+the payload where the wire format allows it.
 Anything malformed raises :class:`~recordkit.errors.CorruptRecordError` naming
 the payload byte; no length read from the payload is used before it is checked
 against the payload's end.
