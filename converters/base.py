@@ -146,6 +146,12 @@ class Source(abc.ABC):
         self.schema = schema
         self.options = {**known, **options}
 
+    def check_choice(self, key: str, choices: Sequence[Any]) -> None:
+        """Refuse an option value that is not one of ``choices`` (``ValueError``)."""
+        value = self.options[key]
+        if value not in choices:
+            raise ValueError(f"{self.name}: {key} must be one of {choices}, got {value!r}")
+
     def __getstate__(self) -> dict[str, Any]:
         # The versions are the plan's business: writer processes do not need them.
         state = dict(self.__dict__)

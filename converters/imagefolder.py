@@ -109,20 +109,9 @@ class ImageFolderSource(Source):
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self.classes: list[str] = []
-        if self.options["check"] not in _CHECKS:
-            raise ValueError(
-                f"imagefolder: check must be one of {_CHECKS}, got {self.options['check']!r}"
-            )
-        if self.options["order"] not in ("interleaved", "sorted"):
-            raise ValueError(
-                "imagefolder: order must be 'interleaved' or 'sorted', "
-                f"got {self.options['order']!r}"
-            )
-        if self.options["on_error"] not in _ON_ERROR:
-            raise ValueError(
-                f"imagefolder: on_error must be one of {_ON_ERROR}, "
-                f"got {self.options['on_error']!r}"
-            )
+        self.check_choice("check", _CHECKS)
+        self.check_choice("order", ("interleaved", "sorted"))
+        self.check_choice("on_error", _ON_ERROR)
 
     def list_items(self) -> list[Item]:
         self.check_exists()

@@ -36,14 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError, SequenceExampleError
-from .messages import (
-    EXAMPLE,
-    bytes_values,
-    float_values,
-    int64_values,
-    parse_features,
-    unknown_field,
-)
+from .messages import EXAMPLE, list_values, parse_features, unknown_field
 from .wire import LEN1, LEN2, encode_varints, malformed, read_len, read_varint, varint
 
 __all__ = ["KINDS", "as_int64", "decode_example", "encode_example", "varint"]
@@ -274,17 +267,9 @@ def decode_example(
                 )
             else:
                 raise unknown_field(buf, 0, end, pos, tag, "the Example", EXAMPLE.message)
-        for name, (kind, runs) in spans.items():
-            if keys is not None and name not in keys:
-                continue
-            if kind is None:
-                out[name] = (None, None)
-            elif kind == "bytes":
-                out[name] = ("bytes", bytes_values(buf, runs, name))
-            elif kind == "float":
-                out[name] = ("float", float_values(buf, runs, name))
-            else:
-                out[name] = ("int64", int64_values(buf, runs, name))
+        for name, state in spans.items():
+            if keys is None or name in keys:
+                out[name] = list_values(buf, state, name)
     except IndexError:
         raise malformed("truncated field", end) from None
     return out

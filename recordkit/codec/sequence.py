@@ -7,11 +7,8 @@ From ``tensorflow/core/example/example.proto`` and ``feature.proto``::
     FeatureList     { repeated Feature feature = 1; }
 
 Read with the protobuf parser's semantics, as :func:`~recordkit.codec.decode_example`
-reads an Example: a repeated map key replaces the earlier entry, a repeated
-``FeatureList`` value merges (its steps concatenate), the last ``oneof`` member
-of a ``Feature`` wins and repeated occurrences of the same member merge. As
-there, a field that a message does not define is an
-:class:`~recordkit.errors.UnknownFieldError` (protobuf would skip it). An
+reads an Example (:mod:`recordkit.codec.messages`; a repeated ``FeatureList`` value
+merges: its steps concatenate), a field a message does not define included. An
 Example payload reads as a SequenceExample with no feature lists.
 
 :class:`SequenceSchema` says what a set of SequenceExamples holds (each context
@@ -28,15 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptRecordError, SchemaError, UnknownFieldError
-from .messages import (
-    Scope,
-    bytes_values,
-    entry_key,
-    float_values,
-    int64_values,
-    parse_features,
-    unknown_field,
-)
+from .messages import Scope, entry_key, list_values, parse_features, unknown_field
 from .wire import KIND_OF_TAG, LEN1, LEN2, malformed, read_len, read_varint, skip
 
 __all__ = [
@@ -85,9 +74,9 @@ def decode_sequence_example(
                 pos += size
             else:
                 raise unknown_field(buf, 0, end, pos, tag, "the SequenceExample", _MESSAGE)
-        context = {name: _values(buf, state, name, _CONTEXT) for name, state in spans.items()}
+        context = {name: list_values(buf, state, name, _CONTEXT) for name, state in spans.items()}
         steps = {
-            name: [_values(buf, s, name, _step(i)) for i, s in enumerate(states)]
+            name: [list_values(buf, s, name, _step(i)) for i, s in enumerate(states)]
             for name, states in lists.items()
         }
     except IndexError:
@@ -185,17 +174,6 @@ def _parse_feature(
             state = [kind, [(pos, pos + size)]]
         pos += size
     return state
-
-
-def _values(buf: memoryview, state: list[Any], name: str, scope: Scope) -> Values:
-    kind, runs = state
-    if kind is None:
-        return (None, None)
-    if kind == "bytes":
-        return ("bytes", bytes_values(buf, runs, name, scope))
-    if kind == "float":
-        return ("float", float_values(buf, runs, name, scope))
-    return ("int64", int64_values(buf, runs, name, scope))
 
 
 def as_stored(kind: str | None, values: Any) -> Any:
