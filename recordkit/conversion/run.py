@@ -332,16 +332,11 @@ def run_plan(
 
     Args:
         source: the source the plan was made from (pickled into each task).
-        plan: the plan.
-        dst: the dataset directory: a local path or fsspec URL.
-        storage_options: fsspec options for ``dst``.
-        engine: runs the partitions.
-        resume, overwrite, progress: as :func:`convert` takes them.
+        storage_options, resume, overwrite, progress, break_lock: as :func:`convert`
+            takes them (``storage_options`` for ``dst``).
         writer: the in-progress marker's kind (``"convert"`` or ``"write"``).
         what: how errors name the run (``"converting imgs/"``).
         started: ``time.monotonic()`` when the run began (for the result's seconds).
-        break_lock: take over a remote destination's lease whose holder this host
-            cannot see.
 
     Raises:
         DestinationBusyError: another writer holds ``dst``.

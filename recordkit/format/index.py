@@ -151,10 +151,7 @@ def scan_buffer(
         sizes.append(length + OVERHEAD)
         offset += length + OVERHEAD
         record += 1
-    out = np.empty((len(offsets), 2), dtype=np.int64)
-    out[:, 0] = offsets
-    out[:, 1] = sizes
-    return out
+    return np.column_stack((offsets, sizes)).astype(np.int64)
 
 
 def _refuse_compressed(buf: mmap.mmap | bytes, path: str) -> None:
@@ -297,9 +294,7 @@ def check_entries(entries: np.ndarray, size: int, *, where: str | None = None) -
     n = len(entries)
     if n == 0:
         if size:
-            raise InvalidIndexError(
-                f"index is empty but the shard has {size} bytes", path=where, offset=0, record=0
-            )
+            raise end_error(0, 0, size, where)
         return
     offsets, sizes = entries[:, 0], entries[:, 1]
     expected_offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))
