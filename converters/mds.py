@@ -64,18 +64,10 @@ from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
 __all__ = ["MDSSource"]
 
 _U4 = np.dtype("<u4")
-_SCALARS = {
-    "uint8": "<u1",
-    "uint16": "<u2",
-    "uint32": "<u4",
-    "uint64": "<u8",
-    "int8": "<i1",
-    "int16": "<i2",
-    "int32": "<i4",
-    "int64": "<i8",
-    "float16": "<f2",
-    "float32": "<f4",
-    "float64": "<f8",
+_SCALARS = {  # the scalar encodings, each stored as its little-endian dtype
+    name: np.dtype(name).newbyteorder("<").str
+    for name in [f"{sign}int{bits}" for sign in ("u", "") for bits in (8, 16, 32, 64)]
+    + ["float16", "float32", "float64"]
 }
 _ND_DTYPES = {
     8: "uint8",

@@ -17,6 +17,7 @@ decode (naming file, offset and record) and adds each to ``found``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -287,9 +288,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         skipped=skipped,
         schema=None if found is None else found.to_json(),
     )
-    state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
-    try:
+    state_url = f"{task.dst.rstrip('/')}/{STATE_DIR}"
+    with contextlib.closing(open_target(state_url, task.storage_options)) as state:
         state.write_bytes(task.marker, result.marker_bytes(task.fingerprint))
-    finally:
-        state.close()
     return result
