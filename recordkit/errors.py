@@ -122,7 +122,10 @@ _E = TypeVar("_E", bound="_LocatedError")
 
 
 class _LocatedError(RecordkitError):
-    """An error about a place in a file: ``path:offset:record: reason``."""
+    """An error about a place in a file: ``path:offset:record: reason``.
+
+    Its subclasses take ``path``, ``offset`` and ``record`` as these keywords too.
+    """
 
     def __init__(
         self,
@@ -163,17 +166,15 @@ class CorruptRecordError(_LocatedError, ValueError):
         self,
         reason: str,
         *,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
         expected_crc: int | None = None,
         actual_crc: int | None = None,
+        **where: Any,
     ) -> None:
         self.expected_crc = expected_crc
         self.actual_crc = actual_crc
         if expected_crc is not None and actual_crc is not None:
             reason = f"{reason} (stored {expected_crc:#010x}, computed {actual_crc:#010x})"
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **where)
 
 
 class SequenceExampleError(CorruptRecordError):
@@ -209,16 +210,14 @@ class UnknownFieldError(CorruptRecordError):
         where: str = "",
         message: str = "",
         at: int | None = None,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
+        **location: Any,
     ) -> None:
         self.field_number = field_number
         self.wire_type = wire_type
         self.where = where
         self.message = message
         self.at = at
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **location)
 
 
 class TruncatedRecordError(CorruptRecordError):
@@ -240,17 +239,9 @@ class CompressedTFRecordError(_LocatedError, ValueError):
         compression: ``"GZIP"`` or ``"ZLIB"``.
     """
 
-    def __init__(
-        self,
-        reason: str,
-        *,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
-        compression: str = "GZIP",
-    ) -> None:
+    def __init__(self, reason: str, *, compression: str = "GZIP", **where: Any) -> None:
         self.compression = compression
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **where)
 
 
 class ImageDecodeError(_LocatedError, ValueError):
@@ -268,18 +259,11 @@ class ImageDecodeError(_LocatedError, ValueError):
     """
 
     def __init__(
-        self,
-        reason: str,
-        *,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
-        feature: str | None = None,
-        key: str | None = None,
+        self, reason: str, *, feature: str | None = None, key: str | None = None, **where: Any
     ) -> None:
         self.feature = feature
         self.key = key
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **where)
 
 
 class InvalidIndexError(_LocatedError, ValueError):

@@ -151,10 +151,6 @@ class PartitionResult:
             raise ValueError(f"malformed done-marker: {exc!r}") from exc
 
 
-def _noop(items: int, size: int, records: int) -> None:
-    pass
-
-
 class Tally:
     """Forwards progress to ``report`` and remembers it, so an attempt that is
     retried (or redone) can take back what it counted: :meth:`undo`.
@@ -259,7 +255,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     whole partition after a backoff, as ``task.retry`` says: it rewrites the same
     names with the same bytes, so a retry is safe. A full disk raises :class:`DiskFullError`.
     """
-    report = report or _noop
+    report = report or (lambda items, size, records: None)
     tallies: list[Tally] = []
 
     def attempt() -> tuple[Any, Any, int]:

@@ -229,8 +229,7 @@ def check_complete(
         root: the dataset directory (a file path is not a directory: ``None``).
         partial: read what is there anyway: log a WARNING that says how much,
             and return the :class:`Incomplete` instead of raising.
-        read: see :func:`find_incomplete`.
-        listdir: see :func:`find_incomplete`.
+        read, listdir: see :func:`find_incomplete`.
 
     Returns:
         ``None`` for a whole dataset or a foreign folder; with ``partial`` the
