@@ -18,29 +18,17 @@ float64: ``Tensor("float64", ())``).
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from recordkit import Schema
-
-from ._inference import infer_columns
-from ._tabular import (
-    TABULAR_OPTIONS,
-    SkipCount,
-    TabularSource,
-    byte_range_lines,
-    files_as_items,
-    open_text,
-    shape_row,
-)
+from ._tabular import TABULAR_OPTIONS, RowsSource, byte_range_lines, files_as_items, open_text
 from .base import Item, SourceError, source_errors
 
 __all__ = ["JsonlSource"]
 
 
-class JsonlSource(TabularSource):
+class JsonlSource(RowsSource):
     """JSON Lines (``*.jsonl``, ``*.ndjson``, ``*.json``, optionally ``.gz``) -> records."""
 
     name: ClassVar[str] = "jsonl"
@@ -71,7 +59,7 @@ class JsonlSource(TabularSource):
             for number, raw in enumerate(byte_range_lines(self.location, rel, start, stop)):
                 yield f"line {number + 1} after byte {start}", raw
 
-    def _rows(self, item: Item) -> Iterator[tuple[str, dict[str, Any]]]:
+    def rows(self, item: Item) -> Iterator[tuple[str, dict[str, Any]]]:
         for where, line in self._lines(item):
             if not line.strip():
                 continue
@@ -82,18 +70,3 @@ class JsonlSource(TabularSource):
             if not isinstance(row, dict):
                 raise SourceError(f"{item.key}: {where}: expected a JSON object per line")
             yield where, row
-
-    def infer_schema(self, items: Sequence[Item]) -> Schema:
-        limit = int(self.options["infer_rows"])
-        rows = itertools.islice((r for it in items for _, r in self._rows(it)), limit)
-        where = items[0].key if items else self.location.url
-        return infer_columns(rows, where=where, strings=False, opts=self.tabular)
-
-    def shaped(self, item: Item, schema: Schema, skips: SkipCount) -> Iterator[Mapping[str, Any]]:
-        opts = self.tabular
-        for where, row in self._rows(item):
-            sample = shape_row(row, schema, opts, where=f"{item.key}: {where}", text=False)
-            if sample is None:
-                skips.rows += 1
-            else:
-                yield sample
