@@ -33,11 +33,6 @@ __all__ = ["Dataset", "find_shards"]
 log = logging.getLogger(__name__)
 
 
-def _as_stored(record: dict[str, tuple[str | None, Any]]) -> dict[str, Any]:
-    """A decoded Example's features as owned values, each list typed as stored."""
-    return {name: as_stored(kind, values) for name, (kind, values) in record.items()}
-
-
 class Dataset:
     r"""Read a recordkit dataset, a folder of foreign TFRecords, or a single shard.
 
@@ -209,7 +204,7 @@ class Dataset:
             if self.sequence_example:
                 return sequence_example_values(payload)
             if self.schema is None:
-                return _as_stored(decode_example(payload))
+                return {n: as_stored(k, v) for n, (k, v) in decode_example(payload).items()}
             values = self.schema.decode(payload, copy=True, limits=self.limits)
             return values if self._view is None else self._view.sample(values)
         except CorruptRecordError as exc:

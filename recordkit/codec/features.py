@@ -160,12 +160,9 @@ class FeatureBase:
             return value.copy()
         return value
 
-    def _absent(self, name: str, record: Features) -> bool:
-        """Whether ``record`` lacks the feature (or holds no list) and the default answers."""
-        return self.default is not REQUIRED and record.get(name, NO_LIST)[0] is None
-
     def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
-        if self._absent(name, record):
+        # A record without the feature (or with no list set): the default answers.
+        if self.default is not REQUIRED and record.get(name, NO_LIST)[0] is None:
             return self._given(copy)
         return self._decode_present(name, record, copy, budget)
 

@@ -134,8 +134,9 @@ def scan_buffer(
     offsets: list[int] = []
     sizes: list[int] = []
     offset, record, end = 0, 0, len(buf)
-    if end:
-        _refuse_compressed(buf, path)
+    kind = sniff_compression(buf[:12]) if end else None
+    if kind is not None:  # a GZIP/ZLIB file: CompressedTFRecordError, never "corrupt"
+        raise compressed_error(path, kind)
     while offset < end:
         if verify:
             length = len(
@@ -152,13 +153,6 @@ def scan_buffer(
         offset += length + OVERHEAD
         record += 1
     return np.column_stack((offsets, sizes)).astype(np.int64)
-
-
-def _refuse_compressed(buf: mmap.mmap | bytes, path: str) -> None:
-    """Raise :class:`CompressedTFRecordError` for a GZIP/ZLIB file, never "corrupt"."""
-    kind = sniff_compression(buf[:12])
-    if kind is not None:
-        raise compressed_error(path, kind)
 
 
 def format_index(entries: np.ndarray) -> bytes:
