@@ -19,9 +19,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import csv
+import gzip
 import hashlib
 import json
 import logging
+import lzma
 import os
 import stat
 import sys
@@ -375,11 +377,9 @@ def _data_errors() -> tuple[type[BaseException], ...]:
         zipfile.BadZipFile,
         zlib.error,
         EOFError,
+        gzip.BadGzipFile,
+        lzma.LZMAError,
     ]
-    import gzip
-    import lzma
-
-    errors += [gzip.BadGzipFile, lzma.LZMAError]
     # Only libraries that are already imported: a converter that uses one imports it.
     pyarrow = sys.modules.get("pyarrow")
     if pyarrow is not None:

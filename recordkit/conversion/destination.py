@@ -126,7 +126,10 @@ def incomplete_at(
 def prepare(
     dest: Destination, plan: Plan, resume: bool | None, overwrite: bool, writer: str = "convert"
 ) -> str:
-    """Decide what to do with what is at ``dest``: ``"done"``, ``"resume"`` or ``"fresh"``."""
+    """Decide what to do with what is at ``dest``: ``"done"`` (a manifest of the same
+    plan), ``"resume"`` (a state directory, ``plan.json``, of the same plan) or
+    ``"fresh"``; anything else of ours there is a ``DatasetExistsError`` unless ``overwrite``.
+    """
     prefix = f"{plan.options.prefix}-"
     names = dest.names()
     ours = [n for n in names if n == MANIFEST_NAME or n.startswith(prefix)]

@@ -4,13 +4,11 @@
 
 1. **plan** (:func:`plan_conversion`): list the source and cut it into
    deterministic partitions (nothing written yet);
-2. **resume check** (:func:`~recordkit.conversion.destination.prepare`): a manifest
-   from the same plan at the destination means done; a state directory
-   (``.recordkit-convert/plan.json``) from the same plan means resume; anything
-   else of ours there is an error unless ``overwrite``. Then the directory is
-   marked as being written (``.recordkit-writing.json``, which readers refuse
-   without ``partial=True``), temp files and the shards of unfinished
-   partitions are removed, and ``plan.json`` is written;
+2. **resume check** (:func:`~recordkit.conversion.destination.prepare`): done,
+   resume or fresh, from what is at the destination (see
+   :mod:`~recordkit.conversion.destination`). Then the directory is marked as being
+   written, what an interrupted run left half-done is removed, and ``plan.json``
+   is written;
 3. **run partitions** on an engine (:mod:`~recordkit.conversion.engines`: inline,
    local writer processes, Dask, Ray); each publishes its shards, then its
    done-marker (a partition without a marker is redone from scratch, producing

@@ -1,17 +1,12 @@
-"""The index sidecar: one ``"{offset} {framed_size}\\n"`` line per record.
+"""The index sidecar: one ``"{offset} {framed_size}\\n"`` line per record, the text
+format of NVIDIA DALI's ``tfrecord2idx`` and of the ``tfrecord`` PyPI package
+(``docs/format.md``, Index sidecar). The index of ``part-00000.tfrecord`` is
+``part-00000.tfrecord.idx`` beside it.
 
-This is the text format of NVIDIA DALI's ``tfrecord2idx`` and of the ``tfrecord``
-PyPI package, so both read recordkit shards with our index and no conversion.
-``framed_size`` is the payload length plus the 16 bytes of framing. The index of
-``part-00000.tfrecord`` is ``part-00000.tfrecord.idx`` beside it.
-
-An index is never trusted blindly: :func:`validate_index` checks it against the
-shard (contiguous entries from 0 to the file size, every length field matching),
-and :func:`scan_index` builds one by a CRC-checked scan over a memory map, which
-reads headers and payloads through the page cache instead of into Python memory
-(DALI's tool reads whole shards into RAM). This module is the format, the bytes;
-how a reader opens, keeps and rebuilds an index (``ensure_index``, the per-user
-store) is :mod:`recordkit.reader.index`.
+An index is never trusted blindly (:func:`validate_index`); :func:`scan_index` builds
+one by a CRC-checked scan over a memory map (through the page cache, not into Python
+memory). This module is the bytes; how a reader opens, keeps and rebuilds an index
+(``ensure_index``, the per-user store) is :mod:`recordkit.reader.index`.
 """
 
 from __future__ import annotations
