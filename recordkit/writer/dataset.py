@@ -50,12 +50,10 @@ class Writer:
     ``{prefix}-{NNNNN}.tfrecord.idx``; both are published atomically (temp file,
     fsync, rename; the index before the shard). ``recordkit.json`` is written
     when the block exits normally; if it raises, the shard in progress is
-    discarded and no manifest is written, so the dataset never looks complete.
-    From the start until the manifest is published the directory holds the
-    marker ``.recordkit-writing.json``: readers refuse a directory with the
-    marker and no manifest (:class:`~recordkit.errors.IncompleteDatasetError`)
-    unless they are given ``partial=True``, whether the writer raised, was
-    killed or is still running.
+    discarded and no manifest is written, so the dataset never looks complete:
+    until the manifest is published the directory holds the in-progress marker,
+    which readers refuse (:class:`~recordkit.errors.IncompleteDatasetError`) without
+    ``partial=True``, whether the writer raised, was killed or is still running.
 
     Args:
         path_or_url: the dataset directory: a local path or an fsspec URL
