@@ -2,10 +2,9 @@
 
 This is the simple, obviously-correct reader the fast ones are checked against:
 it memory-maps each shard, validates (or rebuilds) its index, checks every CRC
-and decodes one record at a time on the calling thread. Each record is checked
-against the file's size and copied out of the map (under the native SIGBUS guard
-when the extension is built) before it is decoded, so a shard truncated under
-the reader raises :class:`~recordkit.errors.ShardChangedError`.
+and decodes one record at a time on the calling thread, each copied out of the
+map first (:mod:`recordkit.format.guard`: a shard truncated under the reader raises
+:class:`~recordkit.errors.ShardChangedError`).
 """
 
 from __future__ import annotations

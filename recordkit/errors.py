@@ -401,6 +401,10 @@ class PartitionsFailedError(_Group, ConvertError):
     """
 
 
+#: The ``errno`` values of no room: a full device, or a full quota.
+NO_SPACE = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+
+
 class DiskFullError(RecordkitError, OSError):
     """No room for a shard where recordkit writes it: ``errno`` ``ENOSPC`` (or ``EDQUOT``).
 

@@ -7,15 +7,10 @@ progress to a callback; it never stops at the first failure, so every failure
 can be reported together. A writer that dies is an exception for its own
 partition (a :class:`ConvertError` that says so), never a hang.
 
-- :class:`InlineEngine` (``workers=0``): one partition after another in this
-  process; for debugging, tests and ``memory://`` URLs.
-- :class:`~recordkit.conversion.pool.LocalEngine` (the default): writer processes
-  on this machine.
-- :class:`DaskEngine` (``engine="dask"``): a ``dask.distributed`` cluster, or a
-  ``LocalCluster`` on 127.0.0.1 started for the run.
-- :class:`~recordkit.conversion.ray_engine.RayEngine` (``engine="ray"``): Ray tasks on
-  a Ray cluster, the Ray this process is connected to, or a local Ray started for
-  the run.
+The engines are :class:`InlineEngine` (``workers=0``: in this process, for debugging,
+tests and ``memory://`` URLs), :class:`~recordkit.conversion.pool.LocalEngine` (the
+default), :class:`DaskEngine` and :class:`~recordkit.conversion.ray_engine.RayEngine`;
+:func:`make_engine` picks one.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ decode (naming file, offset and record) and adds each to ``found``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from typing import Any
 
 from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
-from ..errors import DiskFullError, add_note
+from ..errors import NO_SPACE, DiskFullError, add_note
 from ..format.framing import OVERHEAD
 from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
 from ..retry import RetryPolicy
@@ -39,7 +38,6 @@ __all__ = ["PartitionResult", "PartitionTask", "Reporter", "Tally", "run_partiti
 log = logging.getLogger(__name__)
 
 STATE_DIR = ".recordkit-convert"
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 #: ``report(items, source_bytes, records)``: progress deltas from inside a partition.
 Reporter = Callable[[int, int, int], None]
@@ -265,7 +263,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         try:
             return _write(task, tallies[-1])
         except OSError as exc:
-            if exc.errno in _NO_SPACE:
+            if exc.errno in NO_SPACE:
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "

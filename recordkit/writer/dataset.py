@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import fnmatch
 import logging
 import os
@@ -13,7 +12,7 @@ from typing import Any
 from .._units import parse_size
 from .._version import __version__
 from ..codec.schema import Schema
-from ..errors import DatasetExistsError, DiskFullError, SchemaError
+from ..errors import NO_SPACE, DatasetExistsError, DiskFullError, SchemaError
 from ..format import TMP_MARKER
 from ..format.complete import MARKER_NAME, mark_finished, mark_started, marker_bytes
 from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo
@@ -24,8 +23,6 @@ from .sequence import ShardSequence
 __all__ = ["Writer"]
 
 log = logging.getLogger(__name__)
-
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 def _is_shard_name(name: str) -> bool:
@@ -207,7 +204,7 @@ class Writer:
         try:
             yield
         except OSError as exc:
-            if exc.errno not in _NO_SPACE or isinstance(exc, DiskFullError):
+            if exc.errno not in NO_SPACE or isinstance(exc, DiskFullError):
                 raise
             where = exc.filename or self.root
             raise DiskFullError(
