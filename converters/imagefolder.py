@@ -23,8 +23,7 @@ Options:
         that mixes the classes (sorted by a keyed hash of each path, as
         tensorflow-datasets shuffles at write time), so every shard holds every
         class and any reader of the result, ``tf.data`` included, starts from
-        unsorted data; ``"sorted"``: class by class, in path order (the order of
-        earlier versions).
+        unsorted data; ``"sorted"``: class by class, in path order.
     seed: the key of the interleaved order (default 0); the same seed gives the
         same order on any machine, so a resumed conversion is byte-identical.
     follow_symlinks: see :data:`recordkit.converters.base.COMMON_OPTIONS`.
