@@ -13,17 +13,16 @@ import base64
 import contextlib
 import gzip
 import io
-import itertools
 import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
-from recordkit.errors import OptionError, RecordkitError, SchemaError
+from recordkit.errors import OptionError, SchemaError
 from recordkit.storage import Location
 
 from .base import Item, Source, SourceError
@@ -33,7 +32,6 @@ __all__ = [
     "NULL_POLICIES",
     "TABULAR_OPTIONS",
     "Rows",
-    "RowsSource",
     "SkipCount",
     "TabularOptions",
     "TabularSource",
@@ -299,41 +297,6 @@ class TabularSource(Source):
     def records(self, item: Item, schema: Schema) -> Rows:
         skips = SkipCount()
         return Rows(self.shaped(item, schema, skips), schema, item, skips)
-
-
-class RowsSource(TabularSource):
-    """Files of rows read as mappings (JSON Lines, CSV): the schema inferred from the
-    leading ``infer_rows`` rows, each row shaped by :func:`shape_row`. Subclasses list
-    their files (:func:`files_as_items`) and yield the rows from :meth:`rows`."""
-
-    #: whether the cells are text to parse (CSV) rather than JSON values
-    text: ClassVar[bool] = False
-
-    def rows(self, item: Item) -> Iterator[tuple[str, Mapping[str, Any]]]:
-        """``(where in the item, row)`` for each row of ``item``."""
-        raise NotImplementedError
-
-    def infer_schema(self, items: Sequence[Item]) -> Schema:
-        from ._inference import infer_columns  # built on this module
-
-        limit = int(self.options["infer_rows"])
-        rows = itertools.islice((r for it in items for _, r in self.rows(it)), limit)
-        where = items[0].key if items else self.location.url
-        return infer_columns(rows, where=where, strings=self.text, opts=self.tabular)
-
-    def shaped(self, item: Item, schema: Schema, skips: SkipCount) -> Iterator[Mapping[str, Any]]:
-        for at, row in self.rows(item):
-            where = f"{item.key}: {at}"
-            try:
-                sample = shape_row(row, schema, self.tabular, where=where, text=self.text)
-            except RecordkitError:
-                raise
-            except ValueError as exc:  # a cell that does not parse as its column's type
-                raise SourceError(f"{where}: {exc}") from exc
-            if sample is None:
-                skips.rows += 1
-            else:
-                yield sample
 
 
 def check_fill(schema: Schema, opts: TabularOptions, where: str) -> None:

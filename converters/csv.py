@@ -23,7 +23,8 @@ import csv
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from ._tabular import TABULAR_OPTIONS, RowsSource, files_as_items, open_text
+from ._inference import RowsSource
+from ._tabular import TABULAR_OPTIONS, files_as_items, open_text
 from .base import Item, SourceError, source_errors
 
 __all__ = ["CsvSource"]

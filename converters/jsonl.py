@@ -22,7 +22,8 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from ._tabular import TABULAR_OPTIONS, RowsSource, byte_range_lines, files_as_items, open_text
+from ._inference import RowsSource
+from ._tabular import TABULAR_OPTIONS, byte_range_lines, files_as_items, open_text
 from .base import Item, SourceError, source_errors
 
 __all__ = ["JsonlSource"]

@@ -231,8 +231,7 @@ def convert(
         src: the source: a local path or fsspec URL (``s3://``, ``gs://``,
             ``http(s)://``, ``memory://``, ``file://``).
         dst: the dataset directory: a local path or fsspec URL.
-        format: the converter (``recordkit.converters.available()``): ``imagefolder``,
-            ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``, ``tfrecord``.
+        format: the converter's name (``recordkit.converters.available()`` lists them).
         schema: the schema to write; ``None`` infers one from the source.
         workers: writer processes (local engine), LocalCluster workers (Dask) or
             the CPUs of a local Ray started for the run; default ``os.cpu_count()``;
