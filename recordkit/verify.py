@@ -263,11 +263,8 @@ def verify(
     if os.path.isfile(path):
         looks = what_it_is(path)
         if looks is not None:  # no frame to check: say what it is instead of "corrupt"
-            report = VerifyReport(root=path)
-            report.problems.append(
-                Problem(path, 0, None, f"not a TFRecord file: it looks like {looks}")
-            )
-            return report
+            problem = Problem(path, 0, None, f"not a TFRecord file: it looks like {looks}")
+            return VerifyReport(root=path, problems=[problem])
     if not infos and os.path.isdir(path) and not os.path.lexists(os.path.join(root, MANIFEST_NAME)):
         problems.append(Problem(root, None, None, _nothing_here(root)))
     report = VerifyReport(root=path, problems=problems)

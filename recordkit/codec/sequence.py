@@ -268,18 +268,14 @@ class SequenceSchema:
         """Count one record (:func:`decode_sequence_example`'s output)."""
         self.records += 1
         for name, (kind, values) in context.items():
-            stat = self._context.get(name)
-            if stat is None:
-                stat = self._context[name] = _stat()
+            stat = self._context.setdefault(name, _stat())
             stat[0] += 1
             key = kind or _UNSET
             stat[1][key] = stat[1].get(key, 0) + 1
             if kind is not None:
                 stat[2], stat[3] = _lengths(stat[2], stat[3], len(values))
         for name, steps in feature_lists.items():
-            stat = self._lists.get(name)
-            if stat is None:
-                stat = self._lists[name] = _stat()
+            stat = self._lists.setdefault(name, _stat())
             stat[0] += 1
             stat[4], stat[5] = _lengths(stat[4], stat[5], len(steps))
             kinds = stat[1]

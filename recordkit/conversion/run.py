@@ -361,27 +361,18 @@ def run_plan(
                 clean(dest, plan, published_from_manifest(dest, plan))
                 manifest = Manifest.loads(dest.loc.read_bytes(MANIFEST_NAME))
                 log.info("%s is already complete (same plan); nothing to do", dest.url)
-                n = len(plan.partitions)
-                seconds = time.monotonic() - t0
+                resumed = len(plan.partitions)
                 skipped = int(manifest.metadata.get("convert", {}).get("skipped", 0))
-                return ConvertResult(
-                    dest.url, manifest, n, n, plan.items, plan.size, seconds, unit, skipped
+            else:
+                done = _begin(dest, plan, state, writer)
+                results = _run_partitions(
+                    plan, source, dest, engine, done, progress or NullProgress(), what
                 )
-            done = _begin(dest, plan, state, writer)
-            results = _run_partitions(
-                plan, source, dest, engine, done, progress or NullProgress(), what
-            )
-            manifest = _publish(dest, plan, results)
+                manifest = _publish(dest, plan, results)
+                resumed, skipped = len(done), sum(r.skipped for r in results.values())
+            n, seconds = len(plan.partitions), time.monotonic() - t0
             return ConvertResult(
-                dest.url,
-                manifest,
-                len(plan.partitions),
-                len(done),
-                plan.items,
-                plan.size,
-                time.monotonic() - t0,
-                unit,
-                sum(r.skipped for r in results.values()),
+                dest.url, manifest, n, resumed, plan.items, plan.size, seconds, unit, skipped
             )
         finally:
             dest.close()
