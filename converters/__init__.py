@@ -32,9 +32,7 @@ __all__ = [
     "source_errors",
 ]
 
-# The registry lives in ``recordkit.conversion.sources`` (convert() looks sources up there
-# by name, without importing this package); these are its public faces.
-_registered = _sources.registered
+# The public faces of the registry, ``recordkit.conversion.sources``.
 
 
 def register(name: str, cls: type[Source]) -> None:

@@ -1,4 +1,5 @@
-"""Inferring a schema from rows of JSON values or CSV text cells (JSON Lines and CSV).
+"""Inferring a schema from rows of JSON values or CSV text cells, and :class:`RowsSource`,
+what the JSON Lines and CSV converters build on.
 
 Every value sampled is kept as written: a column of numbers written with leading zeros
 ("00001": a zip code, an id) stays text, and a float column that ``float32`` cannot
@@ -8,19 +9,21 @@ give back as written is ``Tensor("float64", ())``. Each such decision is said on
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
-from recordkit.errors import SchemaError
+from recordkit.errors import RecordkitError, SchemaError
 
-from ._tabular import TabularOptions, null_hint, plural
+from ._tabular import SkipCount, TabularOptions, TabularSource, null_hint, plural, shape_row
+from .base import Item, SourceError
 
-__all__ = ["infer_columns"]
+__all__ = ["RowsSource", "infer_columns"]
 
 # What inference decided to keep every value: said by `recordkit convert` as its own lines.
 said = logging.getLogger("recordkit.conversion.infer")
@@ -192,3 +195,36 @@ def _text_kind(cell: str) -> str:
         return "float"
     except ValueError:
         return "str"
+
+
+class RowsSource(TabularSource):
+    """Files of rows read as mappings (JSON Lines, CSV): the schema inferred from the
+    leading ``infer_rows`` rows, each row shaped by :func:`shape_row`. Subclasses list
+    their files (:func:`files_as_items`) and yield the rows from :meth:`rows`."""
+
+    #: whether the cells are text to parse (CSV) rather than JSON values
+    text: ClassVar[bool] = False
+
+    def rows(self, item: Item) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """``(where in the item, row)`` for each row of ``item``."""
+        raise NotImplementedError
+
+    def infer_schema(self, items: Sequence[Item]) -> Schema:
+        limit = int(self.options["infer_rows"])
+        rows = itertools.islice((r for it in items for _, r in self.rows(it)), limit)
+        where = items[0].key if items else self.location.url
+        return infer_columns(rows, where=where, strings=self.text, opts=self.tabular)
+
+    def shaped(self, item: Item, schema: Schema, skips: SkipCount) -> Iterator[Mapping[str, Any]]:
+        for at, row in self.rows(item):
+            where = f"{item.key}: {at}"
+            try:
+                sample = shape_row(row, schema, self.tabular, where=where, text=self.text)
+            except RecordkitError:
+                raise
+            except ValueError as exc:  # a cell that does not parse as its column's type
+                raise SourceError(f"{where}: {exc}") from exc
+            if sample is None:
+                skips.rows += 1
+            else:
+                yield sample

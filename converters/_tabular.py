@@ -25,7 +25,7 @@ from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.errors import OptionError, SchemaError
 from recordkit.storage import Location
 
-from .base import Item, Source, SourceError, SourceNotFoundError
+from .base import Item, Source, SourceError
 
 __all__ = [
     "MISSING",
@@ -384,37 +384,26 @@ def _type_name(ftype: Any) -> str:
 
 def _schema_hint(schema: Schema, name: str) -> str:
     """The schema as ``--schema`` takes it, with ``name`` as bytes (text keeps anything)."""
-    parts = []
-    for n, ftype in schema.features.items():
-        parts.append(f"{n}:bytes" if n == name else f"{n}:{_type_name(ftype)}")
+    parts = (f"{n}:{'bytes' if n == name else _type_name(t)}" for n, t in schema.features.items())
     return ",".join(parts)
 
 
 def files_as_items(
-    source: Source, suffixes: Sequence[str], *, fmt: str, chunk_bytes: int | None = None
+    source: Source, suffixes: Sequence[str], *, chunk_bytes: int | None = None
 ) -> list[Item]:
-    """Items for the matching files under ``source`` (or the file itself), sorted.
+    """Items for the matching files under ``source`` (or the file itself), sorted
+    (:meth:`~converters.base.Source.matching_files`).
 
     With ``chunk_bytes``, uncompressed files larger than that are cut into byte
     ranges (``ref = (rel, start, stop)``) read as whole lines; others are one
     item each (``ref = (rel, 0, None)``).
     """
-    location = source.location
-    entries = source.walk()  # symlinks out of the source refused here
-    single = entries == [("", entries[0][1])] if entries else False
     ends = tuple(suffixes)
-    files = entries if single else [(r, s) for r, s in entries if r.lower().endswith(ends)]
-    if not files:
-        raise SourceNotFoundError(f"{fmt}: no {'/'.join(suffixes)} files under {location.url}")
+    files = source.matching_files(lambda r: r.lower().endswith(ends), "/".join(suffixes))
     items = []
     for rel, size in files:
-        key = rel or location.url.rstrip("/").rsplit("/", 1)[-1]
-        if (
-            chunk_bytes
-            and size > chunk_bytes
-            and not rel.endswith(".gz")
-            and not (single and location.url.endswith(".gz"))
-        ):
+        key = source.item_key(rel)
+        if chunk_bytes and size > chunk_bytes and not _is_gzip(source.location, rel):
             for start in range(0, size, chunk_bytes):
                 stop = min(size, start + chunk_bytes)
                 items.append(Item(f"{key}[{start}:{stop}]", stop - start, (rel, start, stop)))

@@ -66,6 +66,10 @@ def _is_array_record(rel: str) -> bool:
     return base.endswith(".array_record") or ".array_record-" in base
 
 
+def _failed(key: str, exc: Exception) -> SourceError:
+    return SourceError(f"{key}: array_record: {' '.join(str(exc).split())}")
+
+
 class ArrayRecordSource(Source):
     """ArrayRecord files (Grain, tensorflow-datasets' ``array_record`` format)."""
 
@@ -86,10 +90,7 @@ class ArrayRecordSource(Source):
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
-        if self.options["records"] not in _MODES:
-            raise ValueError(
-                f"arrayrecord: records must be one of {_MODES}, got {self.options['records']!r}"
-            )
+        self.check_choice("records", _MODES)
         if int(self.options["range_records"]) < 1:
             raise ValueError(
                 f"arrayrecord: range_records must be >= 1, got {self.options['range_records']!r}"
@@ -117,21 +118,20 @@ class ArrayRecordSource(Source):
             try:
                 reader = module.ArrayRecordReader(path)
             except (RuntimeError, ValueError) as exc:
-                raise SourceError(f"{key}: array_record: {' '.join(str(exc).split())}") from exc
+                raise _failed(key, exc) from exc
             failed = True
             try:
                 yield reader
                 failed = False
             except (RuntimeError, ValueError) as exc:
-                raise SourceError(f"{key}: array_record: {' '.join(str(exc).split())}") from exc
+                raise _failed(key, exc) from exc
             finally:
                 try:
                     reader.close()
                 except (RuntimeError, ValueError) as exc:
                     # (the reader repeats a read's failure here: the first one is raised)
                     if not failed:
-                        text = " ".join(str(exc).split())
-                        raise SourceError(f"{key}: array_record: {text}") from exc
+                        raise _failed(key, exc) from exc
 
     def list_items(self) -> list[Item]:
         _module()

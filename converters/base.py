@@ -19,9 +19,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import csv
+import gzip
 import hashlib
 import json
 import logging
+import lzma
 import os
 import stat
 import sys
@@ -145,6 +147,12 @@ class Source(abc.ABC):
         self.location = Location(url, storage_options)
         self.schema = schema
         self.options = {**known, **options}
+
+    def check_choice(self, key: str, choices: Sequence[Any]) -> None:
+        """Refuse an option value that is not one of ``choices`` (``ValueError``)."""
+        value = self.options[key]
+        if value not in choices:
+            raise ValueError(f"{self.name}: {key} must be one of {choices}, got {value!r}")
 
     def __getstate__(self) -> dict[str, Any]:
         # The versions are the plan's business: writer processes do not need them.
@@ -369,11 +377,9 @@ def _data_errors() -> tuple[type[BaseException], ...]:
         zipfile.BadZipFile,
         zlib.error,
         EOFError,
+        gzip.BadGzipFile,
+        lzma.LZMAError,
     ]
-    import gzip
-    import lzma
-
-    errors += [gzip.BadGzipFile, lzma.LZMAError]
     # Only libraries that are already imported: a converter that uses one imports it.
     pyarrow = sys.modules.get("pyarrow")
     if pyarrow is not None:

@@ -20,28 +20,17 @@ at arbitrary bytes); many files convert in parallel.
 from __future__ import annotations
 
 import csv
-import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from recordkit import Schema
-from recordkit.errors import RecordkitError
-
-from ._inference import infer_columns
-from ._tabular import (
-    TABULAR_OPTIONS,
-    SkipCount,
-    TabularSource,
-    files_as_items,
-    open_text,
-    shape_row,
-)
+from ._inference import RowsSource
+from ._tabular import TABULAR_OPTIONS, files_as_items, open_text
 from .base import Item, SourceError, source_errors
 
 __all__ = ["CsvSource"]
 
 
-class CsvSource(TabularSource):
+class CsvSource(RowsSource):
     """CSV/TSV files (``*.csv``, ``*.tsv``, optionally ``.gz``) with a header -> records."""
 
     name: ClassVar[str] = "csv"
@@ -51,12 +40,12 @@ class CsvSource(TabularSource):
         **TABULAR_OPTIONS,
     }
     suffixes: ClassVar[tuple[str, ...]] = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
+    text: ClassVar[bool] = True
 
     def list_items(self) -> list[Item]:
-        self.check_exists()
-        return files_as_items(self, self.suffixes, fmt=self.name)
+        return files_as_items(self, self.suffixes)
 
-    def _rows(self, item: Item) -> Iterator[tuple[int, dict[str, str]]]:
+    def rows(self, item: Item) -> Iterator[tuple[str, dict[str, str]]]:
         rel = item.ref[0]
         with source_errors(item.key), open_text(self.location, rel) as f:
             reader = csv.DictReader(f, delimiter=str(self.options["delimiter"]), strict=True)
@@ -68,27 +57,6 @@ class CsvSource(TabularSource):
                             f"{len(reader.fieldnames or [])} columns in the header, "
                             "a different number in this row"
                         )
-                    yield reader.line_num, row
+                    yield f"line {reader.line_num}", row
             except csv.Error as exc:
                 raise SourceError(f"{item.key}: line {reader.line_num}: {exc}") from exc
-
-    def infer_schema(self, items: Sequence[Item]) -> Schema:
-        limit = int(self.options["infer_rows"])
-        rows = itertools.islice((r for it in items for _, r in self._rows(it)), limit)
-        where = items[0].key if items else self.location.url
-        return infer_columns(rows, where=where, strings=True, opts=self.tabular)
-
-    def shaped(self, item: Item, schema: Schema, skips: SkipCount) -> Iterator[Mapping[str, Any]]:
-        opts = self.tabular
-        for line, row in self._rows(item):
-            where = f"{item.key}: line {line}"
-            try:
-                sample = shape_row(row, schema, opts, where=where, text=True)
-            except RecordkitError:
-                raise
-            except ValueError as exc:  # a cell that does not parse as its column's type
-                raise SourceError(f"{where}: {exc}") from exc
-            if sample is None:
-                skips.rows += 1
-            else:
-                yield sample

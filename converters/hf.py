@@ -42,8 +42,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
-from recordkit._deps import install_command
-from recordkit.errors import MissingDependencyError, SchemaError
+from recordkit._deps import require
+from recordkit.errors import SchemaError
 
 from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
 
@@ -56,15 +56,8 @@ _STAR = "*"  # a path step: every element of a list
 
 
 def _pyarrow() -> Any:
-    try:
-        import pyarrow as pa
-        import pyarrow.ipc  # registers pa.ipc
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "'pyarrow' is required for the hf converter but is not installed: "
-            + install_command("hf")
-        ) from exc
-    return pa
+    require("pyarrow.ipc", extra="hf", what="the hf converter")  # registers pa.ipc
+    return require("pyarrow", extra="hf", what="the hf converter")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,17 +136,13 @@ def _leaves(
 def _get(row: Any, path: tuple[str, ...]) -> Any:
     for i, step in enumerate(path):
         if step == _STAR:
-            if row is None:
-                return None
-            return [_get(item, path[i + 1 :]) for item in row]
+            return None if row is None else [_get(item, path[i + 1 :]) for item in row]
         row = None if row is None else row[step]
     return row
 
 
 def _has_null(value: Any) -> bool:
-    if value is None:
-        return True
-    return isinstance(value, list) and any(_has_null(v) for v in value)
+    return value is None or (isinstance(value, list) and any(_has_null(v) for v in value))
 
 
 class HFDatasetSource(Source):
@@ -264,10 +253,8 @@ class HFDatasetSource(Source):
             raise SourceError(f"{item.key}: features {missing} are not in dataset_info.json")
         row = 0
         with source_errors(item.key), self.location.open(item.ref[0], block_size=8 << 20) as f:
-            reader = pa.ipc.open_stream(f)
-            for batch in reader:
-                rows = batch.to_pylist()
-                for record in rows:
+            for batch in pa.ipc.open_stream(f):
+                for record in batch.to_pylist():
                     yield {
                         n: self._value(item, row, leaves[n], schema[n], record)
                         for n in schema.features

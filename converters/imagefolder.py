@@ -23,8 +23,7 @@ Options:
         that mixes the classes (sorted by a keyed hash of each path, as
         tensorflow-datasets shuffles at write time), so every shard holds every
         class and any reader of the result, ``tf.data`` included, starts from
-        unsorted data; ``"sorted"``: class by class, in path order (the order of
-        earlier versions).
+        unsorted data; ``"sorted"``: class by class, in path order.
     seed: the key of the interleaved order (default 0); the same seed gives the
         same order on any machine, so a resumed conversion is byte-identical.
     follow_symlinks: see :data:`recordkit.converters.base.COMMON_OPTIONS`.
@@ -109,20 +108,9 @@ class ImageFolderSource(Source):
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self.classes: list[str] = []
-        if self.options["check"] not in _CHECKS:
-            raise ValueError(
-                f"imagefolder: check must be one of {_CHECKS}, got {self.options['check']!r}"
-            )
-        if self.options["order"] not in ("interleaved", "sorted"):
-            raise ValueError(
-                "imagefolder: order must be 'interleaved' or 'sorted', "
-                f"got {self.options['order']!r}"
-            )
-        if self.options["on_error"] not in _ON_ERROR:
-            raise ValueError(
-                f"imagefolder: on_error must be one of {_ON_ERROR}, "
-                f"got {self.options['on_error']!r}"
-            )
+        self.check_choice("check", _CHECKS)
+        self.check_choice("order", ("interleaved", "sorted"))
+        self.check_choice("on_error", _ON_ERROR)
 
     def list_items(self) -> list[Item]:
         self.check_exists()

@@ -18,29 +18,18 @@ float64: ``Tensor("float64", ())``).
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
-from recordkit import Schema
-
-from ._inference import infer_columns
-from ._tabular import (
-    TABULAR_OPTIONS,
-    SkipCount,
-    TabularSource,
-    byte_range_lines,
-    files_as_items,
-    open_text,
-    shape_row,
-)
+from ._inference import RowsSource
+from ._tabular import TABULAR_OPTIONS, byte_range_lines, files_as_items, open_text
 from .base import Item, SourceError, source_errors
 
 __all__ = ["JsonlSource"]
 
 
-class JsonlSource(TabularSource):
+class JsonlSource(RowsSource):
     """JSON Lines (``*.jsonl``, ``*.ndjson``, ``*.json``, optionally ``.gz``) -> records."""
 
     name: ClassVar[str] = "jsonl"
@@ -59,9 +48,7 @@ class JsonlSource(TabularSource):
     )
 
     def list_items(self) -> list[Item]:
-        self.check_exists()
-        chunk = int(self.options["chunk_bytes"])
-        return files_as_items(self, self.suffixes, fmt=self.name, chunk_bytes=chunk)
+        return files_as_items(self, self.suffixes, chunk_bytes=int(self.options["chunk_bytes"]))
 
     def _lines(self, item: Item) -> Iterator[tuple[str, bytes | str]]:
         rel, start, stop = item.ref
@@ -73,7 +60,7 @@ class JsonlSource(TabularSource):
             for number, raw in enumerate(byte_range_lines(self.location, rel, start, stop)):
                 yield f"line {number + 1} after byte {start}", raw
 
-    def _rows(self, item: Item) -> Iterator[tuple[str, dict[str, Any]]]:
+    def rows(self, item: Item) -> Iterator[tuple[str, dict[str, Any]]]:
         for where, line in self._lines(item):
             if not line.strip():
                 continue
@@ -84,18 +71,3 @@ class JsonlSource(TabularSource):
             if not isinstance(row, dict):
                 raise SourceError(f"{item.key}: {where}: expected a JSON object per line")
             yield where, row
-
-    def infer_schema(self, items: Sequence[Item]) -> Schema:
-        limit = int(self.options["infer_rows"])
-        rows = itertools.islice((r for it in items for _, r in self._rows(it)), limit)
-        where = items[0].key if items else self.location.url
-        return infer_columns(rows, where=where, strings=False, opts=self.tabular)
-
-    def shaped(self, item: Item, schema: Schema, skips: SkipCount) -> Iterator[Mapping[str, Any]]:
-        opts = self.tabular
-        for where, row in self._rows(item):
-            sample = shape_row(row, schema, opts, where=f"{item.key}: {where}", text=False)
-            if sample is None:
-                skips.rows += 1
-            else:
-                yield sample

@@ -46,6 +46,7 @@ import bz2
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import posixpath
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -63,18 +64,10 @@ from .base import Item, Source, SourceError, SourceNotFoundError, source_errors
 __all__ = ["MDSSource"]
 
 _U4 = np.dtype("<u4")
-_SCALARS = {
-    "uint8": "<u1",
-    "uint16": "<u2",
-    "uint32": "<u4",
-    "uint64": "<u8",
-    "int8": "<i1",
-    "int16": "<i2",
-    "int32": "<i4",
-    "int64": "<i8",
-    "float16": "<f2",
-    "float32": "<f4",
-    "float64": "<f8",
+_SCALARS = {  # the scalar encodings, each stored as its little-endian dtype
+    name: np.dtype(name).newbyteorder("<").str
+    for name in [f"{sign}int{bits}" for sign in ("u", "") for bits in (8, 16, 32, 64)]
+    + ["float16", "float32", "float64"]
 }
 _ND_DTYPES = {
     8: "uint8",
@@ -93,6 +86,7 @@ _SHAPE_DTYPES = {0: "<u1", 1: "<u2", 2: "<u4", 3: "<u8"}
 _MODES = {"L": 1, "RGB": 3, "RGBA": 4}
 _IMAGE_LISTS = ("list[jpeg]", "list[png]", "jpeg_array", "jpegarray")
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_FROM_TEXT = {"str_int": int, "str_float": float, "str_decimal": str}
 
 
 class _Bad(ValueError):
@@ -190,16 +184,9 @@ def decode_value(encoding: str, data: bytes) -> Any:
             raise _Bad(f"{len(data)} bytes for a {encoding} scalar")
         value = np.frombuffer(data, dtype)[0]
         return int(value) if encoding == "int" else value.astype(dtype.newbyteorder("="))
-    if encoding in ("str_int", "str_float", "str_decimal"):
-        text = _text(data)
+    if encoding in _FROM_TEXT:
         try:
-            return (
-                int(text)
-                if encoding == "str_int"
-                else float(text)
-                if encoding == "str_float"
-                else text
-            )
+            return _FROM_TEXT[encoding](_text(data))
         except ValueError as exc:
             raise _Bad(str(exc)) from None
     if encoding == "ndarray" or encoding.startswith("ndarray:"):
@@ -222,9 +209,7 @@ def _fixed_feature(encoding: str) -> Any | None:
         return Bytes()
     if encoding in _IMAGE_LISTS:
         return Bytes((None,))
-    if encoding == "int" or encoding in ("int8", "int16", "int32", "int64"):
-        return Int64()
-    if encoding in ("uint8", "uint16", "uint32"):
+    if encoding in ("int", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"):
         return Int64()
     if encoding == "float32":
         return Float32()
@@ -369,14 +354,7 @@ class MDSSource(Source):
                 raise SourceError(f"mds: column {name!r}: MDS encoding {encoding!r}; give a schema")
         if pending:
             limit = int(self.options["infer_samples"])
-            seen: list[dict[str, Any]] = []
-            for item in items:
-                for sample in self._raw_samples(item):
-                    seen.append(sample)
-                    if len(seen) >= limit:
-                        break
-                if len(seen) >= limit:
-                    break
+            seen = list(itertools.islice((s for i in items for s in self._raw_samples(i)), limit))
             for name, encoding in pending:
                 features[name] = _infer(name, encoding, [s[name] for s in seen])
         return Schema(features)
@@ -399,19 +377,11 @@ class MDSSource(Source):
 
 
 def _decode_sample(sample: bytes, columns: list[tuple[str, str, int | None]]) -> dict[str, Any]:
-    sizes: list[int] = []
-    at = 0
     variable = sum(1 for _, _, size in columns if not size)
     if len(sample) < 4 * variable:
         raise _Bad("cut short in its column sizes")
-    head = np.frombuffer(sample[: 4 * variable], _U4).tolist() if variable else []
-    k = 0
-    for _, _, size in columns:
-        if size:
-            sizes.append(int(size))
-        else:
-            sizes.append(int(head[k]))
-            k += 1
+    head = iter(np.frombuffer(sample[: 4 * variable], _U4).tolist() if variable else [])
+    sizes = [int(size) if size else int(next(head)) for _, _, size in columns]
     at = 4 * variable
     if at + sum(sizes) != len(sample):
         raise _Bad(f"column sizes add up to {at + sum(sizes)} bytes, the sample has {len(sample)}")
@@ -487,8 +457,7 @@ def _hasher(algo: str) -> Callable[[bytes], str] | None:
             import xxhash
         except ImportError:
             return None
-        fn = getattr(xxhash, f"{algo}_hexdigest", None)
-        return fn
+        return getattr(xxhash, f"{algo}_hexdigest", None)
     return None
 
 

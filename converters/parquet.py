@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
-from recordkit._deps import install_command
-from recordkit.errors import MissingDependencyError, SchemaError
+from recordkit._deps import require
+from recordkit.errors import SchemaError
 
 from ._tabular import (
     TABULAR_OPTIONS,
@@ -40,15 +40,9 @@ __all__ = ["ParquetSource"]
 
 
 def _pyarrow() -> Any:
-    try:
-        import pyarrow as pa
-        import pyarrow.compute  # registers pa.compute
-        import pyarrow.parquet  # registers pa.parquet
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "'pyarrow' is required for the parquet converter but is not installed: "
-            + install_command("parquet")
-        ) from exc
+    """pyarrow, with ``pa.compute`` and ``pa.parquet`` imported."""
+    for module in ("pyarrow.compute", "pyarrow.parquet", "pyarrow"):
+        pa = require(module, extra="parquet", what="the parquet converter")
     return pa
 
 

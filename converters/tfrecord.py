@@ -10,28 +10,16 @@ GZIP- and ZLIB-compressed TFRecord files (``TFRecordOptions(compression_type=
 The schema is inferred from the first records (``recordkit.Schema.infer``)
 unless given.
 
-``tf.train.SequenceExample`` records are detected from the leading records (one
-that has ``feature_lists`` makes them all SequenceExamples), or said with the
-option ``sequence_example=True``. They are copied byte for byte too, each
-decoded whole on the way (context and every feature list; one that does not
-decode stops the conversion, naming file, offset and record), and the
-manifest says ``"payload": "sequence_example"`` with a schema of the context
-features and feature lists counted over every record
-(:class:`recordkit.codec.SequenceSchema`), so every reader reads the
-copy whole without being told. An Example and a SequenceExample with no feature
-lists are the same bytes, so a record without feature lists among
-SequenceExamples is one of them (nothing of it is lost); a SequenceExample
-among records taken for Examples is mixed input, refused by name (checked on
-every record, ``check_payloads`` or not).
+``tf.train.SequenceExample`` records (detected from the leading records, or said
+with ``sequence_example=True``) are copied byte for byte too, each decoded whole on
+the way, and the manifest says ``"payload": "sequence_example"`` with a
+:class:`recordkit.codec.SequenceSchema` counted over every record. A SequenceExample
+among records taken for Examples is mixed input, refused by name (checked on every
+record, ``check_payloads`` or not).
 
-A tensorflow-datasets folder (a local one with ``dataset_info.json`` and
-``features.json``) converts one split (option ``split``, needed when it has
-several), its shards in ``dataset_info.json``'s order, with tfds's types:
-records are decoded as tfds serialized them and written again in the dtype
-and shape tfds returns (``Tensor`` features for int32, float64, bool, ...;
-``Text`` as UTF-8 ``Bytes``; ``Image`` as the encoded bytes, or decoded to
-``uint8`` with ``decode_images``), so the copy reads in tfds's shapes
-everywhere; the manifest's metadata gets ``{"tfds": {...}}`` (class names).
+A local tensorflow-datasets folder converts one split, written again in the dtypes
+and shapes tfds returns, its class names in the manifest's metadata. Both are told
+at length in ``docs/howto/foreign-tfrecords.md``.
 
 Options:
     infer_records: how many leading records inference looks at (default 64).
@@ -53,7 +41,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, ClassVar
 
 from recordkit import DecodeLimits, Schema
 from recordkit.codec import decode_example, decode_sequence_example
@@ -69,20 +57,7 @@ from .base import Item, Source, SourceError, source_errors
 # What inference decided (a feature some records lack): said by `recordkit convert`.
 said = logging.getLogger("recordkit.conversion.infer")
 
-__all__ = ["TFRecordSource", "read_records"]
-
-
-def read_records(f: BinaryIO, *, path: str, max_record_bytes: int = 2**31) -> Iterator[bytes]:
-    """Stream the payloads of a TFRecord file, checking every CRC as they pass.
-
-    :func:`recordkit.format.read_stream`, under the name this module has always had.
-
-    Raises:
-        TruncatedRecordError: the file ends inside a record (a partial header too).
-        CorruptRecordError: a length or payload CRC mismatch (path, offset, record).
-        RecordTooLargeError: a length field above ``max_record_bytes``.
-    """
-    return read_stream(f, path=path, max_record_bytes=max_record_bytes)
+__all__ = ["TFRecordSource"]
 
 
 def _is_tfrecord_name(rel: str) -> bool:
@@ -239,21 +214,26 @@ class TFRecordSource(Source):
             head = raw.read(12)
             raw.seek(0)
             f = open_stream(raw, sniff_compression(head))
-            yield from read_records(
+            yield from read_stream(
                 f, path=path, max_record_bytes=int(self.options["max_record_bytes"])
             )
+
+    def _located(self, item: Item) -> Iterator[tuple[tuple[str, int, int], bytes]]:
+        """The payloads of one item, each with its ``(path, offset, record)``."""
+        path, offset = self.location.join(item.ref[0]), 0
+        for record, payload in enumerate(self._payloads(item)):
+            yield (path, offset, record), payload
+            offset += len(payload) + OVERHEAD
 
     def _leading(self, items: Sequence[Item]) -> list[tuple[str, bytes]]:
         """The first ``infer_records`` payloads, each with its ``file:offset:record``."""
         limit = int(self.options["infer_records"])
         found: list[tuple[str, bytes]] = []
         for item in items:
-            path, offset = self.location.join(item.ref[0]), 0
-            for record, payload in enumerate(self._payloads(item)):
+            for (path, offset, record), payload in self._located(item):
                 if len(found) >= limit:
                     break
                 found.append((f"{path}:{offset}:{record}", payload))
-                offset += len(payload) + OVERHEAD
             if len(found) >= limit:
                 break
         return found
@@ -292,20 +272,20 @@ class TFRecordSource(Source):
                 "dataset of them with recordkit convert --from tfrecord"
             )
         check = bool(self.options["check_payloads"])
-        most = self.options["max_decode_bytes"]
-        limits = DecodeLimits(record_bytes=None if most is None else int(most))
-        path = self.location.join(item.ref[0])
-        offset = 0
-        for record, payload in enumerate(self._payloads(item)):
+        limits = self._limits()
+        for at, payload in self._located(item):
             try:
                 if has_feature_lists(payload):  # cheap: top-level tags only, every record
                     raise self._mixed()
                 if check:
                     schema.decode(payload, limits=limits)
             except CorruptRecordError as exc:
-                raise exc.located(path, offset, record) from exc
-            offset += len(payload) + OVERHEAD
+                raise exc.located(*at) from exc
             yield payload
+
+    def _limits(self) -> DecodeLimits:
+        most = self.options["max_decode_bytes"]
+        return DecodeLimits(record_bytes=None if most is None else int(most))
 
     def _mixed(self) -> SequenceExampleError:
         why = self._payload[1] if self._payload is not None else "taken for Examples"
@@ -324,28 +304,21 @@ class TFRecordSource(Source):
             CorruptRecordError: a payload that does not decode completely (file,
                 offset and record named); nothing of it is written.
         """
-        path = self.location.join(item.ref[0])
-        offset = 0
-        for record, payload in enumerate(self._payloads(item)):
+        for at, payload in self._located(item):
             try:
                 context, lists = decode_sequence_example(payload)
             except CorruptRecordError as exc:
-                raise exc.located(path, offset, record) from exc
+                raise exc.located(*at) from exc
             found.add(context, lists)
-            offset += len(payload) + OVERHEAD
             yield payload
 
     def _tfds_records(self, item: Item, view: TFDSView, schema: Schema) -> Iterator[bytes]:
         """A tfds split's records, decoded as tfds wrote them and encoded in its types."""
-        most = self.options["max_decode_bytes"]
-        limits = DecodeLimits(record_bytes=None if most is None else int(most))
+        limits = self._limits()
         view = view.with_options(decode_images=view.decode_images, limits=limits)
-        path = self.location.join(item.ref[0])
-        offset = 0
-        for record, payload in enumerate(self._payloads(item)):
+        for at, payload in self._located(item):
             try:
                 sample = view.sample(view.schema.decode(payload, copy=True, limits=limits))
             except CorruptRecordError as exc:
-                raise exc.located(path, offset, record) from exc
-            offset += len(payload) + OVERHEAD
+                raise exc.located(*at) from exc
             yield schema.encode(sample)

@@ -11,21 +11,16 @@ Features: ``__key__`` (``Bytes``) and one per extension. Inferred types:
 integer, ``Bytes`` (the member's bytes) for everything else. With a schema,
 ``Int64``/``Float32`` fields are parsed from the member's text.
 
-Archive limits (checked on each member's header, before its data is read):
-a member that declares more than ``max_member_bytes`` is refused by name, and
-so is an archive whose members together declare more than ``max_expansion``
-times the archive file's size (a ``.tar.gz`` bomb, or a sparse tar whose
-members claim gigabytes of holes). A plain tar never trips the ratio: its
-members' data is stored in it.
-
-Options:
+Options (the archive limits are checked on each member's header, before its data
+is read; a member or an archive over one is refused by name):
     infer_samples: how many leading samples inference looks at (default 64).
     max_member_bytes: the largest member accepted, in bytes (default 2 GiB,
         the record limit: a bigger member could not become a record anyway).
     max_expansion: the largest ratio of the bytes all members declare to the
         archive file's size (default 100; gzip cannot exceed about 1032, and
-        real shards of images or text stay far below 100). Ignored when the
-        listing gives no size.
+        real shards of images or text stay far below 100): what a ``.tar.gz``
+        bomb or a sparse tar of gigabytes of holes passes, never a plain tar.
+        Ignored when the listing gives no size.
 """
 
 from __future__ import annotations

@@ -16,18 +16,20 @@ from .errors import MissingDependencyError
 __all__ = ["install_command", "require"]
 
 
-def require(module: str, *, extra: str) -> ModuleType:
+def require(module: str, *, extra: str, what: str = "this feature") -> ModuleType:
     """Import ``module`` or raise :class:`MissingDependencyError` with the install command.
 
     Args:
-        module: the importable module name, e.g. ``"torch"``.
+        module: the importable module name, e.g. ``"torch"`` (of a submodule such as
+            ``"pyarrow.parquet"`` the message names the package).
         extra: the recordkit extra that installs it, e.g. ``"torch"``.
+        what: what needs it, in the message (``"the parquet converter"``).
     """
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(
-            f"{module!r} is required for this feature but is not installed: "
+            f"{module.split('.')[0]!r} is required for {what} but is not installed: "
             f"{install_command(extra)}"
         ) from exc
 

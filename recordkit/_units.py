@@ -8,14 +8,8 @@ import re
 _UNITS = {
     "": 1,
     "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+    **{f"{p}b": 1000**i for i, p in enumerate("kmgt", 1)},  # SI: KB, MB, GB, TB
+    **{f"{p}ib": 1024**i for i, p in enumerate("kmgt", 1)},  # IEC: KiB, MiB, GiB, TiB
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 

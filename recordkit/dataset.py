@@ -2,10 +2,9 @@
 
 This is the simple, obviously-correct reader the fast ones are checked against:
 it memory-maps each shard, validates (or rebuilds) its index, checks every CRC
-and decodes one record at a time on the calling thread. Each record is checked
-against the file's size and copied out of the map (under the native SIGBUS guard
-when the extension is built) before it is decoded, so a shard truncated under
-the reader raises :class:`~recordkit.errors.ShardChangedError`.
+and decodes one record at a time on the calling thread, each copied out of the
+map first (:mod:`recordkit.format.guard`: a shard truncated under the reader raises
+:class:`~recordkit.errors.ShardChangedError`).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -33,11 +31,6 @@ from .reader.tfds import TFDSInfo
 __all__ = ["Dataset", "find_shards"]
 
 log = logging.getLogger(__name__)
-
-
-def _as_stored(record: dict[str, tuple[str | None, Any]]) -> dict[str, Any]:
-    """A decoded Example's features as owned values, each list typed as stored."""
-    return {name: as_stored(kind, values) for name, (kind, values) in record.items()}
 
 
 class Dataset:
@@ -211,7 +204,7 @@ class Dataset:
             if self.sequence_example:
                 return sequence_example_values(payload)
             if self.schema is None:
-                return _as_stored(decode_example(payload))
+                return {n: as_stored(k, v) for n, (k, v) in decode_example(payload).items()}
             values = self.schema.decode(payload, copy=True, limits=self.limits)
             return values if self._view is None else self._view.sample(values)
         except CorruptRecordError as exc:
@@ -240,23 +233,10 @@ class Dataset:
         """Unmap every shard (maps are opened again on the next read)."""
         self._set.close()
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The shard set pickles as root, shard infos and schema: its maps stay in
-        # this process (a copy maps on demand in its own, see ShardSet).
-        return self.__dict__.copy()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     def __enter__(self) -> Dataset:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

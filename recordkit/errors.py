@@ -42,10 +42,6 @@ that only know the standard library can still catch it sensibly::
 Errors about bytes on disk carry ``path``, ``offset`` (byte offset of the record
 start in the shard) and ``record`` (0-based record number in the shard) where
 they are known, and put all three in the message as ``path:offset:record``.
-
-The classes are also importable where they were first defined
-(``recordkit.cache``, ``recordkit.conversion``, ``recordkit.converters``); those names
-are these classes.
 """
 
 from __future__ import annotations
@@ -91,6 +87,21 @@ __all__ = [
 class RecordkitError(Exception):
     """Base class of every error raised by recordkit."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only state survives crossing a process (multiprocessing, Dask and
+        # Ray pickle exceptions): rebuilt without calling __init__ again.
+        return (_restore, (type(self), self.args, self.__dict__.copy()))
+
+
+_R = TypeVar("_R", bound=BaseException)
+
+
+def _restore(cls: type[_R], args: tuple[Any, ...], state: dict[str, Any]) -> _R:
+    err = cls.__new__(cls, *args)
+    (OSError if issubclass(cls, OSError) else BaseException).__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 def _where(path: str | None, offset: int | None, record: int | None) -> str:
     parts = [str(path) if path is not None else "<buffer>"]
@@ -99,11 +110,22 @@ def _where(path: str | None, offset: int | None, record: int | None) -> str:
     return ":".join(parts)
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where notes are not printed)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
 _E = TypeVar("_E", bound="_LocatedError")
 
 
 class _LocatedError(RecordkitError):
-    """An error about a place in a file: ``path:offset:record: reason``."""
+    """An error about a place in a file: ``path:offset:record: reason``.
+
+    Its subclasses take ``path``, ``offset`` and ``record`` as these keywords too.
+    """
 
     def __init__(
         self,
@@ -121,30 +143,12 @@ class _LocatedError(RecordkitError):
 
     def located(self: _E, path: str | None, offset: int | None, record: int | None) -> _E:
         """Return a copy of this error with its location filled in (keeps the subclass)."""
-        err: _E = _rebuild(type(self), self.reason, self.__dict__.copy())
+        err = _restore(type(self), self.args, self.__dict__.copy())
         err.path = None if path is None else str(path)
         err.offset, err.record = offset, record
         Exception.__init__(err, f"{_where(err.path, offset, record)}: {self.reason}")
         err.__cause__ = self
         return err
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keep keyword-only state when an error crosses a process boundary
-        # (multiprocessing and Dask pickle exceptions; our data never is).
-        return (_rebuild, (type(self), self.reason, self.__dict__.copy()))
-
-
-def _rebuild(cls: type[_E], reason: str, state: dict[str, Any]) -> _E:
-    err = cls.__new__(cls)
-    err.__dict__.update(state)
-    Exception.__init__(err, f"{_where(err.path, err.offset, err.record)}: {reason}")
-    return err
-
-
-def _construct(cls: type[BaseException], args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    """Unpickle an error whose state is its constructor's arguments: call it again
-    (its keyword-only state survives crossing a process)."""
-    return cls(*args, **kw)
 
 
 class CorruptRecordError(_LocatedError, ValueError):
@@ -162,17 +166,15 @@ class CorruptRecordError(_LocatedError, ValueError):
         self,
         reason: str,
         *,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
         expected_crc: int | None = None,
         actual_crc: int | None = None,
+        **where: Any,
     ) -> None:
         self.expected_crc = expected_crc
         self.actual_crc = actual_crc
         if expected_crc is not None and actual_crc is not None:
             reason = f"{reason} (stored {expected_crc:#010x}, computed {actual_crc:#010x})"
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **where)
 
 
 class SequenceExampleError(CorruptRecordError):
@@ -184,14 +186,9 @@ class SequenceExampleError(CorruptRecordError):
 
 
 class UnknownFieldError(CorruptRecordError):
-    """A payload field that its message type does not define.
-
-    Protobuf parsers, TensorFlow's among them, skip such a field (a field number
-    the ``.proto`` does not name, or a known number with another wire type), so
-    whatever it holds is dropped without a word. recordkit refuses the record
-    instead: it is an error, never a sample read in part. The message names the
-    field, its wire type and where it sits, e.g. ``field 9 (varint) inside
-    Feature 'k' at payload byte 57, which tf.train.Example does not define: ...``.
+    """A payload field that its message type does not define (an unknown number, or a
+    known one with another wire type): protobuf skips it silently, recordkit refuses the
+    record. The message names the field, its wire type and where it sits.
 
     Attributes:
         field_number: the field's number.
@@ -213,16 +210,14 @@ class UnknownFieldError(CorruptRecordError):
         where: str = "",
         message: str = "",
         at: int | None = None,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
+        **location: Any,
     ) -> None:
         self.field_number = field_number
         self.wire_type = wire_type
         self.where = where
         self.message = message
         self.at = at
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **location)
 
 
 class TruncatedRecordError(CorruptRecordError):
@@ -244,17 +239,9 @@ class CompressedTFRecordError(_LocatedError, ValueError):
         compression: ``"GZIP"`` or ``"ZLIB"``.
     """
 
-    def __init__(
-        self,
-        reason: str,
-        *,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
-        compression: str = "GZIP",
-    ) -> None:
+    def __init__(self, reason: str, *, compression: str = "GZIP", **where: Any) -> None:
         self.compression = compression
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **where)
 
 
 class ImageDecodeError(_LocatedError, ValueError):
@@ -272,18 +259,11 @@ class ImageDecodeError(_LocatedError, ValueError):
     """
 
     def __init__(
-        self,
-        reason: str,
-        *,
-        path: str | None = None,
-        offset: int | None = None,
-        record: int | None = None,
-        feature: str | None = None,
-        key: str | None = None,
+        self, reason: str, *, feature: str | None = None, key: str | None = None, **where: Any
     ) -> None:
         self.feature = feature
         self.key = key
-        super().__init__(reason, path=path, offset=offset, record=record)
+        super().__init__(reason, **where)
 
 
 class InvalidIndexError(_LocatedError, ValueError):
@@ -309,9 +289,6 @@ class IncompleteDatasetError(RecordkitError, ValueError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_construct, (type(self), (str(self),), {"path": self.path}))
 
 
 class ShardChangedError(_LocatedError, OSError):
@@ -353,9 +330,6 @@ class AccessDeniedError(RecordkitError, PermissionError):
         self.reason = reason
         self.url = url
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_construct, (type(self), (self.reason,), {"url": self.url}))
-
 
 class DatasetExistsError(RecordkitError, FileExistsError):
     """A writer was pointed at a directory that already holds a dataset."""
@@ -376,9 +350,6 @@ class DestinationBusyError(RecordkitError, BlockingIOError):
         self.path = path
         self.holder = holder
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_construct, (type(self), (str(self),), {"path": self.path, "holder": self.holder}))
-
 
 class LoaderTimeoutError(RecordkitError, TimeoutError):
     """A loader process that handed nothing over for longer than its progress deadline.
@@ -392,18 +363,12 @@ class MissingDependencyError(RecordkitError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
 
-# -- converters ------------------------------------------------------------------------
-
-
 class SourceError(RecordkitError, ValueError):
     """Source data that cannot be converted (names the item and, where known, the row)."""
 
 
 class SourceNotFoundError(RecordkitError, FileNotFoundError):
     """The source URL does not exist, or holds nothing this converter can read."""
-
-
-# -- conversion ------------------------------------------------------------------------
 
 
 class ConvertError(RecordkitError, RuntimeError):
@@ -436,7 +401,8 @@ class PartitionsFailedError(_Group, ConvertError):
     """
 
 
-# -- no room ---------------------------------------------------------------------------
+#: The ``errno`` values of no room: a full device, or a full quota.
+NO_SPACE = frozenset({_errno.ENOSPC, _errno.EDQUOT})
 
 
 class DiskFullError(RecordkitError, OSError):
@@ -444,9 +410,8 @@ class DiskFullError(RecordkitError, OSError):
 
     A conversion's partition on a full device or quota (inside a
     :class:`~recordkit.errors.PartitionsFailedError`: the other partitions are
-    kept, free some space and rerun), or, as
-    :class:`~recordkit.errors.CacheFullError`, a shard cache whose budget cannot
-    hold a shard. Catch this class for both.
+    kept, free some space and rerun), or a shard cache's budget
+    (:class:`~recordkit.errors.CacheFullError`, a subclass).
 
     Attributes:
         reason: the message without the path.
@@ -461,19 +426,6 @@ class DiskFullError(RecordkitError, OSError):
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.path else self.reason
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keyword-only state survives crossing a process (a writer's error, a worker's).
-        return (_rebuild_full, (type(self), self.errno, self.reason, self.__dict__.copy()))
-
-
-def _rebuild_full(
-    cls: type[DiskFullError], errno: int, reason: str, state: dict[str, Any]
-) -> DiskFullError:
-    err = cls.__new__(cls)
-    OSError.__init__(err, errno, reason)
-    err.__dict__.update(state)
-    return err
-
 
 class CacheFullError(DiskFullError):
     """A shard cache cannot make room for a shard.
@@ -481,7 +433,6 @@ class CacheFullError(DiskFullError):
     Raised when a shard is larger than the whole budget, or when the budget or the
     disk itself is full (``ENOSPC``) and evicting unpinned shards did not free
     enough space. Shards that readers have pinned are never evicted to make room.
-    A :class:`~recordkit.errors.DiskFullError`: catching that catches this too.
 
     Attributes:
         path: the shard that did not fit (relative to the cache root).
@@ -491,9 +442,6 @@ class CacheFullError(DiskFullError):
     def __init__(self, reason: str, *, path: str | None = None, needed: int | None = None):
         super().__init__(reason, path=path)
         self.needed = needed
-
-
-# -- remote storage and the cache ------------------------------------------------------
 
 
 class DownloadError(RecordkitError, OSError):
@@ -519,9 +467,6 @@ class DownloadError(RecordkitError, OSError):
             where = f"{where}@{self.offset}"
         return f"{where}: {self.reason}"
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_construct, (type(self), (self.reason,), {"url": self.url, "offset": self.offset}))
-
 
 class ProduceError(RecordkitError, RuntimeError):
     """Producer mode: a partition could not be turned into a shard this time.
@@ -546,10 +491,6 @@ class ProduceError(RecordkitError, RuntimeError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}" if self.path else self.reason
-
-    def __reduce__(self) -> tuple[object, ...]:
-        kw = {"path": self.path, "details": self.details}
-        return (_construct, (type(self), (self.reason,), kw))
 
 
 class OutgrewError(RecordkitError, RuntimeError):

@@ -1,24 +1,15 @@
 """Decoding the images a dataset stores as encoded bytes (JPEG, PNG, ...), where you ask.
 
-``recordkit convert --from imagefolder`` (and ``webdataset``) store each image
-as the file's own bytes, a ``Bytes()`` feature: small on disk, and decoded at
-read time only by whoever asks. This module holds what the decoders share:
+What the framework decoders (``recordkit.torch.DecodeImages``, and
+``recordkit.tf.dataset(..., options=ReadOptions(decode_images=...))``) share:
 
 - :class:`ImageOptions`: which features to decode, into which channels, and
   which feature holds the sample's source key (named when an image fails);
 - :func:`decode_image`: one image to a ``uint8`` array ``(H, W, C)`` with Pillow,
   raising :class:`~recordkit.errors.ImageDecodeError` when it does not decode.
 
-The framework decoders: ``recordkit.torch.DecodeImages`` (a ``transform``;
-``torchvision.io.decode_image`` when torchvision imports, Pillow otherwise) and
-``recordkit.tf.dataset(..., options=ReadOptions(decode_images=...))`` (``tf.io.decode_image``). Both
-name the record's ``file:offset:record`` and the source key when an image does
-not decode. Resizing, cropping and augmenting are left to your transforms:
-they decide the output shape, and a batch of decoded images of different sizes
-is a list of tensors (PyTorch) or a ragged tensor (TensorFlow).
-
-Pillow is the ``images`` extra (``pip install -e '.[images]'`` from a checkout); a
-missing Pillow's error gives the command for how recordkit was installed.
+``docs/howto/images.md`` says what each decoder gives, and where resizing belongs.
+Pillow is the ``images`` extra; a missing Pillow's error gives the install command.
 """
 
 from __future__ import annotations

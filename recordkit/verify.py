@@ -72,14 +72,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = ":".join(
-            [
-                self.path,
-                "?" if self.offset is None else str(self.offset),
-                "?" if self.record is None else str(self.record),
-            ]
-        )
-        return f"{where}: {self.message}"
+        offset = "?" if self.offset is None else self.offset
+        record = "?" if self.record is None else self.record
+        return f"{self.path}:{offset}:{record}: {self.message}"
 
 
 @dataclass(slots=True)
@@ -148,11 +143,14 @@ class _Step:
 
 
 def _size(root: str, info: ShardInfo) -> int:
-    """A shard's size for the progress total: the manifest's, else the file's (0 if none)."""
-    if info.crc32c is not None:
-        return info.bytes
+    """A shard's size for the progress total: the manifest's, else the file's."""
+    return info.bytes if info.crc32c is not None else _file_size(os.path.join(root, info.path))
+
+
+def _file_size(path: str) -> int:
+    """The file's size for a progress total (0 if there is none)."""
     try:
-        return os.stat(os.path.join(root, info.path)).st_size
+        return os.stat(path).st_size
     except OSError:
         return 0
 
@@ -265,11 +263,8 @@ def verify(
     if os.path.isfile(path):
         looks = what_it_is(path)
         if looks is not None:  # no frame to check: say what it is instead of "corrupt"
-            report = VerifyReport(root=path)
-            report.problems.append(
-                Problem(path, 0, None, f"not a TFRecord file: it looks like {looks}")
-            )
-            return report
+            problem = Problem(path, 0, None, f"not a TFRecord file: it looks like {looks}")
+            return VerifyReport(root=path, problems=[problem])
     if not infos and os.path.isdir(path) and not os.path.lexists(os.path.join(root, MANIFEST_NAME)):
         problems.append(Problem(root, None, None, _nothing_here(root)))
     report = VerifyReport(root=path, problems=problems)
@@ -495,12 +490,7 @@ def build_index(
     """
     targets = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     files = [f for target in targets for f in _index_targets(target)]
-    sizes = []
-    for f in files:
-        try:
-            sizes.append(os.stat(f).st_size)
-        except OSError:
-            sizes.append(0)
+    sizes = [_file_size(f) for f in files]
     progress = progress or NoTracker()
     progress.start(bytes=sum(sizes), shards=len(files), done={"records": 0})
     written = []

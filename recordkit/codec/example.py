@@ -18,15 +18,11 @@ or in sorted order with ``deterministic=True``), so byte equality holds for the
 order the protobuf serializer happened to choose; parsed content is equal for
 any order.
 
-Decoding follows the protobuf parser's semantics, so that a record means the
-same thing here as in ``tf.io.parse_example``: a repeated map key replaces the
-earlier entry, repeated occurrences of the same message field merge, the last
-member of the ``oneof`` set wins, and repeated scalars are accepted packed,
-unpacked or mixed. One departure, on purpose: protobuf skips a field that the
-message does not define (an unknown field number, or a known one with another
-wire type), and so would drop whatever it holds without a word; here it is an
-:class:`~recordkit.errors.UnknownFieldError` naming the field, its wire type and
-where it sits. Values are views into the payload where the wire format allows it.
+Decoding follows the protobuf parser's semantics (:mod:`recordkit.codec.messages`
+says which), so that a record means the same thing here as in ``tf.io.parse_example``,
+except that a field a message does not define is an
+:class:`~recordkit.errors.UnknownFieldError`, never skipped. Values are views into
+the payload where the wire format allows it.
 Anything malformed raises :class:`~recordkit.errors.CorruptRecordError` naming
 the payload byte; no length read from the payload is used before it is checked
 against the payload's end.
@@ -40,14 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SchemaError, SequenceExampleError
-from .messages import (
-    EXAMPLE,
-    bytes_values,
-    float_values,
-    int64_values,
-    parse_features,
-    unknown_field,
-)
+from .messages import EXAMPLE, list_values, parse_features, unknown_field
 from .wire import LEN1, LEN2, encode_varints, malformed, read_len, read_varint, varint
 
 __all__ = ["KINDS", "as_int64", "decode_example", "encode_example", "varint"]
@@ -278,17 +267,9 @@ def decode_example(
                 )
             else:
                 raise unknown_field(buf, 0, end, pos, tag, "the Example", EXAMPLE.message)
-        for name, (kind, runs) in spans.items():
-            if keys is not None and name not in keys:
-                continue
-            if kind is None:
-                out[name] = (None, None)
-            elif kind == "bytes":
-                out[name] = ("bytes", bytes_values(buf, runs, name))
-            elif kind == "float":
-                out[name] = ("float", float_values(buf, runs, name))
-            else:
-                out[name] = ("int64", int64_values(buf, runs, name))
+        for name, state in spans.items():
+            if keys is None or name in keys:
+                out[name] = list_values(buf, state, name)
     except IndexError:
         raise malformed("truncated field", end) from None
     return out

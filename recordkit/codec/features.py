@@ -87,6 +87,13 @@ class FeatureBase:
     default: Any
     _key: bytes | None  # the default as an Example holding it: what eq and hash compare
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", check_shape(self, self.shape))
+        self._set_default()
+
+    def __repr__(self) -> str:
+        return _repr(self, fmt_shape(self.shape) if self.shape else "")
+
     @property
     def required(self) -> bool:
         """Whether every record must hold this feature (no ``default=``)."""
@@ -153,12 +160,9 @@ class FeatureBase:
             return value.copy()
         return value
 
-    def _absent(self, name: str, record: Features) -> bool:
-        """Whether ``record`` lacks the feature (or holds no list) and the default answers."""
-        return self.default is not REQUIRED and record.get(name, NO_LIST)[0] is None
-
     def _decode(self, name: str, record: Features, copy: bool, budget: DecodeBudget) -> Any:
-        if self._absent(name, record):
+        # A record without the feature (or with no list set): the default answers.
+        if self.default is not REQUIRED and record.get(name, NO_LIST)[0] is None:
             return self._given(copy)
         return self._decode_present(name, record, copy, budget)
 
@@ -248,9 +252,6 @@ class Bytes(FeatureBase):
         object.__setattr__(self, "shape", shape)
         self._set_default()
 
-    def __repr__(self) -> str:
-        return _repr(self, fmt_shape(self.shape) if self.shape else "")
-
     def _encode(self, name: str, value: Any, out: Features) -> None:
         if not self.shape:
             out[name] = ("bytes", [_to_bytes(name, value)])
@@ -291,13 +292,6 @@ class Int64(FeatureBase):
     default: Any = field(default=REQUIRED, compare=False)
     _key: bytes | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", check_shape(self, self.shape))
-        self._set_default()
-
-    def __repr__(self) -> str:
-        return _repr(self, fmt_shape(self.shape) if self.shape else "")
-
     def _encode(self, name: str, value: Any, out: Features) -> None:
         if type(value) is int and not self.shape:  # a plain label: skip numpy
             out[name] = ("int64", value)
@@ -328,13 +322,6 @@ class Float32(FeatureBase):
     shape: Shape = ()
     default: Any = field(default=REQUIRED, compare=False)
     _key: bytes | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", check_shape(self, self.shape))
-        self._set_default()
-
-    def __repr__(self) -> str:
-        return _repr(self, fmt_shape(self.shape) if self.shape else "")
 
     def _encode(self, name: str, value: Any, out: Features) -> None:
         arr = np.asarray(value) if not isinstance(value, np.ndarray) else value

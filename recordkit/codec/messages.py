@@ -47,6 +47,7 @@ __all__ = [
     "entry_key",
     "float_values",
     "int64_values",
+    "list_values",
     "parse_features",
     "scalar_runs",
     "unknown_field",
@@ -303,3 +304,18 @@ def int64_values(
     if len(data) <= SMALL_RUN:
         return decode_few_varints(data, start)
     return decode_varints(np.frombuffer(data, _U1), start)
+
+
+def list_values(
+    buf: memoryview, state: list[Any], name: str = "", scope: Scope = EXAMPLE
+) -> tuple[str | None, Any]:
+    """``(kind, values)`` of a ``Feature`` parsed into ``[kind, runs]`` (by
+    :func:`parse_features`); ``(None, None)`` when it sets no list."""
+    kind, runs = state
+    if kind is None:
+        return (None, None)
+    if kind == "bytes":
+        return ("bytes", bytes_values(buf, runs, name, scope))
+    if kind == "float":
+        return ("float", float_values(buf, runs, name, scope))
+    return ("int64", int64_values(buf, runs, name, scope))

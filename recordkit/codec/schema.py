@@ -1,11 +1,7 @@
 """``recordkit.Schema``: named, typed features; encode samples, decode records.
 
-The feature types live in :mod:`recordkit.codec.features`, the shape rules in
-:mod:`recordkit.codec.shapes`.
-Encoding validates a sample against the schema and raises
-:class:`~recordkit.errors.SchemaError` naming the feature. Decoding a record
-that does not fit raises :class:`~recordkit.errors.CorruptRecordError` without
-a location; the caller adds it with ``err.located(path, offset, record)``.
+The feature types, and the errors encoding and decoding raise, are in
+:mod:`recordkit.codec.features`; the shape rules in :mod:`recordkit.codec.shapes`.
 """
 
 from __future__ import annotations

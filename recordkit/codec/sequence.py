@@ -7,11 +7,8 @@ From ``tensorflow/core/example/example.proto`` and ``feature.proto``::
     FeatureList     { repeated Feature feature = 1; }
 
 Read with the protobuf parser's semantics, as :func:`~recordkit.codec.decode_example`
-reads an Example: a repeated map key replaces the earlier entry, a repeated
-``FeatureList`` value merges (its steps concatenate), the last ``oneof`` member
-of a ``Feature`` wins and repeated occurrences of the same member merge. As
-there, a field that a message does not define is an
-:class:`~recordkit.errors.UnknownFieldError` (protobuf would skip it). An
+reads an Example (:mod:`recordkit.codec.messages`; a repeated ``FeatureList`` value
+merges: its steps concatenate), a field a message does not define included. An
 Example payload reads as a SequenceExample with no feature lists.
 
 :class:`SequenceSchema` says what a set of SequenceExamples holds (each context
@@ -28,15 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptRecordError, SchemaError, UnknownFieldError
-from .messages import (
-    Scope,
-    bytes_values,
-    entry_key,
-    float_values,
-    int64_values,
-    parse_features,
-    unknown_field,
-)
+from .messages import Scope, entry_key, list_values, parse_features, unknown_field
 from .wire import KIND_OF_TAG, LEN1, LEN2, malformed, read_len, read_varint, skip
 
 __all__ = [
@@ -85,9 +74,9 @@ def decode_sequence_example(
                 pos += size
             else:
                 raise unknown_field(buf, 0, end, pos, tag, "the SequenceExample", _MESSAGE)
-        context = {name: _values(buf, state, name, _CONTEXT) for name, state in spans.items()}
+        context = {name: list_values(buf, state, name, _CONTEXT) for name, state in spans.items()}
         steps = {
-            name: [_values(buf, s, name, _step(i)) for i, s in enumerate(states)]
+            name: [list_values(buf, s, name, _step(i)) for i, s in enumerate(states)]
             for name, states in lists.items()
         }
     except IndexError:
@@ -187,17 +176,6 @@ def _parse_feature(
     return state
 
 
-def _values(buf: memoryview, state: list[Any], name: str, scope: Scope) -> Values:
-    kind, runs = state
-    if kind is None:
-        return (None, None)
-    if kind == "bytes":
-        return ("bytes", bytes_values(buf, runs, name, scope))
-    if kind == "float":
-        return ("float", float_values(buf, runs, name, scope))
-    return ("int64", int64_values(buf, runs, name, scope))
-
-
 def as_stored(kind: str | None, values: Any) -> Any:
     """One decoded list as an owned value, typed as stored: ``list[bytes]``, or a 1-d
     ``int64`` / ``float32`` array; a feature with no list set is ``[]``."""
@@ -290,18 +268,14 @@ class SequenceSchema:
         """Count one record (:func:`decode_sequence_example`'s output)."""
         self.records += 1
         for name, (kind, values) in context.items():
-            stat = self._context.get(name)
-            if stat is None:
-                stat = self._context[name] = _stat()
+            stat = self._context.setdefault(name, _stat())
             stat[0] += 1
             key = kind or _UNSET
             stat[1][key] = stat[1].get(key, 0) + 1
             if kind is not None:
                 stat[2], stat[3] = _lengths(stat[2], stat[3], len(values))
         for name, steps in feature_lists.items():
-            stat = self._lists.get(name)
-            if stat is None:
-                stat = self._lists[name] = _stat()
+            stat = self._lists.setdefault(name, _stat())
             stat[0] += 1
             stat[4], stat[5] = _lengths(stat[4], stat[5], len(steps))
             kinds = stat[1]

@@ -1,9 +1,8 @@
 """``recordkit.conversion``: turn a dataset in another format into a recordkit dataset.
 
 ``recordkit.convert(src, dst, format="jsonl")`` is :func:`recordkit.conversion.convert`
-(the package was ``recordkit.convert``, made callable by a module-class swap: a
-function and a package cannot share a name). See ``docs/convert.md``. The same engine
-writes a function's samples: :func:`recordkit.write` (``docs/howto/write.md``).
+(``docs/convert.md``). The same engine writes a function's samples:
+:func:`recordkit.write` (``docs/howto/write.md``).
 
 Importing it is light (no fsspec, no dask, no ray): filesystems are built when a
 conversion starts, Dask or Ray only when ``engine="dask"`` or ``"ray"`` runs.

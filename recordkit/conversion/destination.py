@@ -11,6 +11,7 @@ resumes or starts fresh; :func:`published` reads the done-markers back;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -71,19 +72,19 @@ class Destination:
         """Names directly in the dataset directory (temp files included)."""
         return self._listdir(self.target)
 
+    def state(self) -> contextlib.closing[Any]:
+        """The state directory as a target, closed when the ``with`` block ends."""
+        return contextlib.closing(open_target(self.state_url, self.storage_options))
+
     def state_names(self) -> list[str]:
         """Names in the state directory."""
-        state = open_target(self.state_url, self.storage_options)
-        try:
+        with self.state() as state:
             return self._listdir(state)
-        finally:
-            state.close()
 
     def remove_state(self) -> None:
-        state = open_target(self.state_url, self.storage_options)
-        for name in self.state_names():
-            state.remove(name)
-        state.close()
+        with self.state() as state:
+            for name in self.state_names():
+                state.remove(name)
         if not is_remote(self.url):
             try:
                 os.rmdir(strip_file_scheme(self.state_url))
@@ -116,11 +117,8 @@ def incomplete_at(
     loc = Location(dst, storage_options)
 
     def listdir(rel: str) -> list[str]:
-        target = open_target(loc.join(rel) if rel else dst, storage_options)
-        try:
-            return Destination._listdir(target)
-        finally:
-            target.close()
+        with contextlib.closing(open_target(loc.join(rel) if rel else dst, storage_options)) as t:
+            return Destination._listdir(t)
 
     return find_incomplete(dst, read=lambda rel: _read(loc, rel), listdir=listdir)
 
@@ -128,7 +126,10 @@ def incomplete_at(
 def prepare(
     dest: Destination, plan: Plan, resume: bool | None, overwrite: bool, writer: str = "convert"
 ) -> str:
-    """Decide what to do with what is at ``dest``: ``"done"``, ``"resume"`` or ``"fresh"``."""
+    """Decide what to do with what is at ``dest``: ``"done"`` (a manifest of the same
+    plan), ``"resume"`` (a state directory, ``plan.json``, of the same plan) or
+    ``"fresh"``; anything else of ours there is a ``DatasetExistsError`` unless ``overwrite``.
+    """
     prefix = f"{plan.options.prefix}-"
     names = dest.names()
     ours = [n for n in names if n == MANIFEST_NAME or n.startswith(prefix)]
@@ -229,30 +230,24 @@ def clean(dest: Destination, plan: Plan, done: Mapping[int, PartitionResult]) ->
     for name in dest.names():
         if is_temp_name(name) or (name.startswith(prefix) and name not in keep):
             dest.target.remove(name)
-    state = open_target(dest.state_url, dest.storage_options)
-    try:
+    with dest.state() as state:
         for name in dest.state_names():
             if is_temp_name(name):
                 state.remove(name)
-    finally:
-        state.close()
 
 
 def write_plan(dest: Destination, plan: Plan) -> None:
     """The state directory says what this run reads: the plan (``plan.json``) and,
     first, its listing (a ``plan.json`` is never without what it was made from)."""
-    state = open_target(dest.state_url, dest.storage_options)
-    try:
+    doc = {
+        "fingerprint": plan.fingerprint,
+        "frame": plan.frame,
+        "format": plan.format,
+        "source": plan.source,
+    }
+    with dest.state() as state:
         state.write_bytes(STATE_LISTING, listing(plan))
-        doc = {
-            "fingerprint": plan.fingerprint,
-            "frame": plan.frame,
-            "format": plan.format,
-            "source": plan.source,
-        }
         state.write_bytes(PLAN_NAME, (json.dumps(doc) + "\n").encode())
-    finally:
-        state.close()
 
 
 def published_from_manifest(dest: Destination, plan: Plan) -> dict[int, PartitionResult]:

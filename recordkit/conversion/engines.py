@@ -7,20 +7,17 @@ progress to a callback; it never stops at the first failure, so every failure
 can be reported together. A writer that dies is an exception for its own
 partition (a :class:`ConvertError` that says so), never a hang.
 
-- :class:`InlineEngine` (``workers=0``): one partition after another in this
-  process; for debugging, tests and ``memory://`` URLs.
-- :class:`~recordkit.conversion.pool.LocalEngine` (the default): writer processes
-  on this machine.
-- :class:`DaskEngine` (``engine="dask"``): a ``dask.distributed`` cluster, or a
-  ``LocalCluster`` on 127.0.0.1 started for the run.
-- :class:`~recordkit.conversion.ray_engine.RayEngine` (``engine="ray"``): Ray tasks on
-  a Ray cluster, the Ray this process is connected to, or a local Ray started for
-  the run.
+The engines are :class:`InlineEngine` (``workers=0``: in this process, for debugging,
+tests and ``memory://`` URLs), :class:`~recordkit.conversion.pool.LocalEngine` (the
+default), :class:`DaskEngine` and :class:`~recordkit.conversion.ray_engine.RayEngine`;
+:func:`make_engine` picks one.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,6 +42,8 @@ ENGINES = ("local", "dask", "ray")
 CLUSTERS = ("dask", "ray")
 
 Outcome = tuple[PartitionTask, Any]
+
+log = logging.getLogger("recordkit.conversion")
 
 
 class Engine(Protocol):
@@ -134,23 +133,34 @@ def _local_cluster(distributed: Any, workers: int) -> Any:
 def make_engine(
     name: str,
     *,
-    workers: int,
+    workers: int | None,
     scheduler: str | None = None,
     inactivity_timeout: float | None = 900.0,
-    partitions: int | None = None,
+    urls: Sequence[str] = (),
 ) -> Engine:
     """The engine for ``convert(engine=name, workers=..., ...)``.
 
     ``"dask"`` is a :class:`DaskEngine` (``workers`` sizes a LocalCluster when
     no scheduler is given); ``"ray"`` a :class:`RayEngine` whose address is
     ``scheduler`` (``workers`` sizes a local Ray when it starts one);
-    ``"local"`` is an :class:`InlineEngine` for ``workers=0`` and a
-    :class:`LocalEngine` otherwise, with no more writer processes than ``partitions``.
+    ``"local"`` is an :class:`InlineEngine` for ``workers=0`` (and whenever one of
+    ``urls``, the run's source and destination, is ``memory://``, which other processes
+    cannot see) and a :class:`LocalEngine` otherwise. ``workers=None``: ``os.cpu_count()``.
     """
     if name not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
+    if workers is None:
+        workers = os.cpu_count() or 1
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    in_memory = [u for u in urls if u.startswith("memory://")]
+    if in_memory and name in CLUSTERS:
+        raise ValueError(
+            f"{in_memory[0]} lives in this process; {name.capitalize()} workers cannot see it"
+        )
+    if in_memory and workers:
+        log.info("%s lives in this process: converting in it (workers=0)", in_memory[0])
+        workers = 0
     if scheduler is not None:
         if name not in CLUSTERS:
             raise ValueError(
@@ -166,8 +176,6 @@ def make_engine(
         return RayEngine(address=scheduler, workers=max(1, workers))
     if workers == 0:
         return InlineEngine()
-    if partitions is not None:
-        workers = max(1, min(workers, partitions))
     return LocalEngine(workers=workers, inactivity_timeout=inactivity_timeout)
 
 

@@ -1,14 +1,6 @@
-"""``recordkit.write``: your function's samples, written in parallel into one dataset.
-
-``write(fn, inputs, out, schema=...)`` is a conversion whose source is a function:
-each input (a URL, a path, an id) is an item, ``fn(input)`` returns or yields its
-samples, and the items are cut into partitions that writer processes (or Dask or
-Ray workers) convert exactly as ``recordkit convert`` does. So the output is
-deterministic (shard names and bytes depend on the inputs, the schema and the
-options, never on the workers), a rerun after a kill resumes and ends
-byte-identical, failures come back together, each naming the input that
-raised, and the directory is marked unfinished from its first byte to its
-manifest.
+"""``recordkit.write``: a conversion whose source is a function (:class:`FunctionSource`):
+each input is an item, ``fn(input)`` returns or yields its samples, and the partitions
+run exactly as ``recordkit convert``'s do (see :func:`write`).
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ from .._keywords import accepts_options, given, refuse
 from .._procs import can_load_main, check_not_loading_main
 from ..codec.schema import Schema
 from ..errors import SchemaError
-from .engines import CLUSTERS, LocalEngine, make_engine
+from .engines import LocalEngine, make_engine
 from .plan import ConvertOptions, make_plan
 from .progress import Progress
 from .run import ConvertResult, run_plan
@@ -316,34 +308,18 @@ def write(
             records them, so a rerun recognises its own partial output.
         out: the dataset directory: a local path or fsspec URL.
         schema: the :class:`~recordkit.Schema` every sample must fit.
-        workers: writer processes (``engine="local"``), LocalCluster workers
-            (Dask) or the CPUs of a local Ray started for the run; default
-            ``os.cpu_count()``; ``0`` calls ``fn`` in this process.
-        shard_size: roll over to a new shard before one passes this size.
-        compress: ``"zstd"`` compresses every ``Tensor`` feature (per value).
+        workers, shard_size, compress: as :func:`~recordkit.conversion.convert` takes
+            them; ``workers=0`` calls ``fn`` in this process.
         inputs_per_partition: inputs per partition; ``None`` cuts the inputs into
             about 64 partitions (at most 65,536 inputs each). Each partition writes
             at least one shard, and a killed run redoes the partitions it had not
             published.
         metadata: JSON-ready metadata for the manifest (``"write"`` and
             ``"convert"`` are taken: they record the function and the plan).
-        engine: ``"local"`` (writer processes), ``"dask"`` or ``"ray"``.
-        scheduler: the cluster's address, as :func:`recordkit.conversion` takes it
-            (Dask: ``None`` starts a LocalCluster; Ray: ``None`` runs on this
-            process's Ray, else at ``RAY_ADDRESS``, else on a local Ray).
-        resume: ``None`` resumes a partial run of the same plan found at ``out``;
-            ``True`` says so explicitly; ``False`` refuses to touch one.
-        overwrite: replace whatever dataset or partial run is at ``out``.
-        break_lock: take over a remote ``out``'s lease whose holder this host
-            cannot see (one writer per destination).
         storage_options: fsspec options for ``out``.
-        options: the output options at once
-            (:class:`~recordkit.conversion.ConvertOptions`: shard size, ``max_records``,
-            ``compress``, ``prefix``, ``fsync``, ``retries``); then ``shard_size``
-            and ``compress`` stay at their defaults.
+        engine, scheduler, resume, overwrite, break_lock, options, inactivity_timeout:
+            as :func:`~recordkit.conversion.convert` takes them (``out`` is its ``dst``).
         progress: a :class:`~recordkit.conversion.Progress`; it counts inputs.
-        inactivity_timeout: stop the writer processes and fail when none
-            reports progress for this long (seconds; ``None``: wait forever).
 
     Returns:
         A :class:`~recordkit.conversion.ConvertResult` (``.manifest``, ``.records``,
@@ -376,19 +352,13 @@ def write(
         json.dumps(extra)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"metadata must be JSON-ready: {exc}") from exc
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if workers < 0:
-        raise ValueError(f"workers must be >= 0, got {workers}")
     out = os.fspath(out)
-    if out.startswith("memory://"):
-        if engine in CLUSTERS:
-            raise ValueError(
-                f"{out} lives in this process; {engine.capitalize()} workers cannot see it"
-            )
-        workers = 0
     runner = make_engine(
-        engine, workers=workers, scheduler=scheduler, inactivity_timeout=inactivity_timeout
+        engine,
+        workers=workers,
+        scheduler=scheduler,
+        inactivity_timeout=inactivity_timeout,
+        urls=(out,),
     )
     if isinstance(runner, LocalEngine):
         source.check_importable()

@@ -17,7 +17,7 @@ decode (naming file, offset and record) and adds each to ``found``.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -26,20 +26,18 @@ from typing import Any
 
 from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
-from ..errors import DiskFullError
+from ..errors import NO_SPACE, DiskFullError, add_note
 from ..format.framing import OVERHEAD
 from ..format.manifest import SEQUENCE_EXAMPLE, ShardInfo
 from ..retry import RetryPolicy
 from ..storage import open_target
 from ..writer.sequence import ShardSequence
-from .notes import add_note
 
 __all__ = ["PartitionResult", "PartitionTask", "Reporter", "Tally", "run_partition", "write_items"]
 
 log = logging.getLogger(__name__)
 
 STATE_DIR = ".recordkit-convert"
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 #: ``report(items, source_bytes, records)``: progress deltas from inside a partition.
 Reporter = Callable[[int, int, int], None]
@@ -151,10 +149,6 @@ class PartitionResult:
             raise ValueError(f"malformed done-marker: {exc!r}") from exc
 
 
-def _noop(items: int, size: int, records: int) -> None:
-    pass
-
-
 class Tally:
     """Forwards progress to ``report`` and remembers it, so an attempt that is
     retried (or redone) can take back what it counted: :meth:`undo`.
@@ -259,7 +253,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
     whole partition after a backoff, as ``task.retry`` says: it rewrites the same
     names with the same bytes, so a retry is safe. A full disk raises :class:`DiskFullError`.
     """
-    report = report or _noop
+    report = report or (lambda items, size, records: None)
     tallies: list[Tally] = []
 
     def attempt() -> tuple[Any, Any, int]:
@@ -269,7 +263,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         try:
             return _write(task, tallies[-1])
         except OSError as exc:
-            if exc.errno in _NO_SPACE:
+            if exc.errno in NO_SPACE:
                 raise DiskFullError(
                     f"no space left on the device writing partition {task.index} to "
                     f"{task.dst}: free some space and rerun; the partitions already "
@@ -288,9 +282,7 @@ def run_partition(task: PartitionTask, report: Reporter | None = None) -> Partit
         skipped=skipped,
         schema=None if found is None else found.to_json(),
     )
-    state = open_target(f"{task.dst.rstrip('/')}/{STATE_DIR}", task.storage_options)
-    try:
+    state_url = f"{task.dst.rstrip('/')}/{STATE_DIR}"
+    with contextlib.closing(open_target(state_url, task.storage_options)) as state:
         state.write_bytes(task.marker, result.marker_bytes(task.fingerprint))
-    finally:
-        state.close()
     return result

@@ -32,8 +32,7 @@ class ConvertOptions:
 
     Attributes:
         shard_size: roll over to a new shard before one would pass this many
-            bytes (int or ``"256MiB"``). 256 MiB: few enough shards to list
-            fast, small enough to cache, download and shuffle by the shard.
+            bytes (int or ``"256MiB"``), as :class:`~recordkit.Writer` does.
         max_records: also roll over after this many records (``None``: no limit).
         partition_bytes: the source bytes one partition covers, the unit of
             parallel work and of resume; ``None`` means ``shard_size``, so a

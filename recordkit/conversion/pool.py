@@ -77,14 +77,13 @@ def _writer(conn: Connection) -> None:
         if task is None:
             return
         reporter = _PipeReporter(conn)
+        msg: tuple[str, Any]
         try:
-            result = run_partition(task, reporter)
+            msg = ("done", run_partition(task, reporter))
         except Exception as exc:
-            reporter.flush()
-            conn.send(("failed", pack_exception(exc)))
-        else:
-            reporter.flush()
-            conn.send(("done", result))
+            msg = ("failed", pack_exception(exc))
+        reporter.flush()
+        conn.send(msg)
 
 
 # -- in this process --------------------------------------------------------------------------

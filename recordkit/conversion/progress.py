@@ -94,10 +94,6 @@ class MeterProgress:
         """Show the final state."""
         self.meter.close()
 
-    def line(self) -> str:
-        """The current status line."""
-        return self.meter.text()
-
 
 class _Delegates:
     """``start``, ``update`` and ``close`` handed to a :class:`MeterProgress` (composition,

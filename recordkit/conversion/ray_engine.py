@@ -1,9 +1,8 @@
 """The Ray engine: partitions run as Ray tasks, on a cluster or on a Ray started for the run.
 
 The tasks are the engines' own (:func:`~recordkit.conversion.partition.run_partition`
-on a :class:`PartitionTask`, which Ray serializes as it does any task's
-arguments: the source's location and options, never samples), so the output is
-byte-identical to the local engine's. Which Ray runs them:
+on a :class:`PartitionTask`), so the output is byte-identical to the local engine's.
+Which Ray runs them:
 
 1. ``address`` given (``ray://head:10001``, ``head:6379``, ``auto``): that
    cluster; this process connects for the run and disconnects after it;
@@ -33,8 +32,7 @@ from typing import Any
 
 from .._deps import require
 from .._procs import RemoteTraceback, pack_exception
-from ..errors import ConvertError
-from .notes import add_note
+from ..errors import ConvertError, add_note
 from .partition import PartitionResult, PartitionTask, Reporter, run_partition
 
 __all__ = ["RayEngine"]

@@ -4,13 +4,11 @@
 
 1. **plan** (:func:`plan_conversion`): list the source and cut it into
    deterministic partitions (nothing written yet);
-2. **resume check** (:func:`~recordkit.conversion.destination.prepare`): a manifest
-   from the same plan at the destination means done; a state directory
-   (``.recordkit-convert/plan.json``) from the same plan means resume; anything
-   else of ours there is an error unless ``overwrite``. Then the directory is
-   marked as being written (``.recordkit-writing.json``, which readers refuse
-   without ``partial=True``), temp files and the shards of unfinished
-   partitions are removed, and ``plan.json`` is written;
+2. **resume check** (:func:`~recordkit.conversion.destination.prepare`): done,
+   resume or fresh, from what is at the destination (see
+   :mod:`~recordkit.conversion.destination`). Then the directory is marked as being
+   written, what an interrupted run left half-done is removed, and ``plan.json``
+   is written;
 3. **run partitions** on an engine (:mod:`~recordkit.conversion.engines`: inline,
    local writer processes, Dask, Ray); each publishes its shards, then its
    done-marker (a partition without a marker is redone from scratch, producing
@@ -36,7 +34,7 @@ from .._procs import check_not_loading_main
 from .._version import __version__
 from ..codec.schema import Schema
 from ..codec.sequence import SequenceSchema
-from ..errors import ConvertError, PartitionsFailedError, SchemaError, SourceError
+from ..errors import ConvertError, PartitionsFailedError, SchemaError, SourceError, add_note
 from ..format.complete import mark_finished
 from ..format.manifest import MANIFEST_NAME, PAYLOAD_KINDS, Manifest
 from ..storage import source_url
@@ -51,9 +49,8 @@ from .destination import (
     published_from_manifest,
     write_plan,
 )
-from .engines import CLUSTERS, Engine, make_engine
+from .engines import Engine, make_engine
 from .identity import KEPT_LISTING, listing
-from .notes import add_note
 from .partition import PartitionResult, PartitionTask
 from .plan import ConvertOptions, Plan, make_plan
 from .progress import NullProgress, Progress
@@ -234,8 +231,7 @@ def convert(
         src: the source: a local path or fsspec URL (``s3://``, ``gs://``,
             ``http(s)://``, ``memory://``, ``file://``).
         dst: the dataset directory: a local path or fsspec URL.
-        format: the converter (``recordkit.converters.available()``): ``imagefolder``,
-            ``jsonl``, ``csv``, ``numpy``, ``parquet``, ``webdataset``, ``tfrecord``.
+        format: the converter's name (``recordkit.converters.available()`` lists them).
         schema: the schema to write; ``None`` infers one from the source.
         workers: writer processes (local engine), LocalCluster workers (Dask) or
             the CPUs of a local Ray started for the run; default ``os.cpu_count()``;
@@ -281,20 +277,12 @@ def convert(
     else:  # each setting one way: shard_size= and compress= are options' fields
         both = [k for k in ("shard_size", "compress") if k in given()]
         refuse(both, "options", "ConvertOptions", both)
-    if workers is None:
-        workers = os.cpu_count() or 1
-    if workers < 0:
-        raise ValueError(f"workers must be >= 0, got {workers}")
-    in_memory = [u for u in (os.fspath(src), os.fspath(dst)) if u.startswith("memory://")]
-    if in_memory and engine in CLUSTERS:
-        raise ValueError(
-            f"{in_memory[0]} lives in this process; {engine.capitalize()} workers cannot see it"
-        )
-    if in_memory and workers:
-        log.info("%s lives in this process: converting in it (workers=0)", in_memory[0])
-        workers = 0
     runner = make_engine(
-        engine, workers=workers, scheduler=scheduler, inactivity_timeout=inactivity_timeout
+        engine,
+        workers=workers,
+        scheduler=scheduler,
+        inactivity_timeout=inactivity_timeout,
+        urls=(os.fspath(src), os.fspath(dst)),
     )
     storage_options = dict(storage_options or {})
     dso = dict(storage_options if dst_storage_options is None else dst_storage_options)
@@ -341,16 +329,11 @@ def run_plan(
 
     Args:
         source: the source the plan was made from (pickled into each task).
-        plan: the plan.
-        dst: the dataset directory: a local path or fsspec URL.
-        storage_options: fsspec options for ``dst``.
-        engine: runs the partitions.
-        resume, overwrite, progress: as :func:`convert` takes them.
+        storage_options, resume, overwrite, progress, break_lock: as :func:`convert`
+            takes them (``storage_options`` for ``dst``).
         writer: the in-progress marker's kind (``"convert"`` or ``"write"``).
         what: how errors name the run (``"converting imgs/"``).
         started: ``time.monotonic()`` when the run began (for the result's seconds).
-        break_lock: take over a remote destination's lease whose holder this host
-            cannot see.
 
     Raises:
         DestinationBusyError: another writer holds ``dst``.
@@ -378,27 +361,18 @@ def run_plan(
                 clean(dest, plan, published_from_manifest(dest, plan))
                 manifest = Manifest.loads(dest.loc.read_bytes(MANIFEST_NAME))
                 log.info("%s is already complete (same plan); nothing to do", dest.url)
-                n = len(plan.partitions)
-                seconds = time.monotonic() - t0
+                resumed = len(plan.partitions)
                 skipped = int(manifest.metadata.get("convert", {}).get("skipped", 0))
-                return ConvertResult(
-                    dest.url, manifest, n, n, plan.items, plan.size, seconds, unit, skipped
+            else:
+                done = _begin(dest, plan, state, writer)
+                results = _run_partitions(
+                    plan, source, dest, engine, done, progress or NullProgress(), what
                 )
-            done = _begin(dest, plan, state, writer)
-            results = _run_partitions(
-                plan, source, dest, engine, done, progress or NullProgress(), what
-            )
-            manifest = _publish(dest, plan, results)
+                manifest = _publish(dest, plan, results)
+                resumed, skipped = len(done), sum(r.skipped for r in results.values())
+            n, seconds = len(plan.partitions), time.monotonic() - t0
             return ConvertResult(
-                dest.url,
-                manifest,
-                len(plan.partitions),
-                len(done),
-                plan.items,
-                plan.size,
-                time.monotonic() - t0,
-                unit,
-                sum(r.skipped for r in results.values()),
+                dest.url, manifest, n, resumed, plan.items, plan.size, seconds, unit, skipped
             )
         finally:
             dest.close()

@@ -52,10 +52,7 @@ def available() -> list[str]:
 
 
 def register(name: str, cls: type[Any]) -> None:
-    """Make ``cls`` available as ``name`` in this process (overrides other sources).
-
-    ``recordkit.converters.register`` checks that ``cls`` is a ``Source`` first.
-    """
+    """Make ``cls`` available as ``name`` in this process (overrides other sources)."""
     if not _is_source(cls):
         raise TypeError(f"register({name!r}, ...): expected a Source subclass, got {cls!r}")
     registered[name] = cls

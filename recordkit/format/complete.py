@@ -1,19 +1,14 @@
 """Whole datasets only: the in-progress marker, and the check every reader makes.
 
 A write of ours (a :class:`~recordkit.Writer`, a ``recordkit convert``, a
-:func:`recordkit.write`) puts
-:data:`MARKER_NAME` in the dataset directory before its first byte and removes
-it only after ``recordkit.json`` is published. So a directory with the marker
-and no manifest is a write that has not finished (it raised, was killed, or is
-still running): :func:`check_complete` refuses it by name unless the caller
-asks for ``partial=True``. A manifest always wins: it is written last, so a
-marker beside one only means the process died between the two steps.
+:func:`recordkit.write`) puts :data:`MARKER_NAME` in the dataset directory before its
+first byte and removes it only after ``recordkit.json`` is published; what readers
+make of a directory with the marker, a manifest or neither is told in
+``docs/format.md`` (whole datasets only). :func:`check_complete` refuses an unfinished
+one by name unless the caller asks for ``partial=True``.
 
-A folder with neither (foreign TFRecords, a growing cache) stays readable.
-
-The marker is a small JSON object, written atomically like everything else
-(locally a renamed temp file; remotely an object put under a temp key and moved),
-through any target with ``write_bytes(name, data)`` and ``remove(name)``.
+The marker is a small JSON object, written atomically through any target with
+``write_bytes(name, data)`` and ``remove(name)``.
 """
 
 from __future__ import annotations
@@ -229,8 +224,7 @@ def check_complete(
         root: the dataset directory (a file path is not a directory: ``None``).
         partial: read what is there anyway: log a WARNING that says how much,
             and return the :class:`Incomplete` instead of raising.
-        read: see :func:`find_incomplete`.
-        listdir: see :func:`find_incomplete`.
+        read, listdir: see :func:`find_incomplete`.
 
     Returns:
         ``None`` for a whole dataset or a foreign folder; with ``partial`` the

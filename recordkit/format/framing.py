@@ -76,15 +76,7 @@ def _check_header(
     CRC and size checks (errors name ``offset``, the header's place in the file)."""
     length, stored = _HEADER.unpack_from(buf, at)
     actual = masked_crc32c(memoryview(buf)[at : at + 8])  # no view outlives the call
-    if stored != actual:
-        raise CorruptRecordError(
-            "length CRC mismatch",
-            path=path,
-            offset=offset,
-            record=record,
-            expected_crc=stored,
-            actual_crc=actual,
-        )
+    _check_crc("length", stored, actual, path, offset, record)
     if length > max_record_bytes:
         raise RecordTooLargeError(
             f"record length {length} exceeds max_record_bytes={max_record_bytes}",
@@ -99,9 +91,15 @@ def _check_payload(
     payload: Buffer, stored: int, path: str | None, offset: int, record: int | None
 ) -> None:
     actual = mask(guard.crc32c(payload, path=path, offset=offset, record=record))
+    _check_crc("payload", stored, actual, path, offset, record)
+
+
+def _check_crc(
+    what: str, stored: int, actual: int, path: str | None, offset: int, record: int | None
+) -> None:
     if stored != actual:
         raise CorruptRecordError(
-            "payload CRC mismatch",
+            f"{what} CRC mismatch",
             path=path,
             offset=offset,
             record=record,

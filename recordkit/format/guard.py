@@ -1,22 +1,15 @@
 """Reading shard maps safely: a shard that shrinks is an error, not a SIGBUS.
 
-A shard is read through a memory map. If another program truncates the file
-while it is mapped (``rsync --inplace``, a user rewriting it, a network file
-system), touching a page past the new end raises SIGBUS, which kills the
-process. Two defences, used by every reader:
+Two defences, used by every reader (``docs/howto/corrupt-data.md`` says what each
+covers, and which reader reads what through which):
 
-- :func:`check_size`: ``mmap.size()`` (an ``fstat`` of the map's own file
-  descriptor) compared with the size the map (and the validated index) has,
-  before a record or a batch is read. Cheap (well under a microsecond), but a
-  file can still shrink between the check and the read. A file that grew is
-  not an error: every page of the map is still there.
-- :func:`read` and :func:`crc32c`: the copy and the CRC made by
-  ``recordkit.native._ext`` inside its SIGBUS guard, where a page that vanishes
-  mid-read becomes :class:`~recordkit.errors.ShardChangedError` instead of a
-  crash. Without the extension (no C compiler, or ``RECORDKIT_NO_NATIVE=1``)
-  they are plain Python reads after a :func:`check_size`.
-
-``docs/howto/corrupt-data.md`` says which reader reads what through which.
+- :func:`check_size`: the size of the map's file now (one ``fstat``) compared with the
+  size the map (and the validated index) has, before a record or a batch is read. A
+  file that grew is not an error.
+- :func:`read` and :func:`crc32c`: the copy and the CRC made by ``recordkit.native._ext``
+  inside its SIGBUS guard, where a page that vanishes mid-read becomes
+  :class:`~recordkit.errors.ShardChangedError`. Without the extension (no C compiler,
+  or ``RECORDKIT_NO_NATIVE=1``) they are plain Python reads after a :func:`check_size`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""The index sidecar: one ``"{offset} {framed_size}\\n"`` line per record.
+"""The index sidecar: one ``"{offset} {framed_size}\\n"`` line per record, the text
+format of NVIDIA DALI's ``tfrecord2idx`` and of the ``tfrecord`` PyPI package
+(``docs/format.md``, Index sidecar). The index of ``part-00000.tfrecord`` is
+``part-00000.tfrecord.idx`` beside it.
 
-This is the text format of NVIDIA DALI's ``tfrecord2idx`` and of the ``tfrecord``
-PyPI package, so both read recordkit shards with our index and no conversion.
-``framed_size`` is the payload length plus the 16 bytes of framing. The index of
-``part-00000.tfrecord`` is ``part-00000.tfrecord.idx`` beside it.
-
-An index is never trusted blindly: :func:`validate_index` checks it against the
-shard (contiguous entries from 0 to the file size, every length field matching),
-and :func:`scan_index` builds one by a CRC-checked scan over a memory map, which
-reads headers and payloads through the page cache instead of into Python memory
-(DALI's tool reads whole shards into RAM). This module is the format, the bytes;
-how a reader opens, keeps and rebuilds an index (``ensure_index``, the per-user
-store) is :mod:`recordkit.reader.index`.
+An index is never trusted blindly (:func:`validate_index`); :func:`scan_index` builds
+one by a CRC-checked scan over a memory map (through the page cache, not into Python
+memory). This module is the bytes; how a reader opens, keeps and rebuilds an index
+(``ensure_index``, the per-user store) is :mod:`recordkit.reader.index`.
 """
 
 from __future__ import annotations
@@ -134,8 +129,9 @@ def scan_buffer(
     offsets: list[int] = []
     sizes: list[int] = []
     offset, record, end = 0, 0, len(buf)
-    if end:
-        _refuse_compressed(buf, path)
+    kind = sniff_compression(buf[:12]) if end else None
+    if kind is not None:  # a GZIP/ZLIB file: CompressedTFRecordError, never "corrupt"
+        raise compressed_error(path, kind)
     while offset < end:
         if verify:
             length = len(
@@ -151,17 +147,7 @@ def scan_buffer(
         sizes.append(length + OVERHEAD)
         offset += length + OVERHEAD
         record += 1
-    out = np.empty((len(offsets), 2), dtype=np.int64)
-    out[:, 0] = offsets
-    out[:, 1] = sizes
-    return out
-
-
-def _refuse_compressed(buf: mmap.mmap | bytes, path: str) -> None:
-    """Raise :class:`CompressedTFRecordError` for a GZIP/ZLIB file, never "corrupt"."""
-    kind = sniff_compression(buf[:12])
-    if kind is not None:
-        raise compressed_error(path, kind)
+    return np.column_stack((offsets, sizes)).astype(np.int64)
 
 
 def format_index(entries: np.ndarray) -> bytes:
@@ -297,9 +283,7 @@ def check_entries(entries: np.ndarray, size: int, *, where: str | None = None) -
     n = len(entries)
     if n == 0:
         if size:
-            raise InvalidIndexError(
-                f"index is empty but the shard has {size} bytes", path=where, offset=0, record=0
-            )
+            raise end_error(0, 0, size, where)
         return
     offsets, sizes = entries[:, 0], entries[:, 1]
     expected_offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import fnmatch
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
 from .._units import parse_size
 from .._version import __version__
 from ..codec.schema import Schema
-from ..errors import DatasetExistsError, DiskFullError, SchemaError
+from ..errors import NO_SPACE, DatasetExistsError, DiskFullError, SchemaError
 from ..format import TMP_MARKER
 from ..format.complete import MARKER_NAME, mark_finished, mark_started, marker_bytes
 from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo
@@ -25,8 +23,6 @@ from .sequence import ShardSequence
 __all__ = ["Writer"]
 
 log = logging.getLogger(__name__)
-
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 def _is_shard_name(name: str) -> bool:
@@ -51,12 +47,10 @@ class Writer:
     ``{prefix}-{NNNNN}.tfrecord.idx``; both are published atomically (temp file,
     fsync, rename; the index before the shard). ``recordkit.json`` is written
     when the block exits normally; if it raises, the shard in progress is
-    discarded and no manifest is written, so the dataset never looks complete.
-    From the start until the manifest is published the directory holds the
-    marker ``.recordkit-writing.json``: readers refuse a directory with the
-    marker and no manifest (:class:`~recordkit.errors.IncompleteDatasetError`)
-    unless they are given ``partial=True``, whether the writer raised, was
-    killed or is still running.
+    discarded and no manifest is written, so the dataset never looks complete:
+    until the manifest is published the directory holds the in-progress marker,
+    which readers refuse (:class:`~recordkit.errors.IncompleteDatasetError`) without
+    ``partial=True``, whether the writer raised, was killed or is still running.
 
     Args:
         path_or_url: the dataset directory: a local path or an fsspec URL
@@ -210,7 +204,7 @@ class Writer:
         try:
             yield
         except OSError as exc:
-            if exc.errno not in _NO_SPACE or isinstance(exc, DiskFullError):
+            if exc.errno not in NO_SPACE or isinstance(exc, DiskFullError):
                 raise
             where = exc.filename or self.root
             raise DiskFullError(
@@ -270,12 +264,7 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         if exc_type is None:
             self.close()
         else:

@@ -1,22 +1,13 @@
 """One writer per destination: the lease a ``Writer``, ``recordkit convert`` or
-``recordkit write`` holds on its dataset directory while it writes.
+``recordkit write`` holds on its dataset directory while it writes (the rules, and
+what a second writer is told: ``docs/howto/concurrency.md``).
 
-- **Locally** the directory itself is locked with ``flock`` (``LOCK_EX``, not
-  blocking) for the writer's lifetime, and :data:`LEASE_NAME` beside the shards says
-  who holds it (pid, host, since when, what). The kernel releases the lock when its
-  process dies, however it dies, so the lease of a dead writer is simply taken over;
-  a second writer while the first lives is a
-  :class:`~recordkit.errors.DestinationBusyError` naming the first. (On NFS ``flock``
-  is what the client makes of it: Linux's NFS client turns it into a byte-range lock
-  on the server, which holds across hosts.)
-- **On an object store** the lease is :data:`LEASE_NAME` created only if absent
-  (S3's ``If-None-Match: *``, through fsspec's exclusive ``xb`` mode). A store that
-  cannot create conditionally cannot be locked: the writer says so at WARNING and
-  goes on. A lease whose holder ran on this host and is gone is taken over; any other
-  needs ``break_lock=True`` (``--break-lock``), which is for a holder known to be
-  dead (a lease object has no heartbeat).
-
-The destination's shards, manifest and state are only touched while the lease is held.
+Locally a ``flock`` (``LOCK_EX``, not blocking) on the directory itself, which the
+kernel drops when its process dies, with :data:`LEASE_NAME` beside the shards saying
+who holds it. On an object store :data:`LEASE_NAME` created only if absent (fsspec's
+exclusive ``xb`` mode): taken over when its holder ran on this host and is gone,
+else only with ``break_lock=True``; a store that cannot create conditionally is not
+locked (a WARNING says so). The destination is only touched while the lease is held.
 """
 
 from __future__ import annotations
@@ -28,7 +19,6 @@ import logging
 import os
 import socket
 import time
-from types import TracebackType
 from typing import Any
 
 from ..errors import DestinationBusyError
@@ -129,12 +119,7 @@ class Lease:
         self.acquire()
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def acquire(self) -> None:

@@ -79,11 +79,6 @@ class ShardSequence:
         """The shards published so far, in order."""
         return tuple(self._shards)
 
-    @property
-    def current_bytes(self) -> int:
-        """Framed bytes in the shard in progress (0 before its first record)."""
-        return 0 if self._current is None else self._current.bytes
-
     def write(self, payload: bytes | bytearray | memoryview) -> int:
         """Append one record (rolling over first if the rule says so); its framed size.
 

@@ -126,6 +126,7 @@ def test_a_subclass_of_a_converter_does_not_claim_its_files(tmp_path):
     """A plugin built on a built-in (registered under its own name) leaves inference as
     it was, unless it declares its own suffixes."""
     from recordkit import converters
+    from recordkit.conversion import sources
     from recordkit.converters.jsonl import JsonlSource
 
     class Quiet(JsonlSource):
@@ -136,7 +137,7 @@ def test_a_subclass_of_a_converter_does_not_claim_its_files(tmp_path):
         suffixes = (".jsonl",)
 
     (tmp_path / "a.jsonl").write_text('{"x": 1}\n')
-    saved = dict(converters._registered)
+    saved = dict(sources.registered)
     try:
         converters.register(Quiet.name, Quiet)
         assert infer_format(str(tmp_path / "a.jsonl")).format == "jsonl"
@@ -144,5 +145,5 @@ def test_a_subclass_of_a_converter_does_not_claim_its_files(tmp_path):
         with pytest.raises(ValueError, match="pass --from jsonl or --from loud-jsonl"):
             infer_format(str(tmp_path / "a.jsonl"))
     finally:
-        converters._registered.clear()
-        converters._registered.update(saved)
+        sources.registered.clear()
+        sources.registered.update(saved)
