@@ -307,9 +307,8 @@ def check_member_name(container: str, name: str) -> str:
     parts = name.replace("\\", "/").split("/")
     if not name or name.startswith(("/", "\\")) or ".." in parts or "\x00" in name:
         raise SourceError(f"{container}: member name {name!r} escapes the archive; refused")
-    with contextlib.suppress(ValueError):
-        if ":" in parts[0] and len(parts[0]) == 2:  # a Windows drive, "C:"
-            raise SourceError(f"{container}: member name {name!r} is absolute; refused")
+    if ":" in parts[0] and len(parts[0]) == 2:  # a Windows drive, "C:"
+        raise SourceError(f"{container}: member name {name!r} is absolute; refused")
     return name
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from .errors import RecordkitError
+from .errors import RecordkitError, add_note
 
 __all__ = ["DEFAULT_POLICY", "Kind", "RetryPolicy", "classify", "describe", "is_transient"]
 
@@ -181,13 +181,6 @@ def describe(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _note(exc: BaseException, text: str) -> None:
-    if hasattr(exc, "add_note"):
-        exc.add_note(text)
-    else:  # pragma: no cover - Python 3.10
-        exc.__notes__ = [*getattr(exc, "__notes__", []), text]  # type: ignore[attr-defined]
-
-
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How remote requests are retried, and how long one may take.
@@ -283,7 +276,7 @@ class RetryPolicy:
                 delay = next(delays, None) if retry_if(exc) else None
                 if delay is None:
                     if attempt > 1:
-                        _note(exc, f"{what}: gave up after {attempt} attempt(s)")
+                        add_note(exc, f"{what}: gave up after {attempt} attempt(s)")
                     raise
                 log.warning(
                     "%s failed (attempt %d/%d, retrying in %.3g s): %s",

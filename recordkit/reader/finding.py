@@ -30,7 +30,7 @@ import stat
 import struct
 from collections.abc import Sequence
 
-from ..errors import CorruptRecordError, ManifestError, ShardNotFoundError
+from ..errors import CorruptRecordError, ManifestError, ShardNotFoundError, add_note
 from ..format.crc import masked_crc32c
 from ..format.index import INDEX_SUFFIX, open_map
 from ..format.manifest import MANIFEST_NAME, SHARD_PATTERNS, Manifest, ShardInfo, read_manifest
@@ -314,9 +314,7 @@ def _compressed_folder(root: str, names: list[str]) -> Exception:
             "ZLIB" if names[0].endswith((".zlib", ".zz")) else "GZIP"
         )
     exc = compressed_error(root, kind)
-    note = getattr(exc, "add_note", None)  # Python 3.11+
-    if note is not None:
-        note(f"{len(names)} compressed TFRecord file(s) there, such as {names[0]}")
+    add_note(exc, f"{len(names)} compressed TFRecord file(s) there, such as {names[0]}")
     return exc
 
 

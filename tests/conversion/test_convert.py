@@ -238,6 +238,15 @@ def test_webdataset_refuses_path_traversal(tmp_path):
     assert not list(tmp_path.rglob("evil*")) and not list(tmp_path.rglob("x.txt"))
 
 
+@pytest.mark.parametrize("name", ["C:/evil.txt", "c:\\evil.txt"])
+def test_a_member_named_from_a_windows_drive_is_refused(name: str) -> None:
+    from recordkit.converters.base import check_member_name
+
+    assert check_member_name("s.tar", "C-drive/ok.txt") == "C-drive/ok.txt"
+    with pytest.raises(SourceError, match="is absolute; refused"):
+        check_member_name("s.tar", name)
+
+
 def test_tfrecord_corruption_names_file_offset_record(tmp_path):
     from .cases import tfrecord
 
