@@ -47,6 +47,7 @@ from ..reader import decode as _decode
 from ..reader.buffers import BufferPool
 from ..reader.decode import BatchDecoder
 from .tasks import PlanTasks
+from .tasks import groups as shard_groups
 
 tf = require("tensorflow", extra="tf")
 
@@ -240,7 +241,7 @@ class NativeTasks:
 
     def _read(self, epoch: int, task: int) -> list[np.ndarray]:
         shard, rec = self.tasks.records(epoch, task)
-        groups = _groups(shard)
+        groups = shard_groups(shard)
         if self.runner is not None and len(rec):
             # Parallel calls each hold their task's shards: pieces of a quarter of the budget.
             cap = max(1, self.tasks.shards.max_open // 4)
@@ -422,15 +423,3 @@ class NativeTasks:
                 value.set_shape([None, *self.shapes[name]])
             out[name] = value
         return out
-
-
-def _groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """The positions of each shard's records, shard by shard (stable)."""
-    if len(shard) and shard[0] == shard[-1] and not np.any(shard != shard[0]):
-        return [(int(shard[0]), np.arange(len(shard)))]
-    order = np.argsort(shard, kind="stable")
-    ids = shard[order]
-    edges = np.flatnonzero(np.diff(ids)) + 1
-    lo = [0, *edges.tolist()]
-    hi = [*edges.tolist(), len(ids)]
-    return [(int(ids[a]), order[a:b]) for a, b in zip(lo, hi) if b > a]

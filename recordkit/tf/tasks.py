@@ -40,7 +40,7 @@ from ..native import ext
 from ..reader.plan import EpochPlan, PlanOptions, Split
 from ..reader.shards import ShardSet
 
-__all__ = ["PlanTasks"]
+__all__ = ["PlanTasks", "groups"]
 
 # None without a C compiler or with RECORDKIT_NO_NATIVE=1: per-record reads
 _native = ext
@@ -171,7 +171,7 @@ class PlanTasks:
         at = 0  # rows filled: records are laid out shard by shard
         flat = None  # the buffer so far (a release() meanwhile does not take it away)
         # One shard held at a time, so a task never holds more maps than the budget.
-        for s, idx in _groups(shard):
+        for s, idx in groups(shard):
             with self.shards.use(s) as m:
                 m.check()
                 r = rec[idx]
@@ -221,16 +221,16 @@ class PlanTasks:
             return len(self._buffers)
 
 
-def _groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
+def groups(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """The positions of each shard's records, shard by shard (stable)."""
+    if len(shard) and shard[0] == shard[-1] and not np.any(shard != shard[0]):
+        return [(int(shard[0]), np.arange(len(shard)))]
     order = np.argsort(shard, kind="stable")
     ids = shard[order]
     edges = np.flatnonzero(np.diff(ids)) + 1
-    return [
-        (int(ids[lo]), order[lo:hi])
-        for lo, hi in zip([0, *edges.tolist()], [*edges.tolist(), len(ids)])
-        if hi > lo
-    ]
+    lo = [0, *edges.tolist()]
+    hi = [*edges.tolist(), len(ids)]
+    return [(int(ids[a]), order[a:b]) for a, b in zip(lo, hi) if b > a]
 
 
 def _verify(m: Any, r: np.ndarray, keys: tuple[bytes, ...], names: frozenset[str]) -> None:
