@@ -12,8 +12,8 @@ import os
 import threading
 from typing import Any
 
-from ..codec.limits import DecodeLimits
 from ..codec.schema import Schema
+from .options import ReadOptions
 from .shards import ShardSet, open_shards
 from .tfds import TFDSView
 
@@ -27,14 +27,14 @@ OPEN_LOCK = threading.Lock()
 class ProcessLocalShards:
     """Shard maps (and what hangs off them) live in one process each.
 
-    Subclasses set ``path`` (and optionally ``schema``, ``partial``, ``split``,
-    ``decode_images`` and ``limits``) and call :meth:`_open` for the shard set.
+    Subclasses set ``path`` and ``read_options`` (its ``partial``, ``decode_images`` and
+    ``limits`` are read here; optionally ``schema`` and ``split``) and call :meth:`_open`
+    for the shard set.
     """
 
     path: str
     schema: Schema
-    decode_images: bool = False
-    limits: DecodeLimits | None = None
+    read_options: ReadOptions
     _shards: ShardSet | None = None
     _pid = -1  # the process that opened (or took over) the shard set
 
@@ -52,18 +52,18 @@ class ProcessLocalShards:
         return open_shards(
             self.path,
             getattr(self, "schema", None),
-            partial=getattr(self, "partial", False),
+            partial=self.read_options.partial,
             split=getattr(self, "split", None),
         )
 
     def _view(self) -> TFDSView | None:
         """A tensorflow-datasets split's view, with this reader's options (or ``None``)."""
-        view = self._open().view
+        view, read = self._open().view, self.read_options
         if view is None:
-            if self.decode_images:
+            if read.decode_images:
                 raise ValueError("decode_images=True is for tensorflow-datasets folders")
             return None
-        return view.with_options(decode_images=self.decode_images, limits=self.limits)
+        return view.with_options(decode_images=bool(read.decode_images), limits=read.limits)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

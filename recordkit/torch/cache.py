@@ -96,20 +96,6 @@ class EpochSource(ProcessLocalShards):
         self._fresh = False  # the epoch taken last is not yet started
         self._resume_shards: list[str] | None = None
 
-    # What ProcessLocalShards (the maps, the tensorflow-datasets view) reads, from the
-    # options (read-only here, where the base class has plain attributes).
-    @property
-    def partial(self) -> bool:
-        return self.read_options.partial
-
-    @property
-    def decode_images(self) -> bool:  # type: ignore[override]
-        return bool(self.read_options.decode_images)
-
-    @property
-    def limits(self) -> Any:  # type: ignore[override]
-        return self.read_options.limits
-
     def open(self) -> ShardSet:
         """This process's shard set (mapped on first use in each process)."""
         return self._open()
@@ -151,7 +137,7 @@ class EpochSource(ProcessLocalShards):
                 self.paths,
                 getattr(self, "schema", None),
                 columns=self.columns,
-                partial=self.partial,
+                partial=self.read_options.partial,
                 split=self.split,
             )
         if self._epochs is None:

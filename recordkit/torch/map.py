@@ -13,7 +13,6 @@ import numpy as np
 from torch.utils.data import Dataset as _TorchDataset
 
 from .._origins import Origins, using
-from ..codec.limits import DecodeLimits
 from ..codec.schema import Schema
 from ..reader.decoders import make_decoder
 from ..reader.local import ProcessLocalShards
@@ -86,23 +85,6 @@ class RecordMapDataset(ProcessLocalShards, _TorchDataset):  # type: ignore[type-
             ragged_as="list",
             bytes_as="list",
         )
-
-    # What ProcessLocalShards (the maps, the tensorflow-datasets view) reads, from the
-    # options (read-only here, where the base class has plain attributes).
-    @property
-    def partial(self) -> bool:
-        """``ReadOptions.partial``: read a dataset whose write did not finish."""
-        return self.read_options.partial
-
-    @property
-    def decode_images(self) -> bool:  # type: ignore[override]
-        """``ReadOptions.decode_images``: image features decoded into arrays."""
-        return bool(self.read_options.decode_images)
-
-    @property
-    def limits(self) -> DecodeLimits | None:  # type: ignore[override]
-        """``ReadOptions.limits``: what a record and a batch may decode to."""
-        return self.read_options.limits
 
     def __len__(self) -> int:
         return int(self._starts[-1])
