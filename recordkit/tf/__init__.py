@@ -127,17 +127,10 @@ def dataset(
             one range (or ``None``) per dataset. Read through the epoch plan.
         cache: read the remote dataset through a shard cache: a
             :class:`recordkit.cache.ShardCache` (``path_or_url`` is then only a
-            label) or a :class:`CacheOptions` (a cache made in ``dir`` within
-            ``limit`` bytes). Its ``epochs``: ``"whole"`` (default): every epoch
-            reads every record of the remote dataset in the plan's order (the
-            records of ``recordkit.torch``), the shards fetched ahead of the
-            readers within the budget and evicted once the epoch is done with
-            them; the length is known and ``tf.train.Checkpoint`` resumes
-            mid-epoch. One iterator at a time. ``"growing"``: each time the
-            dataset is iterated (each epoch) it takes every complete shard a
-            started cache holds then, pinned until the next epoch starts, so
-            epochs grow as the cache fills (each says at WARNING how much it
-            reads); ``input_context`` then splits by shard only, the length is
+            label) or a :class:`CacheOptions` (which documents its ``epochs``).
+            Whole epochs: the plan's order, the length known, and
+            ``tf.train.Checkpoint`` resumes mid-epoch; one iterator at a time.
+            Growing epochs: ``input_context`` splits by shard only, the length is
             unknown, and the order is not the plan's. See ``docs/cache.md``.
         options: the tuning, whole (:class:`ReadOptions`, which documents each
             field; those marked *torch* are refused here). What only this reader

@@ -1,30 +1,19 @@
 """``recordkit.tf``'s native path: a task's records decoded in C straight into dense tensors.
 
-For the schemas it takes (:func:`takes`: every feature read is a fixed-shape
-``Int64``/``Float32``, an uncompressed fixed-shape ``Tensor``, or one ``Bytes()``
-value), one stateless ``tf.numpy_function`` per task of the epoch plan
-(:class:`~recordkit.tf.tasks.PlanTasks`) hands the task's records, in stream
-order, to :class:`~recordkit.reader.decode.BatchDecoder` -- the torch reader's
-decoder: framing and both CRCs checked, the Example parsed and its values copied
-into the batch arrays in C with the GIL released, any unusual record decoded the
-reference way (its exact values, or its error naming file, offset and record).
-The arrays go to TensorFlow as they are: ``numpy_function`` wraps a NumPy result
-that is 64-byte aligned without copying it. They are carved from the slabs of a
-:class:`~recordkit.reader.buffers.BufferPool`, which takes a slab back only when
-TensorFlow has let go of every tensor made from it: fresh memory costs a page
-fault per 4 KiB on first touch (here 35 ms for a 16 MiB task instead of 2.4 ms).
-At a pass's end (:meth:`NativeTasks.release`) the pool lets its slabs go, those
-free then and those TensorFlow lets go of later, until the next pass reads: a
-dataset between passes (Keras between epochs) holds no buffer of its own (only
-those under tensors still held). There is no ``parse_example`` on the way.
-
-A ``Bytes()`` feature comes out of the decoder as zero-padded ``uint8`` rows and
-their lengths, and ``tf.string`` elements are made from them by the
-``RecordkitStrings`` op (``recordkit/native/tfop.cc``, built against the installed
-TensorFlow when there was one at build time): one copy per value. Where the op is
-not there (or does not load: another TensorFlow), the values go out as one
-``tf.string`` and are cut with ``tf.strings.substr``: two copies more, same values.
-``RECORDKIT_NO_TFOP=1`` forces that fallback.
+For the schemas :func:`takes`, one stateless ``tf.numpy_function`` per task of the epoch
+plan (:class:`~recordkit.tf.tasks.PlanTasks`) hands the task's records, in stream order,
+to the torch reader's :class:`~recordkit.reader.decode.BatchDecoder`: its runner checks
+framing and CRCs, parses and copies in C with the GIL released once; a record it does
+not take sends the task to the reference decoder (exact values, or the error naming
+file, offset and record). No ``parse_example`` on the way. The arrays come from a
+:class:`~recordkit.reader.buffers.BufferPool` of 64-byte aligned slabs, which
+``numpy_function`` wraps without a copy and the pool takes back when TensorFlow lets go
+(fresh memory costs a page fault per 4 KiB: 35 ms for a 16 MiB task instead of 2.4 ms);
+a pass's end lets the slabs go (:meth:`NativeTasks.release`). ``Bytes()`` values leave
+as padded ``uint8`` rows and lengths (``bytes_as="padded"``), or become ``tf.string``
+through the ``RecordkitStrings`` op (``recordkit/native/tfop.cc``), else through
+``tf.strings.substr`` (``RECORDKIT_NO_TFOP=1``: two copies more, same values).
+``docs/tensorflow.md`` (the native path) says which schemas take it and why.
 """
 
 from __future__ import annotations
