@@ -18,10 +18,8 @@ through the ``RecordkitStrings`` op (``recordkit/native/tfop.cc``), else through
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import logging
-import mmap
 import os
 import threading
 import weakref
@@ -50,10 +48,6 @@ log = logging.getLogger(__name__)
 # copied (recordkit/native/tfop.cc says why). W1/W2 (256 KiB / 1 KiB values) read at the same
 # speed with 0 and 4096 here; a view keeps the whole task buffer alive.
 _VIEW_MIN = 4096
-# Slabs from this size up are huge-page maps (_aligned), where mmap can ask for them.
-_HUGE_MIN = 4 << 20
-_HUGE_PAGE = 2 << 20
-_HUGE = getattr(mmap, "MADV_HUGEPAGE", None)
 # The text that recordkit/native/tfop.cc embeds before the TensorFlow version it was built for.
 _BUILT_FOR = b"recordkit-tfop-built-for-tensorflow "
 _NO_OP = object()
@@ -134,21 +128,7 @@ def takes(schema: Schema, names: Sequence[str]) -> bool:
 
 
 def _aligned(nbytes: int) -> np.ndarray:
-    """A slab whose data is 64-byte aligned: TensorFlow wraps (not copies) such arrays.
-
-    From :data:`_HUGE_MIN` up, its own anonymous map, 2 MiB aligned and advised for
-    transparent huge pages (where the kernel allows them on request): its first touch
-    faults once per 2 MiB, not per 4 KiB (16 MiB measured here: 1.4-6.8 ms against
-    16.8 ms), which a pass of fresh slabs pays for each one. The map goes when the
-    last array made from it does.
-    """
-    if nbytes >= _HUGE_MIN and _HUGE is not None:
-        region = mmap.mmap(-1, nbytes + _HUGE_PAGE)
-        with contextlib.suppress(OSError):  # a kernel without THP: ordinary pages
-            region.madvise(_HUGE)
-        raw = np.frombuffer(region, np.uint8)
-        skip = -raw.ctypes.data % _HUGE_PAGE
-        return raw[skip : skip + nbytes]
+    """A slab whose data is 64-byte aligned: TensorFlow wraps (not copies) such arrays."""
     raw = np.empty(nbytes + 64, np.uint8)
     skip = -raw.ctypes.data % 64
     return raw[skip : skip + nbytes]
