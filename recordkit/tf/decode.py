@@ -17,17 +17,16 @@ from ..codec.limits import DecodeBudget, DecodeLimits
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["COMPANION", "decoder", "fast", "padded_bytes"]
+__all__ = ["COMPANION", "decoder", "fast", "padded_bytes", "tf_dtype"]
 
 # The companion feature that holds a record's shape (two or more ``None`` dims).
 COMPANION = "/shape"
 
 
-def _tf_dtype(np_dtype: Any) -> Any:
+def tf_dtype(np_dtype: Any) -> Any:
+    """TensorFlow's dtype of a NumPy dtype (or its name), in native byte order."""
     dtype = np.dtype(np_dtype)
-    if dtype.name == "bool":
-        return tf.bool
-    return tf.as_dtype(dtype.newbyteorder("="))
+    return tf.bool if dtype.kind == "b" else tf.as_dtype(dtype.newbyteorder("="))
 
 
 def decoder(
@@ -45,7 +44,7 @@ def decoder(
     def one(name: str, ftype: Any, parsed: dict[str, Any]) -> Any:
         value = parsed[name]
         if isinstance(ftype, Tensor):
-            dtype = _tf_dtype(ftype.dtype)
+            dtype = tf_dtype(ftype.dtype)
             if ftype.compression:
                 value = _zstd(value, ftype, name, cap)
             else:
@@ -67,7 +66,7 @@ def decoder(
         for n in names:
             ftype, value = schema[n], parsed[n]
             if isinstance(ftype, Tensor):
-                value = tf.io.decode_raw(value, _tf_dtype(ftype.dtype), little_endian=True)
+                value = tf.io.decode_raw(value, tf_dtype(ftype.dtype), little_endian=True)
                 value = tf.reshape(value, [-1, *ftype.shape])
             out[n] = value
         return out
@@ -84,7 +83,7 @@ def _zstd(value: Any, ftype: Tensor, name: str, cap: int) -> Any:
         raw = DecodeBudget(cap, cap).decompress(name, frame, size)
         return np.frombuffer(raw, dtype).astype(dtype.newbyteorder("="), copy=False)
 
-    out = tf.numpy_function(decompress, [value], _tf_dtype(dtype), stateful=False)
+    out = tf.numpy_function(decompress, [value], tf_dtype(dtype), stateful=False)
     out.set_shape([None])
     return out
 

@@ -35,6 +35,7 @@ from ..format.framing import OVERHEAD
 from ..reader import decode as _decode
 from ..reader.buffers import BufferPool
 from ..reader.decode import BatchDecoder
+from .decode import tf_dtype
 from .tasks import PlanTasks
 from .tasks import groups as shard_groups
 
@@ -152,10 +153,6 @@ class _Slabs:
     def _gone(self) -> None:
         with self._lock:
             self.live -= 1
-
-
-def _tf_dtype(dtype: np.dtype[Any]) -> Any:
-    return tf.bool if dtype.kind == "b" else tf.as_dtype(dtype.newbyteorder("="))
 
 
 class NativeTasks:
@@ -385,7 +382,7 @@ class NativeTasks:
             elif name in self.bytes:
                 tout += [tf.uint8 if self.op is not None else tf.string, tf.int64, tf.int64]
             else:
-                tout.append(_tf_dtype(self.dtypes[name]))
+                tout.append(tf_dtype(self.dtypes[name]))
         flat = tf.numpy_function(read, [epoch, task], tout, stateful=False)
         out: dict[str, Any] = {}
         k = 0

@@ -39,6 +39,9 @@ __all__ = ["Passes", "native", "planned", "record_parser"]
 _CHUNK_RECORDS = 1024
 _CHUNK_BYTES = 1 << 20
 _CHUNK_MIN_RECORD = 64 << 10
+# Native task reads at once, one per CPU (C with the GIL released): AUTOTUNE, measured,
+# sometimes settled on one at a time.
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 # Read-ahead per open shard (TFRecordDataset's buffer_size): big sequential reads.
 _READ_BUFFER = 8 << 20
 
@@ -155,11 +158,9 @@ def planned(
             ds = ds.map(lambda t: announced(e, t))
         if dense is not None:
             read_dense = dense.element
-            # As many tasks at once as CPUs: each is C work with the GIL released, and
-            # AUTOTUNE, measured, sometimes settles on one call at a time (half speed).
             ds = ds.map(
                 lambda t: read_dense(e, t, passes.saw),
-                num_parallel_calls=_cpus(),
+                num_parallel_calls=_CPUS,
                 deterministic=True,
             )
             if batch_size is None:
@@ -218,14 +219,6 @@ def planned(
     # batches (or records without a batch size) per epoch, times epochs; flat_map hides it
     length = tf.data.INFINITE_CARDINALITY if per_pass is None else tasks.units * per_pass
     return ds.apply(tf.data.experimental.assert_cardinality(length)), passes
-
-
-def _cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def record_parser(

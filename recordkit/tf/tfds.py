@@ -18,14 +18,11 @@ import numpy as np
 
 from .._deps import require
 from ..reader.tfds import TFDSFeature, TFDSView
+from .decode import tf_dtype
 
 tf = require("tensorflow", extra="tf")
 
 __all__ = ["finisher"]
-
-
-def _tf_dtype(name: str) -> Any:
-    return tf.bool if name == "bool" else tf.as_dtype(np.dtype(name))
 
 
 def finisher(
@@ -41,7 +38,7 @@ def finisher(
             if not view.decode_images:
                 return parsed[f.name]
             channels = f.shape[-1] or 0
-            dtype = _tf_dtype(f.dtype)
+            dtype = tf_dtype(f.dtype)
 
             def decode(data: Any) -> Any:
                 img = tf.io.decode_image(
@@ -57,7 +54,7 @@ def finisher(
         if f.kind == "tensor" and f.encoding == "none" and f.dtype != "string":
             if f.dtype == "uint64":
                 return tf.bitcast(value, tf.uint64)
-            return tf.cast(value, _tf_dtype(f.dtype))
+            return tf.cast(value, tf_dtype(f.dtype))
         return value
 
     def finish(parsed: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +74,6 @@ def _python(view: TFDSView, f: TFDSFeature, parsed: dict[str, Any]) -> Any:
         out = view.value(f, stored)
         return np.ascontiguousarray(out) if not isinstance(out, list) else np.stack(out)
 
-    out = tf.numpy_function(run, [parsed[k] for k in keys], _tf_dtype(f.dtype), stateful=False)
+    out = tf.numpy_function(run, [parsed[k] for k in keys], tf_dtype(f.dtype), stateful=False)
     out.set_shape(f.shape)
     return out

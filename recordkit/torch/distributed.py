@@ -11,10 +11,8 @@ __all__ = ["common_shards", "cpus", "smallest"]
 
 
 def cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def smallest(value: int) -> int:
