@@ -53,8 +53,6 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .errors import add_note
-
 __all__ = [
     "STOP_WAIT_S",
     "Child",
@@ -310,9 +308,17 @@ def unpack_exception(packed: Packed, fallback: type[Exception]) -> BaseException
     if not isinstance(exc, BaseException):
         exc = fallback(summary)
         for note in notes:
-            add_note(exc, note)
+            _add_note(exc, note)
     exc.__cause__ = RemoteTraceback(text)
     return exc
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    # recordkit.errors' add_note, here too: this module imports nothing of recordkit.
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 # -- the child's side --------------------------------------------------------------------------
