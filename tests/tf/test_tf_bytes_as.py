@@ -186,3 +186,40 @@ def test_checkpoint_resumes_padded(data: Path, tmp_path: Path) -> None:
 def test_bytes_as_is_checked() -> None:
     with pytest.raises(ValueError, match="bytes_as must be 'padded', 'list' or None"):
         ReadOptions(bytes_as="string")  # type: ignore[arg-type]
+
+
+def test_keras_fit_reads_every_record_once_per_epoch_in_a_new_order(tmp_path: Path) -> None:
+    """Keras ``fit`` over padded rows: each epoch every record once, a new order each."""
+    with rk.Writer(tmp_path / "k", Schema(i=Int64(), b=Bytes())) as w:
+        for k in range(96):
+            w.write({"i": k, "b": bytes([k % 256]) * 8})
+    ds = rtf.dataset(tmp_path / "k", batch_size=16, shuffle=True, seed=3, options=PADDED)
+    seen: list[list[int]] = []
+
+    def note(ids: np.ndarray) -> np.ndarray:
+        seen[-1].extend(ids.tolist())
+        return ids
+
+    def to_xy(b):  # type: ignore[no-untyped-def]
+        ids = tf.numpy_function(note, [b["i"]], tf.int64, stateful=True)
+        with tf.control_dependencies([ids]):
+            x = tf.cast(b["b"], tf.float32) / 255.0
+        return tf.ensure_shape(x, [None, 8]), tf.cast(b["b/lengths"], tf.float32)
+
+    class Epochs(tf.keras.callbacks.Callback):  # type: ignore[misc]
+        def on_epoch_begin(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+            seen.append([])
+
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(
+        ds.map(to_xy),
+        epochs=3,
+        verbose=0,
+        shuffle=False,
+        callbacks=[Epochs(), rtf.EpochCallback(ds)],
+    )
+    assert len(seen) == 3
+    for ids in seen:
+        assert sorted(ids) == list(range(96))
+    assert seen[0] != seen[1] != seen[2]
