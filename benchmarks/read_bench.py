@@ -288,7 +288,7 @@ def _measure(args: argparse.Namespace, mode: str, reader: str, wl: Workload, fil
     _warm(_warm_paths(reader, wl, files))
     cmd = ["child", "--data", args.data, "--mode", mode, "--reader", reader, "--workloads", wl.name]
     cmd += ["--gil-batches", str(args.gil_batches), "--accel", str(args.accel)]
-    cmd += ["--gil-epochs", str(args.gil_epochs)]
+    cmd += ["--gil-epochs", str(args.gil_epochs), "--tf-loop", args.tf_loop]
     kids0, ticks0, t0 = _cpu_children(), _busy_ticks(), time.perf_counter()
     res = run_child(__file__, cmd + (["--quick"] if args.quick else []))
     wall = time.perf_counter() - t0
@@ -427,6 +427,14 @@ def main() -> None:
         help="GIL run: the fraction of each step spent waiting on a simulated accelerator "
         "(GIL released, no CPU); the rest is pure Python (default 0: all Python)",
     )
+    ap.add_argument(
+        "--tf-loop",
+        choices=("eager", "numpy", "graph"),
+        default="eager",
+        help="how TensorFlow readers' batches are taken: a Python loop over the tensors (the "
+        "default), the same with .numpy() of each (a copy in TensorFlow 2.21), or a "
+        "tf.function taking 64 per call (Keras fit's steps_per_execution)",
+    )
     ap.add_argument("--mode", choices=("epoch", "gil"), help=argparse.SUPPRESS)
     ap.add_argument("--reader", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -440,6 +448,7 @@ def main() -> None:
     scale = QUICK_FRACTION if args.quick else 1
     workloads = [WORKLOADS[n].scaled(scale) for n in names]
     if args.command == "child":
+        _readers.TF_LOOP = args.tf_loop
         wl = workloads[0]
         files = files_for(args.data, wl, args.quick)
         if args.mode == "gil":

@@ -143,13 +143,11 @@ class Request:
         """``bytes_as="padded"``: ``Bytes()`` values as padded ``uint8`` rows and lengths."""
         return self.options.bytes_as == "padded"
 
-    def bytes_layout(self, ds: Any, schema: Schema, trim: bool) -> Any:
-        """``ds`` with its ``Bytes()`` values laid out as ``bytes_as`` asks (``trim``: rows
-        padded per task, cut to each batch's longest)."""
+    def bytes_layout(self, ds: Any, schema: Schema) -> Any:
+        """``ds`` with its ``Bytes()`` values laid out as ``bytes_as`` asks."""
         if not self.padded:
             return ds
-        batched = self.batch_size is not None
-        return padded_bytes(ds, schema, batched=batched, trim=trim or not batched)
+        return padded_bytes(ds, schema, batched=self.batch_size is not None)
 
     def repeated(self, ds: Any) -> Any:
         """``ds`` (one epoch) repeated ``epochs`` times, prefetched."""
@@ -201,7 +199,7 @@ def whole_epochs(req: Request, source: WholeEpochs) -> Any:
     ds, passes = planned(
         tasks, schema, names, req.batch_size, req.epoch, req.epochs, req.options.limits, dense=dense
     )
-    return numbered(req.bytes_layout(ds, schema, tasks.task_units > 1), passes)
+    return numbered(req.bytes_layout(ds, schema), passes)
 
 
 def sequence_examples(req: Request) -> Any:
@@ -311,7 +309,7 @@ def _plan_ordered_local(req: Request) -> Any:
         finish,
         dense,
     )
-    return numbered(req.bytes_layout(ds, shards.schema, tasks.task_units > 1), passes)
+    return numbered(req.bytes_layout(ds, shards.schema), passes)
 
 
 def growing_epochs(req: Request, source: CacheEpochs) -> Any:
@@ -363,7 +361,7 @@ def _native(req: Request, files: list[str], schema: Schema, manifest: Any, epoch
         limits=req.options.limits,
         images=images,
     )
-    return req.repeated(req.bytes_layout(ds, schema, False))
+    return req.repeated(req.bytes_layout(ds, schema))
 
 
 # The attribute under which a dataset in the plan's order carries its Passes.

@@ -97,14 +97,14 @@ def fast(schema: Schema, names: list[str]) -> bool:
     return True
 
 
-def padded_bytes(ds: Any, schema: Schema, *, batched: bool, trim: bool = True) -> Any:
+def padded_bytes(ds: Any, schema: Schema, *, batched: bool) -> Any:
     """``ds`` with each ``Bytes()`` feature (one value per record) as zero-padded ``uint8``
     rows and ``name/lengths`` (``bytes_as="padded"``), the torch reader's layout.
 
     A ``tf.string`` value is converted (``decode_raw``, padded to the batch's longest);
-    rows the native path already padded (its tasks') are cut to the batch's longest where
-    a task held several batches (``trim``). Without a batch, each record's value is its
-    ``uint8`` bytes, ``(length,)``, and its length.
+    the native path's batches come padded (:meth:`~recordkit.tf.native.NativeTasks.trimmed`).
+    Without a batch, each record's value is its ``uint8`` bytes, ``(length,)``, and its
+    length.
 
     Raises:
         ValueError: a feature named ``{name}/lengths`` is also read.
@@ -124,7 +124,7 @@ def padded_bytes(ds: Any, schema: Schema, *, batched: bool, trim: bool = True) -
                 f"feature {n + '/lengths'!r} collides with the lengths column of the padded "
                 f"bytes feature {n!r}; use bytes_as='list'"
             )
-    if not names or not (trim or any(spec[n].dtype == tf.string for n in names)):
+    if not names or (batched and all(spec[n].dtype != tf.string for n in names)):
         return ds
 
     def pad(element: dict[str, Any]) -> dict[str, Any]:
@@ -140,11 +140,9 @@ def padded_bytes(ds: Any, schema: Schema, *, batched: bool, trim: bool = True) -
                     value = rows[:, :width]
                 else:
                     value = tf.io.decode_raw(value, tf.uint8)
-            else:
+            else:  # the native path's rows (only records, unbatched, get here)
                 lengths = element[n + "/lengths"]
-                if batched:
-                    value = value[:, : tf.maximum(tf.reduce_max(lengths), 0)]
-                else:
+                if not batched:
                     value = value[:lengths]
             out[n], out[n + "/lengths"] = value, lengths
         return out

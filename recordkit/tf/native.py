@@ -366,6 +366,14 @@ class NativeTasks:
 
     # -- in the graph -------------------------------------------------------------------------
 
+    def trimmed(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """A batch cut from a task's padded rows, each bytes feature's rows cut to the
+        batch's longest value (the width the torch reader and the other paths give)."""
+        out = dict(batch)
+        for name in self.bytes:
+            out[name] = batch[name][:, : tf.reduce_max(batch[name + "/lengths"])]
+        return out
+
     def element(self, epoch: Any, task: Any, saw: Callable[[int], None]) -> dict[str, Any]:
         """The task's records as ``{name: tensor [n, *shape]}`` (a bytes feature: ``tf.string``
         ``[n]``, or padded ``uint8`` ``[n, widest]`` and ``name/lengths``), from one
