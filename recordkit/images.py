@@ -87,11 +87,25 @@ class ImageOptions:
 
 
 def pillow() -> Any:
-    """``PIL.Image``, or :class:`~recordkit.errors.MissingDependencyError` naming ``images``."""
+    """``PIL.Image``, or :class:`~recordkit.errors.MissingDependencyError` naming ``images``.
+
+    Every format plugin is imported at the first call (``Image.init()``, about 80 ms):
+    call it on the thread that builds a pipeline. Left to ``Image.open``, the plugins are
+    imported by the first image no early plugin reads, on whichever thread decodes it;
+    two TensorFlow threads doing so deadlocked (one waited on the other's module lock
+    while that one, collecting garbage, dropped a ``tf.data`` iterator that waits for it).
+    """
     require("PIL", extra="images")
     from PIL import Image, ImageOps  # noqa: F401  (ImageOps: EXIF orientation)
 
+    global _PLUGINS
+    if not _PLUGINS:
+        Image.init()
+        _PLUGINS = True
     return Image
+
+
+_PLUGINS = False
 
 
 def decode_image(

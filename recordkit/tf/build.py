@@ -55,7 +55,7 @@ from .files import (
 )
 from .images import file_locator, images_step, task_locator
 from .native import NativeTasks, takes
-from .pipes import Passes, native, planned
+from .pipes import Passes, native, no_model_thread, planned
 from .tasks import PlanTasks
 
 tf = require("tensorflow", extra="tf")
@@ -153,7 +153,7 @@ class Request:
         """``ds`` (one epoch) repeated ``epochs`` times, prefetched."""
         if self.epochs != 1:
             ds = ds.repeat(self.epochs)
-        return ds.prefetch(tf.data.AUTOTUNE)
+        return ds.prefetch(tf.data.AUTOTUNE).with_options(no_model_thread(tf.data.Options()))
 
 
 def whole_epochs(req: Request, source: WholeEpochs) -> Any:

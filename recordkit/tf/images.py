@@ -14,6 +14,7 @@ passes on in its own error. An image that decodes costs no Python.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from .._deps import require
 from ..codec import Bytes, Schema
 from ..errors import ImageDecodeError, OptionError, SchemaError
 from ..format.index import INDEX_SUFFIX, parse_index
-from ..images import ImageOptions, decode_image, describe
+from ..images import ImageOptions, decode_image, describe, pillow
 from .tasks import PlanTasks
 
 tf = require("tensorflow", extra="tf")
@@ -83,6 +84,8 @@ def images_step(
     if value is None:
         return None
     options = image_options(value, schema, names)
+    if importlib.util.find_spec("PIL") is not None:
+        pillow()  # Pillow's plugins imported here, not on the pipeline's threads
     channels = options.channels
     key = options.key_feature(list(names))
     empty = tf.zeros([0, 0, channels], tf.uint8)

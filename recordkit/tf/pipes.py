@@ -31,7 +31,7 @@ from .tasks import PlanTasks
 
 tf = require("tensorflow", extra="tf")
 
-__all__ = ["Passes", "native", "planned", "record_parser"]
+__all__ = ["Passes", "native", "no_model_thread", "planned", "record_parser"]
 
 # Records read as one chunk (one element between the reader threads and the
 # rest of the pipeline): up to this many records or bytes; records of at least
@@ -220,10 +220,22 @@ def planned(
     ds = first.flat_map(one_pass)
     opts = tf.data.Options()
     opts.experimental_optimization.inject_prefetch = False  # a prefetch would take an epoch
+    no_model_thread(opts)
     ds = ds.with_options(opts)
     # batches (or records without a batch size) per epoch, times epochs; flat_map hides it
     length = tf.data.INFINITE_CARDINALITY if per_pass is None else tasks.units * per_pass
     return ds.apply(tf.data.experimental.assert_cardinality(length)), passes
+
+
+def no_model_thread(opts: Any) -> Any:
+    """No autotuning model thread: dropping an iterator (every pass's end: Keras makes one
+    per epoch) waits for that thread's next wake-up, 10 ms after the start and then at
+    doubling intervals: measured 0 to 300 ms, a W1 epoch of 0.3 s taking 0.64 (a bare
+    ``tf.data`` map pipeline too). ``AUTOTUNE`` then means one call per CPU for a map and
+    the prefetch's own buffer sizing; the native path's reads are one per CPU anyway.
+    W1/W2 read as fast or faster without it (docs/performance.md). Returns ``opts``."""
+    opts.autotune.enabled = False
+    return opts
 
 
 def record_parser(

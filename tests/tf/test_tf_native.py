@@ -475,3 +475,31 @@ def test_a_pass_lets_the_task_buffers_go(tmp_path: Path, monkeypatch: pytest.Mon
             seen.append(k)
         assert min(held) > 0 and sorted(seen) == list(range(30))
         assert tasks.buffers == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "how", ["native", "parse, shuffled", "TFRecordDataset", "sequence examples"]
+)
+def test_no_builder_starts_tf_datas_autotuning_thread(tmp_path: Path, how: str) -> None:
+    """Dropping an iterator waits for tf.data's autotuning model thread to wake (measured:
+    up to 300 ms at every pass's end, a W1 epoch of 0.3 s taking 0.64; Keras makes an
+    iterator per epoch): every builder turns it off, and still reads every record."""
+    from recordkit.reader import ReadOptions
+
+    schema = Schema(i=Int64(), r=Int64((None,))) if how == "parse, shuffled" else Schema(i=Int64())
+    with rk.Writer(tmp_path / "d", schema, max_records=7) as w:
+        for k in range(30):
+            w.write({"i": k, "r": [k] * (k % 3)} if "r" in schema else {"i": k})
+    kwargs: dict[str, object] = {"batch_size": 4}
+    if how == "parse, shuffled":
+        kwargs.update(shuffle=True, seed=3)
+    elif how == "TFRecordDataset":
+        kwargs["options"] = ReadOptions(num_threads=2)
+    elif how == "sequence examples":
+        kwargs = {"options": ReadOptions(sequence_example=True)}
+    ds = rtf.dataset(tmp_path / "d", **kwargs)
+    assert ds.options().autotune.enabled is False
+    if how == "sequence examples":
+        assert len(list(ds)) == 30
+        return
+    assert sorted(int(x) for b in ds for x in b["i"].numpy()) == list(range(30))
