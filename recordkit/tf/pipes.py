@@ -233,7 +233,8 @@ def no_model_thread(opts: Any) -> Any:
     doubling intervals: measured 0 to 300 ms, a W1 epoch of 0.3 s taking 0.64 (a bare
     ``tf.data`` map pipeline too). ``AUTOTUNE`` then means one call per CPU for a map and
     the prefetch's own buffer sizing; the native path's reads are one per CPU anyway.
-    W1/W2 read as fast or faster without it (docs/performance.md). Returns ``opts``."""
+    W1/W2 read as fast or faster without it (docs/performance.md;
+    ``benchmarks/pass_end_bench.py`` measures the drops). Returns ``opts``."""
     opts.autotune.enabled = False
     return opts
 
