@@ -98,13 +98,11 @@ def fast(schema: Schema, names: list[str]) -> bool:
 
 
 def padded_bytes(ds: Any, schema: Schema, *, batched: bool) -> Any:
-    """``ds`` with each ``Bytes()`` feature (one value per record) as zero-padded ``uint8``
-    rows and ``name/lengths`` (``bytes_as="padded"``), the torch reader's layout.
-
-    A ``tf.string`` value is converted (``decode_raw``, padded to the batch's longest);
-    the native path's batches come padded (:meth:`~recordkit.tf.native.NativeTasks.trimmed`).
-    Without a batch, each record's value is its ``uint8`` bytes, ``(length,)``, and its
-    length.
+    """``ds`` with each ``tf.string`` ``Bytes()`` feature (one value per record) as
+    zero-padded ``uint8`` rows and ``name/lengths`` (``bytes_as="padded"``), the torch
+    reader's layout: ``decode_raw``, padded to the batch's longest; without a batch, each
+    record's value is its ``uint8`` bytes, ``(length,)``, and its length. (The native
+    path's rows come so: :meth:`~recordkit.tf.native.NativeTasks.trimmed`.)
 
     Raises:
         ValueError: a feature named ``{name}/lengths`` is also read.
@@ -116,34 +114,29 @@ def padded_bytes(ds: Any, schema: Schema, *, batched: bool) -> Any:
         if n in schema
         and isinstance(schema[n], Bytes)
         and not schema[n].shape
-        and (spec[n].dtype == tf.string or n + "/lengths" in spec)
+        and spec[n].dtype == tf.string
     ]
     for n in names:
-        if spec[n].dtype == tf.string and n + "/lengths" in spec:
+        if n + "/lengths" in spec:
             raise ValueError(
                 f"feature {n + '/lengths'!r} collides with the lengths column of the padded "
                 f"bytes feature {n!r}; use bytes_as='list'"
             )
-    if not names or (batched and all(spec[n].dtype != tf.string for n in names)):
+    if not names:
         return ds
 
     def pad(element: dict[str, Any]) -> dict[str, Any]:
         out = dict(element)
         for n in names:
             value = element[n]
-            if value.dtype == tf.string:
-                lengths = tf.cast(tf.strings.length(value), tf.int64)
-                if batched:
-                    width = tf.cast(tf.maximum(tf.reduce_max(lengths), 0), tf.int32)
-                    # decode_raw pads (or cuts) every value to the fixed length; 0 it refuses
-                    rows = tf.io.decode_raw(value, tf.uint8, fixed_length=tf.maximum(width, 1))
-                    value = rows[:, :width]
-                else:
-                    value = tf.io.decode_raw(value, tf.uint8)
-            else:  # the native path's rows (only records, unbatched, get here)
-                lengths = element[n + "/lengths"]
-                if not batched:
-                    value = value[:lengths]
+            lengths = tf.cast(tf.strings.length(value), tf.int64)
+            if batched:
+                width = tf.cast(tf.maximum(tf.reduce_max(lengths), 0), tf.int32)
+                # decode_raw pads (or cuts) every value to the fixed length; 0 it refuses
+                rows = tf.io.decode_raw(value, tf.uint8, fixed_length=tf.maximum(width, 1))
+                value = rows[:, :width]
+            else:
+                value = tf.io.decode_raw(value, tf.uint8)
             out[n], out[n + "/lengths"] = value, lengths
         return out
 

@@ -366,12 +366,14 @@ class NativeTasks:
 
     # -- in the graph -------------------------------------------------------------------------
 
-    def trimmed(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """A batch cut from a task's padded rows, each bytes feature's rows cut to the
-        batch's longest value (the width the torch reader and the other paths give)."""
-        out = dict(batch)
+    def trimmed(self, element: dict[str, Any]) -> dict[str, Any]:
+        """A batch (or record) cut from a task's padded rows, each bytes feature cut to its
+        longest value (a record's: its length), the width the torch reader and the
+        other paths give."""
+        out = dict(element)
         for name in self.bytes:
-            out[name] = batch[name][:, : tf.reduce_max(batch[name + "/lengths"])]
+            rows, lengths = element[name], element[name + "/lengths"]
+            out[name] = rows[..., : tf.reduce_max(lengths)]
         return out
 
     def element(self, epoch: Any, task: Any, saw: Callable[[int], None]) -> dict[str, Any]:
