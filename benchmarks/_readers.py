@@ -276,8 +276,8 @@ def _tfdata_raw(wl: Workload, files: Files) -> Iterator[int]:
 
 def _tf_ceiling(wl: Workload, files: Files) -> Iterator[int]:
     """No reading at all: one batch of the workload's shapes, made once and repeated, through
-    the same ``.numpy()`` loop: what a Python loop over any tf.data pipeline gets at most
-    here (TensorFlow's per-element cost and the conversion of every tensor)."""
+    the same loop (``TF_LOOP``): what that loop over any tf.data pipeline gets at most here
+    (TensorFlow's per-element cost, and what the loop does with each batch)."""
     import tensorflow as tf
 
     rng = np.random.default_rng(0)

@@ -327,7 +327,8 @@ def run_epochs(args: argparse.Namespace, wl: Workload, files: Files, readers: li
     ref = secs.get("tf.data")
     print(
         f"\n**{wl.name}**: {wl.records:,} records, {size / 1e9:.2f} GB framed, one epoch "
-        f"from page cache, batch 64, median of {args.repeat}\n"
+        f"from page cache, batch 64, median of {args.repeat}; TensorFlow loop: "
+        f"{args.tf_loop}\n"
     )
     print("| reader | records/s | MB/s | vs tf.data | cores | peak RSS | anon RSS @10% | @end |")
     print("|---|---|---|---|---|---|---|---|")
