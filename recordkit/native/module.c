@@ -49,7 +49,10 @@ static int module_exec(PyObject *m) {
     if (PyModule_AddObjectRef(m, "Runner", (PyObject *)&rk_RunnerType) < 0) return -1;
     if (PyModule_AddIntConstant(m, "COL_BYTES", COL_BYTES) < 0 ||
         PyModule_AddIntConstant(m, "COL_FIXED", COL_FIXED) < 0 ||
-        PyModule_AddIntConstant(m, "COL_INT64", COL_INT64) < 0)
+        PyModule_AddIntConstant(m, "COL_INT64", COL_INT64) < 0 ||
+        PyModule_AddIntConstant(m, "COL_PACKED", COL_PACKED) < 0 ||
+        PyModule_AddIntConstant(m, "COL_PACKED_INT64", COL_PACKED_INT64) < 0 ||
+        PyModule_AddIntConstant(m, "COL_BYTES_LIST", COL_BYTES_LIST) < 0)
         return -1;
 #endif
     return 0;

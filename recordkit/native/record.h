@@ -98,9 +98,12 @@ RK_HIDDEN int rk_copy_verified(rk_crc_copy_fn copy, const uint8_t *p, const uint
 typedef struct {
     int mode;          /* COL_* */
     Py_ssize_t key;    /* index into the keys */
-    int64_t row_bytes; /* COL_FIXED: bytes per row */
-    int64_t count;     /* COL_INT64: values per row */
+    int64_t row_bytes; /* COL_FIXED: bytes per row; COL_PACKED: a value's bytes are a multiple */
+    int64_t count;     /* COL_INT64: values per row; COL_PACKED_INT64: a multiple of it;
+                          COL_BYTES_LIST: values per record (0: any number) */
     int fusable;       /* may be copied by the fused CRC pass */
+    int kind;          /* COL_PACKED: the list it reads (KIND_FLOAT, or KIND_BYTES: one value) */
+    int empty_ok;      /* packed and list columns: an absent feature (or no list) is no values */
 } RkColSpec;
 
 /* What a Runner's tasks are decoded by: set once, then only read (by any thread). */
@@ -109,7 +112,8 @@ typedef struct {
     int64_t *expect;    /* keys.n (kind, count, nbytes) triples */
     RkColSpec *cols;
     Py_ssize_t ncols;
-    Py_ssize_t nslots;  /* output buffers a task takes: a bytes column two */
+    Py_ssize_t nslots;  /* output buffers a task takes: a bytes or packed column two, a
+                           bytes list three */
     int verify;
     int64_t max_len;
     int64_t fuse_min;   /* mean framed bytes from which the fused copy is used */
@@ -124,6 +128,8 @@ typedef struct RkTask {
     Py_ssize_t nouts;
     Py_buffer *outs;   /* output slots: bytes columns take two (values, lengths) */
     int64_t *widths;   /* per column, as written: a bytes column's widest value */
+    int64_t *needs;    /* per slot: the elements a packed or list column's slot needs (its
+                          values, its values' lengths); more than it holds: "not done" */
     /* the Runner's */
     struct RkTask *next; /* queue link */
     int64_t id;
@@ -139,7 +145,8 @@ RK_HIDDEN RkTask *rk_task_make(const RkTaskSpec *spec, PyObject *bufs, PyObject 
 /* Let go of a task's buffers and free it (NULL: nothing). With the GIL. */
 RK_HIDDEN void rk_task_free(RkTask *t);
 /* Decode a task with no Python (any thread, GIL not needed; st: spec->keys.n states):
- * 1 outputs filled (t->widths set), 0 not for the fast path. */
+ * 1 outputs filled (t->widths, t->needs set), 0 not for the fast path (t->needs then
+ * says what packed slots would hold if it was too small for them). */
 RK_HIDDEN int rk_task_run(const RkTaskSpec *spec, RkTask *t, KeyState *st);
 #endif
 

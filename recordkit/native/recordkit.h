@@ -105,8 +105,15 @@ enum {
     KIND_COMPLEX = 0x10, /* or-ed in: values spread over several chunks */
 };
 
-/* Runner column modes: how one output column is filled. */
-enum { COL_BYTES = 0, COL_FIXED = 1, COL_INT64 = 2 };
+/* Runner column modes: how one output column is filled (recordkit/reader/_contract.py). */
+enum {
+    COL_BYTES = 0,      /* one bytes value per record: zero-padded rows, lengths */
+    COL_FIXED = 1,      /* exactly row_bytes per record, copied */
+    COL_INT64 = 2,      /* exactly count varints per record, decoded */
+    COL_PACKED = 3,     /* a float list's or a raw tensor's bytes, any size: appended, lengths */
+    COL_PACKED_INT64 = 4, /* an int64 list, any size: decoded and appended, counts */
+    COL_BYTES_LIST = 5, /* a list of bytes values: appended, each value's length, counts */
+};
 
 #define HEADER_SIZE 12
 #define OVERHEAD 16

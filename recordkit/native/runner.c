@@ -111,11 +111,12 @@ static int Runner_init(Runner *r, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t c = 0; c < r->spec.ncols; c++) {
         RkColSpec *col = &r->spec.cols[c];
         long long key, row, count;
-        int mode, fusable;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(cols_obj, c), "iLLLp:column", &mode, &key, &row,
-                              &count, &fusable))
+        int mode, fusable, kind, empty_ok;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(cols_obj, c), "iLLLpip:column", &mode, &key, &row,
+                              &count, &fusable, &kind, &empty_ok))
             return -1;
-        if (mode < COL_BYTES || mode > COL_INT64 || key < 0 || key >= nkeys || row < 0 || count < 0) {
+        if (mode < COL_BYTES || mode > COL_BYTES_LIST || key < 0 || key >= nkeys || row < 0 ||
+            count < 0 || (mode == COL_PACKED && kind != KIND_FLOAT && kind != KIND_BYTES)) {
             PyErr_Format(PyExc_ValueError, "column %zd: bad spec", c);
             return -1;
         }
@@ -123,8 +124,14 @@ static int Runner_init(Runner *r, PyObject *args, PyObject *kwds) {
         col->key = (Py_ssize_t)key;
         col->row_bytes = row;
         col->count = count;
-        col->fusable = fusable && mode != COL_INT64;
-        r->spec.nslots += mode == COL_BYTES ? 2 : 1;
+        /* fused: a value copied whole into its place (not decoded, not a list of values) */
+        col->fusable = fusable && (mode == COL_BYTES || mode == COL_FIXED || mode == COL_PACKED);
+        col->kind = kind;
+        col->empty_ok = empty_ok;
+        r->spec.nslots += mode == COL_BYTES_LIST ? 3
+                          : (mode == COL_BYTES || mode == COL_PACKED || mode == COL_PACKED_INT64)
+                              ? 2
+                              : 1;
     }
     r->spec.verify = verify;
     r->spec.max_len = max_len;
@@ -185,9 +192,11 @@ fail:
     return NULL;
 }
 
-/* run(bufs, rec, outs) -> (ok, widths): one task run by the calling thread, the GIL
- * released once for all of it (recordkit.tf's native path: a tf.numpy_function per
- * task, where each reacquisition of the GIL can wait out a switch interval). */
+/* run(bufs, rec, outs) -> (ok, widths, needs): one task run by the calling thread, the
+ * GIL released once for all of it (recordkit.tf's native path: a tf.numpy_function per
+ * task, where each reacquisition of the GIL can wait out a switch interval). `needs`:
+ * per slot, the elements a packed or list column filled (or, not done, would have
+ * filled: more than the slot holds says to run it again with room). */
 static PyObject *Runner_run(Runner *r, PyObject *args) {
     PyObject *bufs_obj, *rec_obj, *outs_obj;
     if (!PyArg_ParseTuple(args, "O!OO!:run", &PyTuple_Type, &bufs_obj, &rec_obj, &PyTuple_Type,
@@ -211,9 +220,18 @@ static PyObject *Runner_run(Runner *r, PyObject *args) {
         if (!w) Py_CLEAR(widths);
         else PyTuple_SET_ITEM(widths, c, w);
     }
+    PyObject *needs = widths ? PyTuple_New(r->spec.nslots) : NULL;
+    for (Py_ssize_t k = 0; needs && k < r->spec.nslots; k++) {
+        PyObject *w = PyLong_FromLongLong(t->needs[k]);
+        if (!w) Py_CLEAR(needs);
+        else PyTuple_SET_ITEM(needs, k, w);
+    }
     rk_task_free(t);
-    if (!widths) return NULL;
-    return Py_BuildValue("(ON)", ok ? Py_True : Py_False, widths);
+    if (!needs) {
+        Py_XDECREF(widths);
+        return NULL;
+    }
+    return Py_BuildValue("(ONN)", ok ? Py_True : Py_False, widths, needs);
 }
 
 /* work(): run tasks with the GIL released until close(); returns the tasks run. */

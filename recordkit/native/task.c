@@ -26,6 +26,7 @@ void rk_task_free(RkTask *t) {
     PyMem_Free(t->outs);
     PyMem_RawFree(t->rec);
     PyMem_RawFree(t->widths);
+    PyMem_RawFree(t->needs);
     PyMem_Free(t);
 }
 
@@ -47,7 +48,8 @@ RkTask *rk_task_make(const RkTaskSpec *spec, PyObject *bufs_obj, PyObject *rec_o
     t->bufs = PyMem_Calloc((size_t)t->nbufs + 1, sizeof(Py_buffer));
     t->outs = PyMem_Calloc((size_t)t->nouts + 1, sizeof(Py_buffer));
     t->widths = PyMem_RawCalloc((size_t)spec->ncols + 1, sizeof(int64_t));
-    if (!t->bufs || !t->outs || !t->widths) {
+    t->needs = PyMem_RawCalloc((size_t)spec->nslots + 1, sizeof(int64_t));
+    if (!t->bufs || !t->outs || !t->widths || !t->needs) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -84,21 +86,32 @@ RkTask *rk_task_make(const RkTaskSpec *spec, PyObject *bufs_obj, PyObject *rec_o
             goto fail;
         }
     }
-    /* A bytes column's values output may be too narrow for the task's widest value:
-     * rk_task_run then leaves the task to the reference path. */
+    /* A bytes column's values output may be too narrow for the task's widest value, a
+     * packed or list column's values (and a list's lengths) too small for all of them:
+     * rk_task_run then leaves the task to the reference path (or says what it needs). */
     {
         Py_ssize_t slot = 0;
         for (Py_ssize_t c = 0; c < spec->ncols; c++) {
-            if (spec->cols[c].mode == COL_BYTES) {
-                if (t->outs[slot + 1].len != t->n * 8) {
-                    PyErr_Format(PyExc_ValueError, "column %zd: the lengths output must hold %zd int64",
-                                 c, t->n);
-                    goto fail;
-                }
-                slot += 2;
-            } else {
-                slot += 1;
+            int mode = spec->cols[c].mode;
+            Py_ssize_t per_record = mode == COL_BYTES_LIST ? slot + 2
+                                    : (mode == COL_BYTES || mode == COL_PACKED ||
+                                       mode == COL_PACKED_INT64)
+                                        ? slot + 1
+                                        : -1;
+            if (per_record >= 0 && t->outs[per_record].len != t->n * 8) {
+                PyErr_Format(PyExc_ValueError, "column %zd: the lengths output must hold %zd int64",
+                             c, t->n);
+                goto fail;
             }
+            if (mode == COL_PACKED_INT64 && t->outs[slot].len % 8) {
+                PyErr_Format(PyExc_ValueError, "column %zd: the values output must hold int64", c);
+                goto fail;
+            }
+            if (mode == COL_BYTES_LIST && t->outs[slot + 1].len % 8) {
+                PyErr_Format(PyExc_ValueError, "column %zd: the value lengths must be int64", c);
+                goto fail;
+            }
+            slot += per_record >= 0 ? per_record - slot + 1 : 1;
         }
     }
     return t;
@@ -115,6 +128,13 @@ typedef struct {
     int64_t stride;   /* bytes per row while decoding (a bytes column: as allocated) */
     int64_t *lengths; /* a bytes column's lengths output, else NULL */
     int64_t width;    /* a bytes column: its widest value so far */
+    /* packed and list columns: values appended in record order */
+    int64_t *counts;  /* per record: its bytes (COL_PACKED) or its values (the others) */
+    int64_t cap, at;  /* the values output's room and what the records so far need
+                         (bytes; int64 values for COL_PACKED_INT64) */
+    int64_t *vlens;   /* COL_BYTES_LIST: each value's length... */
+    int64_t vcap, vat; /* ...room for them, and how many so far */
+    Py_ssize_t slot;  /* its first output slot */
 } ColOut;
 
 static int run_reads(const RkTaskSpec *spec, RkTask *t, Ctx *cx, int64_t *spans,
@@ -160,10 +180,25 @@ static int task_outputs(const RkTaskSpec *spec, const RkTask *t, ColOut *co) {
         co[c].dst = out->buf;
         co[c].width = 0;
         co[c].lengths = NULL;
+        co[c].counts = co[c].vlens = NULL;
+        co[c].at = co[c].vat = co[c].cap = co[c].vcap = 0;
+        co[c].slot = slot;
         if (col->mode == COL_BYTES) {
             co[c].stride = out->len / n; /* what the caller guessed; a wider value refuses */
             co[c].lengths = t->outs[slot + 1].buf;
             slot += 2;
+        } else if (col->mode == COL_PACKED || col->mode == COL_PACKED_INT64) {
+            co[c].stride = 0;
+            co[c].cap = col->mode == COL_PACKED ? out->len : out->len / 8;
+            co[c].counts = t->outs[slot + 1].buf;
+            slot += 2;
+        } else if (col->mode == COL_BYTES_LIST) {
+            co[c].stride = 0;
+            co[c].cap = out->len;
+            co[c].vlens = t->outs[slot + 1].buf;
+            co[c].vcap = t->outs[slot + 1].len / 8;
+            co[c].counts = t->outs[slot + 2].buf;
+            slot += 3;
         } else {
             int64_t want = col->mode == COL_FIXED ? col->row_bytes : col->count * 8;
             if (out->len != (Py_ssize_t)(want * n)) return 0;
@@ -226,13 +261,75 @@ static int parse_one(const RkTaskSpec *spec, const RkTask *t, Ctx *cx, int64_t *
     return spans_expected((const char *)spec->expect, spec->keys.n, sp);
 }
 
-/* Copy record i's values (spans sp, payload [p, p + plen)) into the columns of kind
- * `which` (COPY_INT64: the int64 columns; COPY_VALUES: the others; both: all). With
- * fuse, the payload CRC is checked while copying its longest fusable value (or on
- * its own, when there is none). 1 done, 0 not for the fast path. */
-enum { COPY_INT64 = 1, COPY_VALUES = 2 };
+/* Record i's value of a packed or list column (span s, st its key's parse state, the
+ * payload [p, p + plen)): its values appended, or only counted where the output is too
+ * small; its size noted. With fused, the payload CRC is checked while copying it. 1, or
+ * 0 (not for the fast path: another kind, a size the shape refuses, merged lists). */
+static int copy_packed(const RkColSpec *col, ColOut *o, const int64_t *s, const uint8_t *base,
+                       Py_ssize_t i, const KeyState *st, int fused, const uint8_t *p,
+                       uint64_t plen) {
+    int kind = (int)s[0];
+    if (kind == KIND_ABSENT || kind == KIND_NONE) { /* no values, if the column says so */
+        if (!col->empty_ok) return 0;
+        o->counts[i] = 0;
+        return !fused || masked(rk_crc32c(0, p, (size_t)plen)) == ld32le(p + plen);
+    }
+    const uint8_t *v = base + s[2];
+    int64_t l;
+    if (col->mode == COL_PACKED) { /* one packed float run, or one bytes value: copied */
+        if (kind != col->kind || (kind == KIND_BYTES && s[1] != 1)) return 0;
+        l = s[3];
+        if (col->row_bytes && l % col->row_bytes) return 0;
+        o->counts[i] = l;
+        if (o->at + l <= o->cap) {
+            uint8_t *d = o->dst + o->at;
+            if (fused) {
+                if (!rk_copy_verified(rk_crc32c_copy, p, p + plen, v, l, d, l)) return 0;
+            } else {
+                memcpy(d, v, (size_t)l);
+            }
+        }
+        o->at += l;
+        return 1;
+    }
+    l = s[1]; /* the number of values */
+    if (col->mode == COL_PACKED_INT64) {
+        if (kind != KIND_INT64 || (col->count && l % col->count)) return 0;
+        o->counts[i] = l;
+        if (o->at + l <= o->cap && read_varints(v, v + s[3], l, (uint64_t *)o->dst + o->at))
+            return 0;
+        o->at += l;
+        return 1;
+    }
+    /* COL_BYTES_LIST: the values of one BytesList, one after another in it */
+    if (kind != KIND_BYTES || (col->count && l != col->count) || st->nruns != 1) return 0;
+    o->counts[i] = l;
+    int64_t len = s[3];
+    for (int64_t k = 0; k < l; k++) {
+        if (k) { /* the next value: BytesList.value (0x0A), its length, its bytes */
+            uint64_t tag, next;
+            const uint8_t *q = rd_varint(v + len, st->run_end, &tag);
+            if (!q || tag != 0x0A || !(q = rd_len(q, st->run_end, &next))) return 0;
+            v = q;
+            len = (int64_t)next;
+        }
+        if (o->at + len <= o->cap) memcpy(o->dst + o->at, v, (size_t)len);
+        if (o->vat < o->vcap) o->vlens[o->vat] = len;
+        o->at += len;
+        o->vat++;
+    }
+    return 1;
+}
+
+/* Copy record i's values (spans sp, payload [p, p + plen); st: the states of its parse,
+ * or NULL after another record's) into the columns of kind `which` (COPY_PARSED: the
+ * int64 and list columns, read while the parse is at hand; COPY_VALUES: the others; both:
+ * all). With fuse, the payload CRC is checked while copying its longest fusable value
+ * (or on its own, when there is none). 1 done, 0 not for the fast path. */
+enum { COPY_PARSED = 1, COPY_VALUES = 2 };
 static int copy_one(const RkTaskSpec *spec, const RkTask *t, const int64_t *sp, ColOut *co,
-                    Py_ssize_t i, const uint8_t *p, uint64_t plen, int fuse, int which) {
+                    Py_ssize_t i, const uint8_t *p, uint64_t plen, int fuse, int which,
+                    const KeyState *st) {
     const uint8_t *base = t->bufs[t->rec[3 * i]].buf;
     Py_ssize_t fused = -1;
     int64_t most = -1;
@@ -250,7 +347,19 @@ static int copy_one(const RkTaskSpec *spec, const RkTask *t, const int64_t *sp, 
         int64_t l = s[3];
         uint8_t *d = co[c].dst + i * co[c].stride;
         if (col->mode == COL_INT64) {
-            if ((which & COPY_INT64) && read_varints(v, v + l, col->count, (uint64_t *)d)) return 0;
+            if ((which & COPY_PARSED) && read_varints(v, v + l, col->count, (uint64_t *)d)) return 0;
+            continue;
+        }
+        if (col->mode == COL_PACKED_INT64 || col->mode == COL_BYTES_LIST) {
+            if ((which & COPY_PARSED) &&
+                !copy_packed(col, &co[c], s, base, i, st + col->key, 0, p, plen))
+                return 0;
+            continue;
+        }
+        if (col->mode == COL_PACKED) {
+            if ((which & COPY_VALUES) &&
+                !copy_packed(col, &co[c], s, base, i, NULL, c == fused, p, plen))
+                return 0;
             continue;
         }
         if (!(which & COPY_VALUES)) continue;
@@ -308,7 +417,8 @@ static int run_reads(const RkTaskSpec *spec, RkTask *t, Ctx *cx, int64_t *spans,
             uint64_t plen = 0;
             prefetch_record(t, i);
             if (!parse_one(spec, t, cx, spans, i, 0, &p, &plen)) return 0;
-            if (!copy_one(spec, t, spans, co, i, p, plen, 0, COPY_INT64 | COPY_VALUES)) return 0;
+            if (!copy_one(spec, t, spans, co, i, p, plen, 0, COPY_PARSED | COPY_VALUES, cx->st))
+                return 0;
             note_lengths(spec, spans, co, i);
         }
         for (Py_ssize_t c = 0; c < spec->ncols; c++)
@@ -319,7 +429,7 @@ static int run_reads(const RkTaskSpec *spec, RkTask *t, Ctx *cx, int64_t *spans,
             uint64_t plen = 0;
             prefetch_record(t, i);
             if (!parse_one(spec, t, cx, sp, i, 1, &payloads[i], &plen)) return 0;
-            if (!copy_one(spec, t, sp, co, i, payloads[i], plen, 1, COPY_INT64)) return 0;
+            if (!copy_one(spec, t, sp, co, i, payloads[i], plen, 1, COPY_PARSED, cx->st)) return 0;
             note_lengths(spec, sp, co, i);
         }
         for (Py_ssize_t c = 0; c < spec->ncols; c++) {
@@ -336,12 +446,18 @@ static int run_reads(const RkTaskSpec *spec, RkTask *t, Ctx *cx, int64_t *spans,
                     PREFETCH(base + ahead[spec->cols[c].key * 4 + 2]);
             }
             uint64_t plen = (uint64_t)(t->rec[3 * i + 2] - OVERHEAD);
-            if (!copy_one(spec, t, sp, co, i, payloads[i], plen, 1, COPY_VALUES)) return 0;
+            if (!copy_one(spec, t, sp, co, i, payloads[i], plen, 1, COPY_VALUES, NULL)) return 0;
         }
     }
-    for (Py_ssize_t c = 0; c < spec->ncols; c++)
+    int room = 1; /* every packed and list column fitted its outputs */
+    for (Py_ssize_t c = 0; c < spec->ncols; c++) {
         t->widths[c] = co[c].lengths ? co[c].width : co[c].stride;
-    return 1;
+        if (!co[c].counts) continue;
+        t->needs[co[c].slot] = co[c].at;
+        if (co[c].vlens) t->needs[co[c].slot + 1] = co[c].vat;
+        if (co[c].at > co[c].cap || co[c].vat > co[c].vcap) room = 0;
+    }
+    return room;
 }
 
 #endif /* _WIN32 */

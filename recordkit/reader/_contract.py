@@ -33,8 +33,22 @@ twins (:mod:`recordkit.reader._fallback`) take their constants from here too.
   does not take (the task is then decoded the reference way); ``widths`` the row
   width of each column as written (a bytes column: its widest value, the rows
   closed up to it; :func:`task_columns` reads the slots back);
-- ``run(bufs, rec, outs) -> (ok, widths)``: the same task run by the calling thread,
-  the GIL released once for all of it (``recordkit.tf``'s native path).
+- ``run(bufs, rec, outs) -> (ok, widths, needs)``: the same task run by the calling
+  thread, the GIL released once for all of it (``recordkit.tf``'s native path);
+  ``needs``, per slot, the elements each slot of a packed or list column filled (or,
+  ``ok`` false, would have filled: one that exceeds its slot says to run the task
+  again with that much room).
+
+Packed and list columns (``recordkit.tf``'s native path only: ragged numbers and lists
+of bytes) append each record's values, in record order, to one values slot, with the
+record's size beside it: ``COL_PACKED`` the bytes of a float list or of a raw tensor's
+one value (slots: values ``uint8``, then each record's bytes, ``n`` ``int64``);
+``COL_PACKED_INT64`` an int64 list decoded (values ``int64``, then each record's count);
+``COL_BYTES_LIST`` a list of bytes values (their bytes ``uint8``, each value's length
+``int64``, each record's count of values, ``n`` ``int64``). Their values are any size:
+a record's span is checked by the column itself (its kind; ``ColumnSpec.empty_ok``: an
+absent feature is no values; ``row_bytes``/``nvalues``: the size a multiple of it, or
+a list's exact count), so their ``expect`` triple is ``(ANY, ANY, ANY)``.
 
 A bytes column's width is guessed before the task runs (:class:`WidthGuess`): a
 value wider than the guess sends its task to the reference path, which is exact.
@@ -54,8 +68,11 @@ from ..codec import FeatureType
 __all__ = [
     "ANY",
     "COL_BYTES",
+    "COL_BYTES_LIST",
     "COL_FIXED",
     "COL_INT64",
+    "COL_PACKED",
+    "COL_PACKED_INT64",
     "FUSE_MIN_BYTES",
     "KIND_ABSENT",
     "KIND_BYTES",
@@ -109,6 +126,9 @@ KIND_COMPLEX = 0x10  # or-ed in: a numeric list spread over several chunks
 COL_BYTES = 0  # one bytes value per record, zero-padded rows, plus its lengths
 COL_FIXED = 1  # exactly row_bytes per record (float32s, raw tensors), copied
 COL_INT64 = 2  # exactly count packed varints per record, decoded to int64
+COL_PACKED = 3  # a float list's (or a raw tensor's) bytes, any size, appended; their sizes
+COL_PACKED_INT64 = 4  # an int64 list, any size, decoded and appended; their counts
+COL_BYTES_LIST = 5  # a list of bytes values appended; each value's length; their counts
 
 ANY = -1  # in an expect triple: any value
 
@@ -124,7 +144,14 @@ _I64 = np.dtype(np.int64)
 
 # The constants the extension must define with exactly these values.
 _SHARED = tuple(n for n in __all__ if n.startswith(("STATUS_", "KIND_")))
-_RUNNER_ONLY = ("COL_BYTES", "COL_FIXED", "COL_INT64")
+_RUNNER_ONLY = (
+    "COL_BYTES",
+    "COL_FIXED",
+    "COL_INT64",
+    "COL_PACKED",
+    "COL_PACKED_INT64",
+    "COL_BYTES_LIST",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +189,12 @@ class ColumnSpec(NamedTuple):
 
     mode: int  # COL_*
     key: int  # index into the keys
-    row_bytes: int  # COL_FIXED: bytes per row
-    nvalues: int  # COL_INT64: values per row (the C side's "count")
+    row_bytes: int  # COL_FIXED: bytes per row; COL_PACKED: a record's bytes are a multiple
+    nvalues: int  # COL_INT64: values per row (the C side's "count"); COL_PACKED_INT64: a
+    # record's count is a multiple; COL_BYTES_LIST: a record's count (0: any)
     fusable: bool  # may be the column whose copy checks the payload CRC
+    kind: int = KIND_ABSENT  # COL_PACKED: the list read (KIND_FLOAT, or KIND_BYTES: one value)
+    empty_ok: bool = False  # packed and list columns: an absent feature reads as no values
 
 
 def column_spec(plan: FeaturePlan) -> ColumnSpec:

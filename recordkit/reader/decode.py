@@ -240,6 +240,41 @@ class BatchDecoder:
             _contract.FUSE_MIN_BYTES,
         )
 
+    def packed_runner(self, lists: dict[str, _contract.ColumnSpec]) -> Any | None:
+        """A ``Runner`` like :meth:`runner`'s whose columns are the fast features' (in
+        schema order, slots as :meth:`runner_outputs`) and then, for each feature decoded
+        per record (``"list"``), the packed or list column ``lists`` gives for it, its key
+        set here (``recordkit.tf``'s native path: ragged numbers, lists of bytes).
+
+        ``None`` without the native ``Runner``, or when a feature decoded per record is
+        not in ``lists`` (zstd tensors, a ``name/shape`` companion), or with
+        ``bytes_as="list"`` bytes.
+        """
+        runner_type = getattr(_impl, "Runner", None)
+        slow = [p for p in self.plans if p.mode == "list"]
+        if (
+            runner_type is None
+            or not self.plans
+            or any(p.mode == "zstd" for p in self.plans)
+            or any(p.name not in lists for p in slow)
+            or len(self._keys) != len(self._expect) + len(slow)
+            or (self.bytes_as == "list" and any(p.mode == "bytes" for p in self.plans))
+        ):
+            return None
+        fast = [p for p in self.plans if p.mode != "list"]
+        keys = [k.decode("utf-8", "surrogatepass") for k in self._keys]
+        columns = [_contract.column_spec(p) for p in fast]
+        columns += [lists[p.name]._replace(key=keys.index(p.name)) for p in slow]
+        anything = np.full((len(slow), 3), _contract.ANY, np.int64)
+        return runner_type(
+            self._keys,
+            np.concatenate([self._expect, anything]),
+            tuple(columns),
+            self.verify,
+            self.max_record_bytes,
+            _contract.FUSE_MIN_BYTES,
+        )
+
     def runner_outputs(
         self, n: int, bytes_widths: Sequence[int], alloc: Alloc
     ) -> tuple[np.ndarray, ...]:

@@ -18,8 +18,10 @@ through the ``RecordkitStrings`` op (``recordkit/native/tfop.cc``), else through
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
+import math
 import os
 import threading
 import weakref
@@ -32,7 +34,9 @@ from .._deps import require
 from ..codec import Bytes, Float32, Int64, Schema, Tensor
 from ..codec.limits import DecodeLimits
 from ..format.framing import OVERHEAD
+from ..reader import _contract
 from ..reader import decode as _decode
+from ..reader._contract import ColumnSpec
 from ..reader.buffers import BufferPool
 from ..reader.decode import BatchDecoder
 from .decode import tf_dtype
@@ -98,16 +102,16 @@ def _load() -> Any | None:
 
 
 def takes(schema: Schema, names: Sequence[str]) -> bool:
-    """Whether every feature in ``names`` decodes natively into a dense tensor
+    """Whether every feature in ``names`` decodes natively into a dense or ragged tensor
     (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then).
 
     Taken: the runner's columns (``recordkit/reader/_contract.py``): fixed-shape
     ``Int64``/``Float32``, uncompressed fixed-shape ``Tensor``, and ``Bytes()``, with
-    or without a default. Not taken: lists of bytes (``Bytes((n,))``,
-    ``Bytes((None,))``) and ragged numbers (``None`` dims): the runner decodes one
-    bytes value, or an exact count of numbers, per record, and the torch reader
-    decodes these per record in Python (then pads them), slower than
-    ``parse_example``; zstd tensors (decompressed per record in Python).
+    or without a default; and its packed and list columns: numbers whose first dim is
+    the only ``None`` (``Int64((None,))``, ``Float32((None, 4))``, an uncompressed
+    ``Tensor(dtype, (None, ...))``), lists of bytes (``Bytes((n,))``, ``Bytes((None,))``).
+    Not taken: zstd tensors (decompressed per record in Python), ``None`` past the first
+    dim or two ``None`` dims (a ``name/shape`` companion per record), a fixed dim of 0.
     """
     if os.environ.get("RECORDKIT_TF_NATIVE", "") == "0":
         return False
@@ -115,10 +119,10 @@ def takes(schema: Schema, names: Sequence[str]) -> bool:
         return False
     for name in names:
         ftype = schema[name]
-        if None in ftype.shape:
+        if None in ftype.shape and _list_column(ftype) is None:
             return False
         if isinstance(ftype, Bytes):
-            if ftype.shape or name + "/lengths" in schema:
+            if (not ftype.shape and name + "/lengths" in schema) or 0 in ftype.shape:
                 return False
         elif isinstance(ftype, Tensor):
             if ftype.compression:
@@ -126,6 +130,76 @@ def takes(schema: Schema, names: Sequence[str]) -> bool:
         elif not isinstance(ftype, (Int64, Float32)):
             return False
     return True
+
+
+def _list_column(ftype: Any) -> ColumnSpec | None:
+    """The runner's packed or list column for a feature decoded per record by the torch
+    reader (a ragged number, a list of bytes), or ``None`` (not one the runner takes).
+    An absent feature reads as no values where ``parse_example`` reads it so (a
+    ``RaggedFeature``: numbers with ``None`` dims, ``Bytes((None,))``)."""
+    shape = ftype.shape
+    if isinstance(ftype, Bytes):
+        if len(shape) != 1 or shape[0] == 0:
+            return None
+        count = shape[0] or 0  # a fixed count: a FixedLenFeature, which absence fails
+        return ColumnSpec(
+            _contract.COL_BYTES_LIST, 0, 0, count, False, _contract.KIND_BYTES, not count
+        )
+    if not shape or shape[0] is not None or None in shape[1:] or 0 in shape[1:]:
+        return None
+    unit = math.prod(d for d in shape[1:] if d is not None)
+    if isinstance(ftype, Int64):
+        return ColumnSpec(_contract.COL_PACKED_INT64, 0, 0, unit, False, _contract.KIND_INT64, True)
+    if isinstance(ftype, Float32):
+        return ColumnSpec(_contract.COL_PACKED, 0, 4 * unit, 0, True, _contract.KIND_FLOAT, True)
+    if isinstance(ftype, Tensor) and not ftype.compression:
+        nbytes = unit * np.dtype(ftype.dtype).itemsize
+        return ColumnSpec(_contract.COL_PACKED, 0, nbytes, 0, True, _contract.KIND_BYTES, False)
+    return None
+
+
+def _as_parsed(schema: Schema, names: Sequence[str]) -> Schema:
+    """``schema`` with each feature ``parse_example`` reads as a ``RaggedFeature``
+    (numbers with ``None`` dims, ``Bytes((None,))``) defaulting to no values: a record
+    without it reads so on every path (the reference decoder would refuse it)."""
+    features = {}
+    for name in schema.names:
+        ftype = schema[name]
+        ragged = None in ftype.shape and not isinstance(ftype, Tensor)
+        if name in names and ragged and ftype.required:
+            ftype = dataclasses.replace(ftype, default=[])
+        features[name] = ftype
+    return Schema(features)
+
+
+def _scatter(n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Per record of a task of ``n``, its value from the part holding it (``(positions,
+    values)`` per part)."""
+    out = np.zeros(n, np.int64)
+    for idx, values in parts:
+        out[idx] = values
+    return out
+
+
+def _gather(
+    sizes: np.ndarray, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], dtype: Any
+) -> np.ndarray:
+    """The elements of every record in stream order, ``sizes`` each, from the parts that
+    hold them (``(positions, sizes, elements)`` per part, its records in its order)."""
+    starts = np.cumsum(sizes) - sizes
+    out = np.empty(int(sizes.sum()), dtype)
+    for idx, size, elements in parts:
+        local = np.cumsum(size) - size
+        out[np.repeat(starts[idx] - local, size) + np.arange(len(elements))] = elements
+    return out
+
+
+def _sums(lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per record, the sum of its ``counts[i]`` values of ``lengths``."""
+    ends = np.cumsum(np.concatenate([[0], lengths]))
+    bounds = np.cumsum(np.concatenate([[0], counts]))
+    sums: np.ndarray = ends[bounds[1:]] - ends[bounds[:-1]]
+    return sums
 
 
 def _aligned(nbytes: int) -> np.ndarray:
@@ -176,18 +250,39 @@ class NativeTasks:
         self.tasks = tasks
         self.padded = padded
         self.names = list(names)
-        self.decoder = BatchDecoder(schema, columns=self.names, bytes_as="padded", limits=limits)
+        self.decoder = BatchDecoder(
+            _as_parsed(schema, self.names),
+            columns=self.names,
+            bytes_as="padded",
+            ragged_as="list",
+            limits=limits,
+        )
+        # The runner's columns: the fixed features' (slots as the torch reader's), then a
+        # packed or list column per ragged number or list of bytes (see takes).
+        self.fixed = [p for p in self.decoder.plans if p.mode != "list"]
+        self.lists: dict[str, ColumnSpec] = {}
+        for plan in self.decoder.plans:
+            if plan.mode == "list":
+                col = _list_column(plan.ftype)
+                assert col is not None  # takes() took the feature
+                self.lists[plan.name] = col
+        self.inner: dict[str, tuple[int, ...]] = {}  # a ragged number's dims after the first
         # Free slabs kept: three tasks' worth. Tasks in flight come back to the pool as
         # TensorFlow lets go of them; more kept is anonymous memory held for nothing.
         task = tasks.task_units * (tasks.options.batch_size or 1) * tasks.shards.avg_record_bytes
         self._keep = max(8 << 20, int(3 * task))
         self._slabs = _Slabs()
         self.pool = BufferPool(self._keep, allocate=self._slabs)
-        self.op = None if padded else strings_op()
-        self.bytes = [n for n in self.names if isinstance(schema[n], Bytes)]
+        lists_of_bytes = any(isinstance(schema[n], Bytes) for n in self.lists)
+        self.op = None if padded and not lists_of_bytes else strings_op()
+        self.bytes = [n for n in self.names if isinstance(schema[n], Bytes) and not schema[n].shape]
         # The whole task in one native call (GIL released once), where the build has it.
-        runner = self.decoder.runner()
+        runner = self.decoder.packed_runner(self.lists)
         self.runner = runner if hasattr(runner, "run") else None
+        # Per packed or list slot, the most it held per payload byte so far (None: none
+        # yet, the bound then): the room given to the next task (more: run again).
+        slots = sum(3 if c.mode == _contract.COL_BYTES_LIST else 2 for c in self.lists.values())
+        self._per_byte: list[float | None] = [None] * slots
         # The widest value of each bytes feature so far: the row width given to the runner
         # (a wider value refuses its task, decoded then the exact way, which widens it).
         self._widths = [0] * len(self.bytes)
@@ -201,7 +296,11 @@ class NativeTasks:
                 self.dtypes[n] = np.dtype(np.int64)
             elif isinstance(ftype, Float32):
                 self.dtypes[n] = np.dtype("<f4")
+            elif n in self.lists:
+                self.dtypes[n] = np.dtype(object)  # tf.string
             self.shapes[n] = tuple(int(d) for d in ftype.shape if d is not None)
+            if n in self.lists and not isinstance(ftype, Bytes):
+                self.inner[n] = self.shapes[n]
 
     # -- in the numpy_function: no TensorFlow ---------------------------------------------
 
@@ -254,21 +353,101 @@ class NativeTasks:
         try:
             for slot, (m, (_, idx)) in enumerate(zip(held, piece)):
                 m.check()
-                at = idx if len(piece) == 1 else np.searchsorted(pos, idx)
+                # the table's rows are pos's: one group's are all of them, in its order
+                at = slice(None) if len(piece) == 1 else np.searchsorted(pos, idx)
                 table[at, 0] = slot
                 table[at, 1], table[at, 2] = m.lookup(rec[idx])
             widest = int(table[:, 2].max()) - OVERHEAD
             widths = [min(widest, w) if w else widest for w in self._widths]
-            outs = self.decoder.runner_outputs(len(pos), widths, self.pool.alloc)
-            ok, got = runner.run(tuple(m.buf for m in held), table, outs)
+            payload = int(table[:, 2].sum()) - OVERHEAD * len(pos)
+            rooms = [self._room(k, payload) for k in range(len(self._per_byte))]
+            bufs = tuple(m.buf for m in held)
+            for _ in range(2):  # a second run with the room the first one found too small
+                outs = _contract.task_outputs(self.fixed, len(pos), widths, self.pool.alloc)
+                outs += self._list_outputs(len(pos), rooms)
+                ok, got, needs = runner.run(bufs, table, outs)
+                lists = needs[len(outs) - len(rooms) :]
+                if ok or all(need <= room for need, room in zip(lists, rooms)):
+                    break
+                rooms = [max(need, room) for need, room in zip(lists, rooms)]
         finally:
             for m in held:
                 shards.release(m)
         if not ok:
             return None
-        columns = self.decoder.runner_columns(outs, got, len(pos))
+        n, nfixed = len(pos), len(self.fixed)
+        columns = _contract.task_columns(
+            self.fixed, outs[: len(outs) - len(rooms)], got[:nfixed], n
+        )
         self._widths = [max(w, columns[n].shape[1]) for w, n in zip(self._widths, self.bytes)]
+        columns.update(self._list_columns(outs[len(outs) - len(rooms) :], lists, payload))
         return pos, columns
+
+    def _room(self, slot: int, payload: int) -> int:
+        """The elements to allocate for packed or list slot ``slot`` of a task of
+        ``payload`` bytes: the most per byte seen so far, with an eighth more, or the bound
+        (a value's bytes, or an int64 list's count, are at most its payload's bytes; a
+        bytes list's values at most half of them)."""
+        seen = self._per_byte[slot]
+        bound = payload // 2 if self._is_value_lengths(slot) else payload
+        if seen is None:
+            return bound
+        return min(bound, int(seen * payload * 1.125) + 64)
+
+    def _is_value_lengths(self, slot: int) -> bool:
+        k = 0
+        for col in self.lists.values():
+            if col.mode == _contract.COL_BYTES_LIST:
+                if slot == k + 1:
+                    return True
+                k += 3
+            else:
+                k += 2
+        return False
+
+    def _list_outputs(self, n: int, rooms: list[int]) -> tuple[np.ndarray, ...]:
+        """The slots of the packed and list columns: per column its values (``rooms``), a
+        bytes list's values' lengths, and each record's size."""
+        outs: list[np.ndarray] = []
+        alloc, k = self.pool.alloc, 0
+        for col in self.lists.values():
+            if col.mode == _contract.COL_PACKED_INT64:
+                outs.append(alloc((rooms[k],), np.dtype(np.int64)))
+            else:
+                outs.append(alloc((rooms[k],), np.dtype(np.uint8)))
+            if col.mode == _contract.COL_BYTES_LIST:
+                outs.append(np.empty(rooms[k + 1], np.int64))
+                k += 1
+            outs.append(np.empty(n, np.int64))
+            k += 2
+        return tuple(outs)
+
+    def _list_columns(
+        self, outs: Sequence[np.ndarray], needs: Sequence[int], payload: int
+    ) -> dict[str, Any]:
+        """The ragged features' columns from their slots (see :meth:`_ragged`), learning
+        what each slot held per payload byte."""
+        columns: dict[str, Any] = {}
+        for k, need in enumerate(needs):
+            per = need / payload if payload else 0.0
+            self._per_byte[k] = max(self._per_byte[k] or 0.0, per)
+        k = 0
+        for name, col in self.lists.items():
+            if col.mode == _contract.COL_BYTES_LIST:
+                values, lengths, counts = outs[k : k + 3]
+                columns[name] = (values[: needs[k]], lengths[: needs[k + 1]], counts)
+                k += 3
+                continue
+            values, sizes = outs[k], outs[k + 1]
+            if col.mode == _contract.COL_PACKED:
+                values = values[: needs[k]].view(self.dtypes[name])
+                rows = sizes // col.row_bytes
+            else:
+                values = values[: needs[k]]
+                rows = sizes // col.nvalues
+            columns[name] = (values, rows)
+            k += 2
+        return columns
 
     def _decode(self, groups: list[tuple[int, np.ndarray]], rec: np.ndarray) -> list[Any]:
         """The columns of each shard's records by :meth:`BatchDecoder.decode`: exact for
@@ -285,16 +464,70 @@ class NativeTasks:
                     pos, err = batch.bad[0]
                     i = int(r[pos])
                     raise err.located(m.path, int(m.offsets[i]), i)
-            parts.append((idx, batch.columns))
+            columns = dict(batch.columns)
+            for name in self.lists:
+                columns[name] = self._packed(name, columns[name])
+            parts.append((idx, columns))
             for k, n in enumerate(self.bytes):
                 self._widths[k] = max(self._widths[k], batch.columns[n].shape[1])
         return parts
+
+    def _packed(self, name: str, records: list[Any]) -> tuple[np.ndarray, ...]:
+        """A ragged feature's per-record values (the reference decoder's) as the runner's
+        column gives them: numbers ``(values, rows)``, bytes ``(bytes, lengths, counts)``."""
+        if name not in self.inner:
+            counts = np.fromiter((len(r) for r in records), np.int64, len(records))
+            flat = [v for r in records for v in r]
+            lengths = np.fromiter((len(v) for v in flat), np.int64, len(flat))
+            return np.frombuffer(b"".join(flat), np.uint8), lengths, counts
+        dtype = self.dtypes[name]
+        rows = np.fromiter((len(r) for r in records), np.int64, len(records))
+        flat = [np.asarray(r, dtype).reshape(-1) for r in records]
+        return (np.concatenate(flat) if flat else np.empty(0, dtype)), rows
+
+    def _ragged(
+        self, n: int, name: str, parts: list[tuple[np.ndarray, dict[str, Any]]]
+    ) -> list[np.ndarray]:
+        """A ragged feature's task arrays, in stream order: numbers ``[values, rows]``
+        (flat values; each record's rows of the first dim), bytes lists ``[bytes, starts,
+        lengths, counts]`` (``bytes`` for the op or ``substr`` as :meth:`_bytes` gives)."""
+        if name in self.inner:
+            if len(parts) == 1:
+                return list(parts[0][1][name])
+            unit = math.prod(self.inner[name])
+            rows = _scatter(n, [(idx, cols[name][1]) for idx, cols in parts])
+            values = _gather(
+                rows * unit,
+                [(idx, cols[name][1] * unit, cols[name][0]) for idx, cols in parts],
+                self.dtypes[name],
+            )
+            return [values, rows]
+        if len(parts) == 1:
+            values, lengths, counts = parts[0][1][name]
+        else:
+            counts = _scatter(n, [(idx, cols[name][2]) for idx, cols in parts])
+            lengths = _gather(
+                counts, [(idx, cols[name][2], cols[name][1]) for idx, cols in parts], np.int64
+            )
+            sizes = [(idx, _sums(cols[name][1], cols[name][2])) for idx, cols in parts]
+            values = _gather(
+                _scatter(n, sizes),
+                [(idx, size, cols[name][0]) for (idx, size), (_, cols) in zip(sizes, parts)],
+                np.uint8,
+            )
+        starts = np.cumsum(lengths) - lengths
+        if self.op is None:  # substr: one tf.string holding them all (a nonzero last byte)
+            values = np.append(values, np.uint8(0xFF)).view(f"S{len(values) + 1}")
+        return [values, starts, lengths, counts]
 
     def _join(self, n: int, parts: list[tuple[np.ndarray, dict[str, Any]]]) -> list[np.ndarray]:
         """The parts' columns as one task's, in stream order (one part: as they are)."""
         out: list[np.ndarray] = []
         one = len(parts) == 1
         for name in self.names:
+            if name in self.lists:
+                out.extend(self._ragged(n, name, parts))
+                continue
             if name in self.bytes:
                 out.extend(
                     self._rows(n, name, parts) if self.padded else self._bytes(n, name, parts)
@@ -366,12 +599,21 @@ class NativeTasks:
 
     # -- in the graph -------------------------------------------------------------------------
 
+    def _strings(self, values: Any, starts: Any, lengths: Any) -> Any:
+        """``tf.string`` values cut from a task's bytes (the op's copies, or ``substr``)."""
+        if self.op is not None:
+            value = self.op.recordkit_strings(values, starts, lengths, view_min_bytes=_VIEW_MIN)
+        else:
+            value = tf.strings.substr(tf.reshape(values, []), starts, lengths)
+        value.set_shape([None])
+        return value
+
     def trimmed(self, element: dict[str, Any]) -> dict[str, Any]:
         """A batch (or record) cut from a task's padded rows, each bytes feature cut to its
         longest value (a record's: its length), the width the torch reader and the
-        other paths give."""
+        other paths give; a record's ragged values as dense tensors."""
         out = dict(element)
-        for name in self.bytes:
+        for name in self.bytes if self.padded else ():
             rows, lengths = element[name], element[name + "/lengths"]
             out[name] = rows[..., : tf.reduce_max(lengths)]
         return out
@@ -387,7 +629,11 @@ class NativeTasks:
 
         tout = []
         for name in self.names:
-            if name in self.bytes and self.padded:
+            if name in self.inner:
+                tout += [tf_dtype(self.dtypes[name]), tf.int64]
+            elif name in self.lists:
+                tout += [tf.uint8 if self.op is not None else tf.string] + [tf.int64] * 3
+            elif name in self.bytes and self.padded:
                 tout += [tf.uint8, tf.int64]
             elif name in self.bytes:
                 tout += [tf.uint8 if self.op is not None else tf.string, tf.int64, tf.int64]
@@ -397,6 +643,22 @@ class NativeTasks:
         out: dict[str, Any] = {}
         k = 0
         for name in self.names:
+            if name in self.inner:  # ragged numbers: [n, None, *inner]
+                values, rows = flat[k : k + 2]
+                k += 2
+                values = tf.reshape(values, [-1, *self.inner[name]])
+                out[name] = tf.RaggedTensor.from_row_lengths(values, rows, validate=False)
+                continue
+            if name in self.lists:  # lists of bytes: [n, count] or ragged [n, None]
+                values, starts, lengths, counts = flat[k : k + 4]
+                k += 4
+                strings = self._strings(values, starts, lengths)
+                count = self.shapes[name]
+                if count:
+                    out[name] = tf.reshape(strings, [-1, count[0]])
+                else:
+                    out[name] = tf.RaggedTensor.from_row_lengths(strings, counts, validate=False)
+                continue
             if name in self.bytes and self.padded:
                 out[name], out[name + "/lengths"] = flat[k : k + 2]
                 out[name].set_shape([None, None])
@@ -406,13 +668,7 @@ class NativeTasks:
             if name in self.bytes:
                 values, starts, lengths = flat[k : k + 3]
                 k += 3
-                if self.op is not None:
-                    value = self.op.recordkit_strings(
-                        values, starts, lengths, view_min_bytes=_VIEW_MIN
-                    )
-                else:
-                    value = tf.strings.substr(tf.reshape(values, []), starts, lengths)
-                value.set_shape([None])
+                value = self._strings(values, starts, lengths)
             else:
                 value = flat[k]
                 k += 1

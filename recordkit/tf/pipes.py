@@ -173,7 +173,11 @@ def planned(
                 ds = ds.rebatch(batch_size)
             # Padded rows are as wide as the task's widest value: each batch (record) is cut
             # to its own here, before the prefetch (as a stage after it: W2 -25%, measured).
-            return ds.map(dense.trimmed) if dense.padded else ds
+            # A record's ragged values come out of unbatch as a ragged spec of rank 0: the
+            # map makes them the dense tensors parse_example gives.
+            if dense.padded or (batch_size is None and dense.lists):
+                return ds.map(dense.trimmed)
+            return ds
         ds = ds.map(lambda t: read(e, t), num_parallel_calls=autotune, deterministic=True)
         if fast:
             # tasks are whole units: only an epoch's last batch can be short

@@ -79,10 +79,10 @@ def test_slots_and_specs_follow_the_schema_order():
     dec = BatchDecoder(schema)
     plans = dec.plans
     assert [_contract.column_spec(p) for p in plans] == [
-        (_contract.COL_BYTES, 0, 0, 0, True),
-        (_contract.COL_INT64, 1, 0, 1, False),
-        (_contract.COL_FIXED, 2, 16, 0, True),
-        (_contract.COL_FIXED, 3, 12, 0, True),
+        (_contract.COL_BYTES, 0, 0, 0, True, _contract.KIND_ABSENT, False),
+        (_contract.COL_INT64, 1, 0, 1, False, _contract.KIND_ABSENT, False),
+        (_contract.COL_FIXED, 2, 16, 0, True, _contract.KIND_ABSENT, False),
+        (_contract.COL_FIXED, 3, 12, 0, True, _contract.KIND_ABSENT, False),
     ]
     assert [_contract.expected(p) for p in plans] == [
         (_contract.KIND_BYTES, 1, _contract.ANY),

@@ -200,68 +200,40 @@ def test_a_wider_value_than_the_runner_was_given_is_read_the_exact_way(
     assert [r["b"] for r in got] == [bytes([65 + k]) * s for k, s in enumerate(sizes)]
 
 
-def test_ragged_and_compressed_schemas_take_the_parse_path(
+def test_compressed_and_many_ragged_dims_take_the_parse_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int]
 ) -> None:
-    schema = Schema(i=Int64(), r=Int64((None,)), z=Tensor("int16", (3,), compression="zstd"))
-    assert not tfnative.takes(schema, ["i", "r"]) and not tfnative.takes(schema, ["z"])
-    assert tfnative.takes(schema, ["i"])
+    """zstd tensors, two None dims (a name/shape companion) and a None past the first
+    dim are not runner columns: parse_example reads them."""
+    schema = Schema(
+        i=Int64(),
+        r=Int64((None,)),
+        z=Tensor("int16", (3,), compression="zstd"),
+        m=Float32((None, None)),
+        late=Int64((2, None)),
+    )
+    assert tfnative.takes(schema, ["i", "r"]) and tfnative.takes(schema, ["i"])
+    for name in ("z", "m", "late"):
+        assert not tfnative.takes(schema, ["i", name]), name
     with rk.Writer(tmp_path / "d", schema) as w:
         for k in range(20):
-            w.write({"i": k, "r": list(range(k % 4)), "z": np.full(3, k, np.int16)})
+            w.write(
+                {
+                    "i": k,
+                    "r": list(range(k % 4)),
+                    "z": np.full(3, k, np.int16),
+                    "m": np.full((k % 3, 2), k, np.float32),
+                    "late": np.full((2, k % 3), k),
+                }
+            )
     rows = _rows(rtf.dataset(tmp_path / "d", shuffle=True, seed=1), batched=False)
     assert calls["run"] == 0
     assert sorted(int(r["i"]) for r in rows) == list(range(20))
     for r in rows:
         k = int(r["i"])
         assert list(r["r"]) == list(range(k % 4)) and list(r["z"]) == [k] * 3
-
-
-LISTS = Schema(
-    i=Int64(),
-    b2=Bytes((2,)),
-    bl=Bytes((None,)),
-    il=Int64((None,)),
-    fl=Float32((None,)),
-    f3=Float32((None, 3)),
-)
-
-
-def _list_sample(k: int) -> dict[str, object]:
-    """Record k of LISTS: records 4 to 7 (batch 1 of 4) hold only empty lists."""
-    n = 0 if 4 <= k < 8 else k % 4
-    return {
-        "i": k,
-        "b2": [bytes([k]) * (k % 3), b"x\x00" * (k % 2)],
-        "bl": [bytes([65 + j]) * j for j in range(n)],
-        "il": list(range(-n, 0)),
-        "fl": [k / 2] * n,
-        "f3": np.full((n, 3), k, np.float32),
-    }
-
-
-@pytest.mark.parametrize("batch_size", [None, 4])
-def test_lists_take_the_parse_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], batch_size: int | None
-) -> None:
-    """Lists of bytes and ragged numbers are not native columns (the runner decodes one
-    bytes value, or an exact count of numbers, per record): the parse_example path reads
-    them, empty lists, a batch of only empty lists and a last short batch too."""
-    for name in ("b2", "bl", "il", "fl", "f3"):
-        assert not tfnative.takes(LISTS, ["i", name]), name
-    with rk.Writer(tmp_path / "d", LISTS) as w:
-        for k in range(14):  # batches of 4: the last holds 2
-            w.write(_list_sample(k))
-    got = _read(tmp_path / "d", monkeypatch, native=True, batch_size=batch_size)
-    assert calls["run"] == 0 and calls["decode"] == 0
-    assert [int(r["i"]) for r in got] == list(range(14))
-    for k, row in enumerate(got):
-        want = _list_sample(k)
-        assert [bytes(v) for v in np.asarray(row["b2"]).tolist()] == want["b2"]
-        assert [bytes(v) for v in np.asarray(row["bl"]).tolist()] == want["bl"]
-        assert np.asarray(row["il"]).tolist() == want["il"]
-        assert np.asarray(row["fl"], np.float32).tolist() == want["fl"]
-        assert np.asarray(row["f3"]).reshape(-1, 3).tolist() == np.asarray(want["f3"]).tolist()
+        assert r["m"].reshape(-1).tolist() == [k] * (2 * (k % 3))
+        assert r["late"].shape == (2, k % 3)
 
 
 DEFAULTS = Schema(
@@ -447,8 +419,9 @@ def test_a_pass_lets_its_slabs_go(
 
 
 def test_a_pass_lets_the_task_buffers_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The parse_example path's tasks (a ragged schema, shuffled) gather records into a
-    buffer per reading thread: a pass's end lets them all go; the next pass reads again."""
+    """The parse_example path's tasks (a ragged schema the native path does not take,
+    shuffled) gather records into a buffer per reading thread: a pass's end lets them all
+    go; the next pass reads again."""
     made = _record_made(monkeypatch, tftasks.PlanTasks)
     held: list[int] = []  # the buffers held as each read returns (read-ahead may end the pass
     read = tftasks.PlanTasks.read  # before the loop looks)
@@ -460,10 +433,11 @@ def test_a_pass_lets_the_task_buffers_go(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(tftasks.PlanTasks, "read", counted)
     monkeypatch.setattr(tftasks, "_TASK_RECORDS", 4)
-    schema = Schema(i=Int64(), r=Int64((None,)))
+    schema = Schema(i=Int64(), r=Int64((1, None)))
+    assert not tfnative.takes(schema, ["i", "r"])
     with rk.Writer(tmp_path / "d", schema) as w:
         for k in range(30):
-            w.write({"i": k, "r": list(range(k % 5))})
+            w.write({"i": k, "r": [list(range(k % 5))]})
     ds = rtf.dataset(tmp_path / "d", shuffle=True, seed=2)
     (tasks,) = made
     for _ in range(2):
@@ -471,7 +445,7 @@ def test_a_pass_lets_the_task_buffers_go(tmp_path: Path, monkeypatch: pytest.Mon
         seen = []
         for row in ds:
             k = int(row["i"])
-            assert row["r"].numpy().tolist() == list(range(k % 5))
+            assert row["r"].numpy().tolist() == [list(range(k % 5))]
             seen.append(k)
         assert min(held) > 0 and sorted(seen) == list(range(30))
         assert tasks.buffers == 0  # type: ignore[attr-defined]
@@ -486,10 +460,11 @@ def test_no_builder_starts_tf_datas_autotuning_thread(tmp_path: Path, how: str) 
     iterator per epoch): every builder turns it off, and still reads every record."""
     from recordkit.reader import ReadOptions
 
-    schema = Schema(i=Int64(), r=Int64((None,))) if how == "parse, shuffled" else Schema(i=Int64())
+    parse = Schema(i=Int64(), r=Int64((1, None)))  # not native: None past the first dim
+    schema = parse if how == "parse, shuffled" else Schema(i=Int64())
     with rk.Writer(tmp_path / "d", schema, max_records=7) as w:
         for k in range(30):
-            w.write({"i": k, "r": [k] * (k % 3)} if "r" in schema else {"i": k})
+            w.write({"i": k, "r": [[k] * (k % 3)]} if "r" in schema else {"i": k})
     kwargs: dict[str, object] = {"batch_size": 4}
     if how == "parse, shuffled":
         kwargs.update(shuffle=True, seed=3)
