@@ -194,6 +194,14 @@ def _gather(
     return out
 
 
+def _splits(sizes: np.ndarray) -> np.ndarray:
+    """Row splits of rows of ``sizes``: 0, then where each row ends."""
+    out = np.empty(len(sizes) + 1, np.int64)
+    out[0] = 0
+    np.cumsum(sizes, out=out[1:])
+    return out
+
+
 def _sums(lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Per record, the sum of its ``counts[i]`` values of ``lengths``."""
     ends = np.cumsum(np.concatenate([[0], lengths]))
@@ -488,12 +496,14 @@ class NativeTasks:
     def _ragged(
         self, n: int, name: str, parts: list[tuple[np.ndarray, dict[str, Any]]]
     ) -> list[np.ndarray]:
-        """A ragged feature's task arrays, in stream order: numbers ``[values, rows]``
-        (flat values; each record's rows of the first dim), bytes lists ``[bytes, starts,
-        lengths, counts]`` (``bytes`` for the op or ``substr`` as :meth:`_bytes` gives)."""
+        """A ragged feature's task arrays, in stream order: numbers ``[values, splits]``
+        (flat values; where each record's rows of the first dim start, and the end), bytes
+        lists ``[bytes, starts, lengths, splits]`` (``bytes`` for the op or ``substr`` as
+        :meth:`_bytes` gives; splits of the values)."""
         if name in self.inner:
             if len(parts) == 1:
-                return list(parts[0][1][name])
+                values, rows = parts[0][1][name]
+                return [values, _splits(rows)]
             unit = math.prod(self.inner[name])
             rows = _scatter(n, [(idx, cols[name][1]) for idx, cols in parts])
             values = _gather(
@@ -501,7 +511,7 @@ class NativeTasks:
                 [(idx, cols[name][1] * unit, cols[name][0]) for idx, cols in parts],
                 self.dtypes[name],
             )
-            return [values, rows]
+            return [values, _splits(rows)]
         if len(parts) == 1:
             values, lengths, counts = parts[0][1][name]
         else:
@@ -518,7 +528,7 @@ class NativeTasks:
         starts = np.cumsum(lengths) - lengths
         if self.op is None:  # substr: one tf.string holding them all (a nonzero last byte)
             values = np.append(values, np.uint8(0xFF)).view(f"S{len(values) + 1}")
-        return [values, starts, lengths, counts]
+        return [values, starts, lengths, _splits(counts)]
 
     def _join(self, n: int, parts: list[tuple[np.ndarray, dict[str, Any]]]) -> list[np.ndarray]:
         """The parts' columns as one task's, in stream order (one part: as they are)."""
@@ -618,10 +628,14 @@ class NativeTasks:
             out[name] = rows[..., : tf.reduce_max(lengths)]
         return out
 
-    def element(self, epoch: Any, task: Any, saw: Callable[[int], None]) -> dict[str, Any]:
+    def element(
+        self, epoch: Any, task: Any, saw: Callable[[int], None], flat: bool = False
+    ) -> dict[str, Any]:
         """The task's records as ``{name: tensor [n, *shape]}`` (a bytes feature: ``tf.string``
-        ``[n]``, or padded ``uint8`` ``[n, widest]`` and ``name/lengths``), from one
-        ``numpy_function`` (which tells ``saw`` the epoch first)."""
+        ``[n]``, or padded ``uint8`` ``[n, widest]`` and ``name/lengths``; a ragged one:
+        ``tf.RaggedTensor`` ``[n, None, ...]``, or with ``flat`` its ``(values,
+        row_splits)`` for :meth:`batches`), from one ``numpy_function`` (which tells ``saw``
+        the epoch first)."""
 
         def read(e: Any, t: Any) -> list[np.ndarray]:
             saw(int(e))
@@ -639,39 +653,78 @@ class NativeTasks:
                 tout += [tf.uint8 if self.op is not None else tf.string, tf.int64, tf.int64]
             else:
                 tout.append(tf_dtype(self.dtypes[name]))
-        flat = tf.numpy_function(read, [epoch, task], tout, stateful=False)
+        arrays = tf.numpy_function(read, [epoch, task], tout, stateful=False)
         out: dict[str, Any] = {}
         k = 0
         for name in self.names:
             if name in self.inner:  # ragged numbers: [n, None, *inner]
-                values, rows = flat[k : k + 2]
+                values, splits = arrays[k : k + 2]
                 k += 2
-                values = tf.reshape(values, [-1, *self.inner[name]])
-                out[name] = tf.RaggedTensor.from_row_lengths(values, rows, validate=False)
+                splits.set_shape([None])
+                out[name] = (tf.reshape(values, [-1, *self.inner[name]]), splits)
                 continue
             if name in self.lists:  # lists of bytes: [n, count] or ragged [n, None]
-                values, starts, lengths, counts = flat[k : k + 4]
+                values, starts, lengths, splits = arrays[k : k + 4]
                 k += 4
                 strings = self._strings(values, starts, lengths)
+                splits.set_shape([None])
                 count = self.shapes[name]
-                if count:
-                    out[name] = tf.reshape(strings, [-1, count[0]])
-                else:
-                    out[name] = tf.RaggedTensor.from_row_lengths(strings, counts, validate=False)
+                out[name] = tf.reshape(strings, [-1, count[0]]) if count else (strings, splits)
                 continue
             if name in self.bytes and self.padded:
-                out[name], out[name + "/lengths"] = flat[k : k + 2]
+                out[name], out[name + "/lengths"] = arrays[k : k + 2]
                 out[name].set_shape([None, None])
                 out[name + "/lengths"].set_shape([None])
                 k += 2
                 continue
             if name in self.bytes:
-                values, starts, lengths = flat[k : k + 3]
+                values, starts, lengths = arrays[k : k + 3]
                 k += 3
                 value = self._strings(values, starts, lengths)
             else:
-                value = flat[k]
+                value = arrays[k]
                 k += 1
                 value.set_shape([None, *self.shapes[name]])
             out[name] = value
-        return out
+        return out if flat else self.ragged(out)
+
+    @staticmethod
+    def ragged(element: dict[str, Any]) -> dict[str, Any]:
+        """An element whose ragged features are ``(values, row_splits)`` with them as
+        ``tf.RaggedTensor``."""
+        return {
+            name: (
+                tf.RaggedTensor.from_row_splits(*value, validate=False)
+                if isinstance(value, tuple)
+                else value
+            )
+            for name, value in element.items()
+        }
+
+    def batches(self, element: dict[str, Any], batch_size: int) -> Any:
+        """A task's batches (the last may be short), cut from its :meth:`element` with
+        ``flat``, by slicing values and row splits (``rebatch`` of the task's
+        ragged tensors: 157,000 records/s on ragged_bench's ``numbers``, these slices
+        185,000; an eager loop over ready batches of the same: 254,000)."""
+        first = element[self.names[0]]
+        n = tf.shape(first[1])[0] - 1 if isinstance(first, tuple) else tf.shape(first)[0]
+        size = tf.constant(batch_size, n.dtype)
+
+        def cut(j: Any) -> dict[str, Any]:
+            lo = tf.cast(j, n.dtype) * size
+            hi = tf.minimum(lo + size, n)
+            out = {}
+            for name, value in element.items():
+                if isinstance(value, tuple):
+                    values, splits = value
+                    splits = splits[lo : hi + 1]
+                    values = values[splits[0] : splits[-1]]
+                    out[name] = tf.RaggedTensor.from_row_splits(
+                        values, splits - splits[0], validate=False
+                    )
+                else:
+                    out[name] = value[lo:hi]
+            return out
+
+        count = tf.cast((n + size - 1) // size, tf.int64)
+        return tf.data.Dataset.range(count).map(cut)

@@ -158,8 +158,10 @@ def planned(
             ds = ds.map(lambda t: announced(e, t))
         if dense is not None:
             read_dense = dense.element
+            # ragged features cut into batches by slices (see NativeTasks.batches)
+            cut = batch_size is not None and tasks.task_units > 1 and bool(dense.lists)
             ds = ds.map(
-                lambda t: read_dense(e, t, passes.saw),
+                lambda t: read_dense(e, t, passes.saw, flat=cut),
                 num_parallel_calls=_CPUS,
                 deterministic=True,
             )
@@ -169,6 +171,8 @@ def planned(
                 ds = ds.unbatch()
             elif tasks.task_units == 1:
                 return ds
+            elif cut:
+                ds = ds.flat_map(lambda el: dense.batches(el, batch_size))
             else:
                 ds = ds.rebatch(batch_size)
             # Padded rows are as wide as the task's widest value: each batch (record) is cut
