@@ -16,7 +16,10 @@ per batch and per feature, plus per record only where a record needs it:
   which either gives its values or the exact error the reference raises (a
   batch whose fused copy finds a bad CRC is decoded again the plain way);
 - zstd tensors are decompressed one record at a time (zstandard releases the GIL);
-- features of variable shape, and lists of bytes, are decoded per record.
+- ragged numbers whose only ``None`` is the first dim are copied (or their varints
+  decoded) for the whole batch by one more native call, from the spans the scan found
+  (:func:`~recordkit.reader.decode_run.packed`); other features of variable shape, and
+  lists of bytes, are decoded per record.
 
 For every record, the result is what ``Schema.decode(payload, copy=True)``
 gives, and a record is reported bad exactly when that (with ``read_record``)
@@ -50,7 +53,7 @@ from ..format.framing import DEFAULT_MAX_RECORD_BYTES
 from ..native import ext
 from . import _contract, _fallback
 from ._contract import Alloc, FeaturePlan
-from .decode_run import BatchRun
+from .decode_run import BatchRun, packed
 from .ragged import check_ragged_as, ragged_axes
 
 __all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch"]
@@ -164,6 +167,8 @@ class BatchDecoder:
         fast = [p for p in self.plans if p.mode != "list"]
         self._expect = np.array([_contract.expected(p) for p in fast], np.int64).reshape(-1, 3)
         self.list_names = [p.name for p in self.plans if p.mode == "list"]
+        # ragged numbers copied for the whole batch (decode_run.packed), not per record
+        self.packed = packed(self.plans, keys)
         self.python_features = any(p.mode in ("list", "zstd") for p in self.plans)
         self._fusable = [
             p

@@ -9,15 +9,25 @@ column into the batch arrays. The decoder itself keeps no per-call state.
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from ..codec import Bytes, Int64, Tensor
 from ..errors import CorruptRecordError
 from ..format import guard
 from ..format.framing import HEADER_SIZE, OVERHEAD, read_record
-from ._contract import Alloc, FeaturePlan
+from ._contract import (
+    KIND_ABSENT,
+    KIND_BYTES,
+    KIND_FLOAT,
+    KIND_INT64,
+    KIND_NONE,
+    Alloc,
+    FeaturePlan,
+)
 from ._contract import allocate as _alloc
 from .ragged import number_dtype, pad
 
@@ -25,10 +35,15 @@ if TYPE_CHECKING:
     from ..codec.limits import DecodeBudget, DecodeLimits
     from ..codec.schema import Schema
 
-__all__ = ["BatchRun", "Planned", "unlocated"]
+__all__ = ["BatchRun", "Packed", "Planned", "packed", "unlocated"]
 
 _I64 = np.dtype(np.int64)
 _U8 = np.dtype(np.uint8)
+
+
+def _new(alloc: Alloc, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """An array of its own (``ragged_as="list"``: each record's value a view of it)."""
+    return np.empty(shape, dtype)
 
 
 def unlocated(err: CorruptRecordError) -> CorruptRecordError:
@@ -36,6 +51,60 @@ def unlocated(err: CorruptRecordError) -> CorruptRecordError:
     copy = err.located(None, None, None)
     copy.__cause__ = None
     return copy
+
+
+class Packed(NamedTuple):
+    """A ragged number feature (``None`` as its first dim only) whose records' values are
+    copied (or their varints decoded) for the whole batch at once, not per record."""
+
+    key: int  # its index in the decoder's keys (the scan's spans)
+    kind: int  # the list a record holds: KIND_INT64, KIND_FLOAT, or KIND_BYTES (a Tensor)
+    unit: int  # per row of the first dim: values (int64) or bytes (the others)
+    inner: tuple[int, ...]  # the dims after the first
+    dtype: np.dtype[Any]
+    empty_ok: bool  # a record without it (a default of []) has no rows
+
+
+def packed(plans: list[FeaturePlan], keys: list[str]) -> dict[str, Packed]:
+    """The ``"list"`` features :class:`BatchRun` decodes for the whole batch: numbers whose
+    only ``None`` is the first dim, uncompressed (``Int64((None,))``, ``Float32((None,
+    4))``, ``Tensor(dtype, (None, 2))``); the others stay per record."""
+    out: dict[str, Packed] = {}
+    for plan in plans:
+        ftype, shape = plan.ftype, plan.ftype.shape
+        if plan.mode != "list" or isinstance(ftype, Bytes) or not shape or shape[0] is not None:
+            continue
+        inner = tuple(d for d in shape[1:] if d is not None)
+        if len(inner) != len(shape) - 1 or 0 in inner:
+            continue
+        if isinstance(ftype, Tensor) and ftype.compression:
+            continue
+        dtype = number_dtype(ftype)
+        count = math.prod(inner)
+        if isinstance(ftype, Int64):
+            kind, unit = KIND_INT64, count
+        elif isinstance(ftype, Tensor):
+            kind, unit = KIND_BYTES, count * dtype.itemsize
+        else:
+            kind, unit = KIND_FLOAT, count * 4
+        out[plan.name] = Packed(keys.index(plan.name), kind, unit, inner, dtype, not ftype.required)
+    return out
+
+
+def _taken(spans: np.ndarray, pk: Packed) -> np.ndarray:
+    """Per record, whether its value of ``pk`` is one :meth:`BatchRun._packed_column` copies:
+    one list of its kind in one chunk, a whole number of rows (or absent, if that is
+    no rows); anything else is left to the per-record decoder (its values or error)."""
+    kind, count, nbytes = spans[:, pk.key, 0], spans[:, pk.key, 1], spans[:, pk.key, 3]
+    size = count if pk.kind == KIND_INT64 else nbytes
+    ok = (kind == pk.kind) & (size % pk.unit == 0)
+    if pk.kind == KIND_BYTES:
+        ok &= count == 1
+    elif pk.kind == KIND_FLOAT:
+        ok &= nbytes == 4 * count
+    if pk.empty_ok:
+        ok |= (kind == KIND_ABSENT) | (kind == KIND_NONE)
+    return ok  # type: ignore[no-any-return]
 
 
 class Planned(Protocol):
@@ -52,6 +121,7 @@ class Planned(Protocol):
     python_features: bool
     columns_arg: list[str] | None
     ragged: dict[str, Any]
+    packed: dict[str, Packed]
 
     @property
     def impl(self) -> ModuleType: ...
@@ -83,6 +153,7 @@ class BatchRun:
         self.budget: DecodeBudget = dec.limits.budget(dec.schema, len(offsets), dec.columns)
         self.all_fast = not status.any()
         self.fast = status == 0
+        self.packed_ok = self.fast  # records whose ragged numbers _packed_column copies
         if not self.all_fast or dec.python_features:
             self._per_record(self.fast)
             self.all_fast = bool(self.fast.all())
@@ -103,30 +174,39 @@ class BatchRun:
         return guard.read(self.buf, start, length, offset=int(self.offsets[i]), check=False)
 
     def _per_record(self, fast: np.ndarray) -> None:
-        """The Python work per record: zstd and list features, then the slow path."""
+        """The Python work per record: zstd and list features (but the ragged numbers of
+        records whose values :meth:`_packed_column` copies), then the slow path."""
         dec = self.dec
         zstd = [p for p in dec.plans if p.mode == "zstd"]
         for plan in zstd:
             self.extra[plan.name] = {}
+        # Records whose ragged numbers are all copied for the batch: no Python for them.
+        self.packed_ok = fast.copy()
+        for pk in dec.packed.values():
+            self.packed_ok &= _taken(self.spans, pk)
+        rest = [n for n in dec.list_names if n not in dec.packed]
         values: dict[int, dict[str, Any]] = {}
-        for i in np.flatnonzero(fast).tolist():
+        todo = fast if zstd or rest else fast & ~self.packed_ok
+        for i in np.flatnonzero(todo).tolist():
+            names = rest if self.packed_ok[i] else dec.list_names
             # One record's values at a time, so the budget counts them per record.
             self.budget.start_record()
             mark = self.budget.batch_left
             try:
                 for plan in zstd:
                     self.extra[plan.name][i] = self._decompress(plan, i)
-                if dec.list_names:
+                if names:
                     values[i] = dec.schema.decode(
-                        self._payload(i), copy=True, budget=self.budget, columns=dec.list_names
+                        self._payload(i), copy=True, budget=self.budget, columns=names
                     )
             except CorruptRecordError:
                 fast[i] = False  # the slow path finds the reference's error
+                self.packed_ok[i] = False
                 self.budget.batch_left = mark  # and counts the record again
                 for plan in zstd:
                     self.extra[plan.name].pop(i, None)
         for name in dec.list_names:
-            self.extra[name] = {i: v[name] for i, v in values.items()}
+            self.extra[name] = {i: v[name] for i, v in values.items() if name in v}
         for i in np.flatnonzero(~fast).tolist():
             self._reference(i)
 
@@ -188,6 +268,9 @@ class BatchRun:
         rows: np.ndarray | None,
     ) -> None:
         name, mode, k = plan.name, plan.mode, plan.key
+        if name in self.dec.packed:
+            self._packed_column(plan, columns, alloc, n, good)
+            return
         order = range(len(self.fast)) if good is None else good.tolist()
         if mode == "list" or (mode == "bytes" and self.dec.bytes_as == "list"):
             values = [self._value(i, plan) for i in order]
@@ -225,6 +308,54 @@ class BatchRun:
         for r, value in self._slow_rows(name, good, rows):
             out[r] = value
         columns[name] = out
+
+    def _packed_column(
+        self,
+        plan: FeaturePlan,
+        columns: dict[str, Any],
+        alloc: Alloc,
+        n: int,
+        good: np.ndarray | None,
+    ) -> None:
+        """A ragged number column (:func:`packed`): the values of the records
+        :func:`_taken` took copied (or their varints decoded) by one native call for the
+        batch into the padded array, the others' from the per-record decoder; padded
+        with ``name/lengths``, or (``ragged_as="list"``) one view per record."""
+        name, pk = plan.name, self.dec.packed[plan.name]
+        order = np.arange(len(self.fast)) if good is None else good
+        vec = self.packed_ok[order]
+        sp = self.spans[order, pk.key]
+        varints = pk.kind == KIND_INT64
+        absent = (sp[:, 0] == KIND_ABSENT) | (sp[:, 0] == KIND_NONE)
+        size = np.where(vec & ~absent, sp[:, 1] if varints else sp[:, 3], 0)
+        lengths = size // pk.unit
+        others = {int(r): self._value(int(order[r]), plan) for r in np.flatnonzero(~vec)}
+        for r, value in others.items():
+            lengths[r] = value.shape[0]
+        widest = int(lengths.max()) if n else 0
+        padded = name in self.dec.ragged
+        out = (_alloc if padded else _new)(alloc, (n, widest, *pk.inner), pk.dtype)
+        if varints:
+            flat = out.reshape(n, widest * pk.unit)
+            flat[...] = 0
+            rows = np.flatnonzero(vec & ~absent)
+            counts = sp[rows, 1]
+            values = np.empty(int(counts.sum()), _I64)
+            self.impl.varints(self.buf, sp[rows, 2], sp[rows, 3], counts, values)
+            at = np.repeat(np.cumsum(counts) - counts, counts)
+            flat[np.repeat(rows, counts), np.arange(len(values)) - at] = values
+        else:  # the values are the bytes; rows of other records zeroed (length 0)
+            starts = np.where(vec & ~absent, sp[:, 2], 0)
+            rows_of = out.reshape(n, widest * math.prod(pk.inner)).view(_U8)
+            self.impl.gather(self.buf, starts, size, rows_of, widest * pk.unit)
+        for r, value in others.items():
+            out[r, : value.shape[0]] = value
+        if padded:
+            lens = _alloc(alloc, (n,), _I64)
+            lens[...] = lengths
+            columns[name], columns[name + "/lengths"] = out, lens
+        else:
+            columns[name] = [out[r, : int(lengths[r])] for r in range(n)]
 
     def _gather(
         self,
