@@ -17,7 +17,7 @@ well each loader overlaps with a training step that is pure-Python work.
 Usage::
 
     python benchmarks/read_bench.py generate [--data bench-data] [--quick]
-    python benchmarks/read_bench.py run [--workloads W1,W2] [--readers ...] [--repeat 3] [--quick]
+    python benchmarks/read_bench.py run [--workloads W1,W2] [--readers ...] [--repeat 3] [--quick] [--batch 64]
     python benchmarks/read_bench.py run --gil [--gil-epochs N] [--accel F] [--quick]
 
 ``--quick`` uses its own data set of 1/8 the records (still 8 shards) and 1 repeat.
@@ -289,6 +289,7 @@ def _measure(args: argparse.Namespace, mode: str, reader: str, wl: Workload, fil
     cmd = ["child", "--data", args.data, "--mode", mode, "--reader", reader, "--workloads", wl.name]
     cmd += ["--gil-batches", str(args.gil_batches), "--accel", str(args.accel)]
     cmd += ["--gil-epochs", str(args.gil_epochs), "--tf-loop", args.tf_loop]
+    cmd += ["--batch", str(args.batch)]
     kids0, ticks0, t0 = _cpu_children(), _busy_ticks(), time.perf_counter()
     res = run_child(__file__, cmd + (["--quick"] if args.quick else []))
     wall = time.perf_counter() - t0
@@ -327,7 +328,7 @@ def run_epochs(args: argparse.Namespace, wl: Workload, files: Files, readers: li
     ref = secs.get("tf.data")
     print(
         f"\n**{wl.name}**: {wl.records:,} records, {size / 1e9:.2f} GB framed, one epoch "
-        f"from page cache, batch 64, median of {args.repeat}; TensorFlow loop: "
+        f"from page cache, batch {args.batch}, median of {args.repeat}; TensorFlow loop: "
         f"{args.tf_loop}\n"
     )
     print("| reader | records/s | MB/s | vs tf.data | cores | peak RSS | anon RSS @10% | @end |")
@@ -436,6 +437,13 @@ def main() -> None:
         "default), the same with .numpy() of each (a copy in TensorFlow 2.21), or a "
         "tf.function taking 64 per call (Keras fit's steps_per_execution)",
     )
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=_readers.BATCH,
+        help=f"records per batch, every reader (default {_readers.BATCH}); TensorFlow's cost "
+        "is per element, so larger batches close its gap on small records",
+    )
     ap.add_argument("--mode", choices=("epoch", "gil"), help=argparse.SUPPRESS)
     ap.add_argument("--reader", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -448,6 +456,9 @@ def main() -> None:
         return
     scale = QUICK_FRACTION if args.quick else 1
     workloads = [WORKLOADS[n].scaled(scale) for n in names]
+    if args.batch < 1:
+        ap.error("--batch must be at least 1")
+    _readers.BATCH = args.batch
     if args.command == "child":
         _readers.TF_LOOP = args.tf_loop
         wl = workloads[0]
