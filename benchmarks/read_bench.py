@@ -17,7 +17,8 @@ well each loader overlaps with a training step that is pure-Python work.
 Usage::
 
     python benchmarks/read_bench.py generate [--data bench-data] [--quick]
-    python benchmarks/read_bench.py run [--workloads W1,W2] [--readers ...] [--repeat 3] [--quick] [--batch 64]
+    python benchmarks/read_bench.py run [--workloads W1,W2] [--readers ...] [--repeat 3] [--quick]
+        [--batch 64]
     python benchmarks/read_bench.py run --gil [--gil-epochs N] [--accel F] [--quick]
 
 ``--quick`` uses its own data set of 1/8 the records (still 8 shards) and 1 repeat.
