@@ -3,10 +3,12 @@ of :mod:`recordkit.tf.build`).
 
 :func:`planned`: epochs of the epoch plan, epoch and task numbers from
 ``Dataset.range`` (what ``tf.train.Checkpoint`` saves), one stateless
-``tf.numpy_function`` per task. :func:`native`: ``TFRecordDataset`` over a list of
-shards with a parallel interleave, in chunks of records. Both end in
-``parse_example`` (or a record-by-record parse where images, tfds features or
-ragged values need it).
+``tf.numpy_function`` per task, which either decodes the task in C
+(:mod:`recordkit.tf.native`: dense and ragged tensors, batches cut from each task) or
+hands its records on serialized. :func:`native`: ``TFRecordDataset`` over a list of
+shards with a parallel interleave, in chunks of records. Serialized records end in
+``parse_example`` (or a record-by-record parse where images, tfds features or ragged
+values need it).
 """
 
 from __future__ import annotations
