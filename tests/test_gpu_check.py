@@ -30,8 +30,10 @@ def test_the_dry_run_writes_every_part_of_the_summary(tmp_path):
         env=env,
         cwd=ROOT,
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + (
-        (out / "setup.log").read_text() if (out / "setup.log").exists() else ""
+    assert run.returncode == 0, (
+        run.stdout[-3000:]
+        + run.stderr[-3000:]
+        + ((out / "setup.log").read_text() if (out / "setup.log").exists() else "")
     )
     names = sorted(p.name for p in out.iterdir())
     assert names == [

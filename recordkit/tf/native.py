@@ -34,11 +34,11 @@ from .._deps import require
 from ..codec import Bytes, Float32, Int64, Schema, Tensor
 from ..codec.limits import DecodeLimits
 from ..format.framing import OVERHEAD
-from ..reader import _contract
 from ..reader import decode as _decode
-from ..reader._contract import ColumnSpec
+from ..reader import task_lists
 from ..reader.buffers import BufferPool
 from ..reader.decode import BatchDecoder
+from ..reader.task_lists import TaskLists
 from .decode import tf_dtype
 from .tasks import PlanTasks
 from .tasks import groups as shard_groups
@@ -105,7 +105,8 @@ def takes(schema: Schema, names: Sequence[str]) -> bool:
     """Whether every feature in ``names`` decodes natively into a dense or ragged tensor
     (``RECORDKIT_TF_NATIVE=0`` turns the native path off: ``parse_example`` then).
 
-    Taken: the runner's columns (``recordkit/reader/_contract.py``): fixed-shape
+    Taken: the runner's columns (``recordkit/reader/_contract.py``; ragged ones
+    :func:`~recordkit.reader.task_lists.list_column`): fixed-shape
     ``Int64``/``Float32``, uncompressed fixed-shape ``Tensor``, and ``Bytes()``, with
     or without a default; and its packed and list columns: numbers whose first dim is
     the only ``None`` (``Int64((None,))``, ``Float32((None, 4))``, an uncompressed
@@ -119,7 +120,7 @@ def takes(schema: Schema, names: Sequence[str]) -> bool:
         return False
     for name in names:
         ftype = schema[name]
-        if None in ftype.shape and _list_column(ftype) is None:
+        if None in ftype.shape and task_lists.list_column(ftype) is None:
             return False
         if isinstance(ftype, Bytes):
             if (not ftype.shape and name + "/lengths" in schema) or 0 in ftype.shape:
@@ -130,32 +131,6 @@ def takes(schema: Schema, names: Sequence[str]) -> bool:
         elif not isinstance(ftype, (Int64, Float32)):
             return False
     return True
-
-
-def _list_column(ftype: Any) -> ColumnSpec | None:
-    """The runner's packed or list column for a feature decoded per record by the torch
-    reader (a ragged number, a list of bytes), or ``None`` (not one the runner takes).
-    An absent feature reads as no values where ``parse_example`` reads it so (a
-    ``RaggedFeature``: numbers with ``None`` dims, ``Bytes((None,))``)."""
-    shape = ftype.shape
-    if isinstance(ftype, Bytes):
-        if len(shape) != 1 or shape[0] == 0:
-            return None
-        count = shape[0] or 0  # a fixed count: a FixedLenFeature, which absence fails
-        return ColumnSpec(
-            _contract.COL_BYTES_LIST, 0, 0, count, False, _contract.KIND_BYTES, not count
-        )
-    if not shape or shape[0] is not None or None in shape[1:] or 0 in shape[1:]:
-        return None
-    unit = math.prod(d for d in shape[1:] if d is not None)
-    if isinstance(ftype, Int64):
-        return ColumnSpec(_contract.COL_PACKED_INT64, 0, 0, unit, False, _contract.KIND_INT64, True)
-    if isinstance(ftype, Float32):
-        return ColumnSpec(_contract.COL_PACKED, 0, 4 * unit, 0, True, _contract.KIND_FLOAT, True)
-    if isinstance(ftype, Tensor) and not ftype.compression:
-        nbytes = unit * np.dtype(ftype.dtype).itemsize
-        return ColumnSpec(_contract.COL_PACKED, 0, nbytes, 0, True, _contract.KIND_BYTES, False)
-    return None
 
 
 def _as_parsed(schema: Schema, names: Sequence[str]) -> Schema:
@@ -170,44 +145,6 @@ def _as_parsed(schema: Schema, names: Sequence[str]) -> Schema:
             ftype = dataclasses.replace(ftype, default=[])
         features[name] = ftype
     return Schema(features)
-
-
-def _scatter(n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """Per record of a task of ``n``, its value from the part holding it (``(positions,
-    values)`` per part)."""
-    out = np.zeros(n, np.int64)
-    for idx, values in parts:
-        out[idx] = values
-    return out
-
-
-def _gather(
-    sizes: np.ndarray, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], dtype: Any
-) -> np.ndarray:
-    """The elements of every record in stream order, ``sizes`` each, from the parts that
-    hold them (``(positions, sizes, elements)`` per part, its records in its order)."""
-    starts = np.cumsum(sizes) - sizes
-    out = np.empty(int(sizes.sum()), dtype)
-    for idx, size, elements in parts:
-        local = np.cumsum(size) - size
-        out[np.repeat(starts[idx] - local, size) + np.arange(len(elements))] = elements
-    return out
-
-
-def _splits(sizes: np.ndarray) -> np.ndarray:
-    """Row splits of rows of ``sizes``: 0, then where each row ends."""
-    out = np.empty(len(sizes) + 1, np.int64)
-    out[0] = 0
-    np.cumsum(sizes, out=out[1:])
-    return out
-
-
-def _sums(lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Per record, the sum of its ``counts[i]`` values of ``lengths``."""
-    ends = np.cumsum(np.concatenate([[0], lengths]))
-    bounds = np.cumsum(np.concatenate([[0], counts]))
-    sums: np.ndarray = ends[bounds[1:]] - ends[bounds[:-1]]
-    return sums
 
 
 def _aligned(nbytes: int) -> np.ndarray:
@@ -267,13 +204,8 @@ class NativeTasks:
         )
         # The runner's columns: the fixed features' (slots as the torch reader's), then a
         # packed or list column per ragged number or list of bytes (see takes).
-        self.fixed = [p for p in self.decoder.plans if p.mode != "list"]
-        self.lists: dict[str, ColumnSpec] = {}
-        for plan in self.decoder.plans:
-            if plan.mode == "list":
-                col = _list_column(plan.ftype)
-                assert col is not None  # takes() took the feature
-                self.lists[plan.name] = col
+        self.columns = TaskLists(self.decoder)
+        self.lists = self.columns.lists
         self.inner: dict[str, tuple[int, ...]] = {}  # a ragged number's dims after the first
         # Free slabs kept: three tasks' worth. Tasks in flight come back to the pool as
         # TensorFlow lets go of them; more kept is anonymous memory held for nothing.
@@ -285,12 +217,7 @@ class NativeTasks:
         self.op = None if padded and not lists_of_bytes else strings_op()
         self.bytes = [n for n in self.names if isinstance(schema[n], Bytes) and not schema[n].shape]
         # The whole task in one native call (GIL released once), where the build has it.
-        runner = self.decoder.packed_runner(self.lists)
-        self.runner = runner if hasattr(runner, "run") else None
-        # Per packed or list slot, the most it held per payload byte so far (None: none
-        # yet, the bound then): the room given to the next task (more: run again).
-        slots = sum(3 if c.mode == _contract.COL_BYTES_LIST else 2 for c in self.lists.values())
-        self._per_byte: list[float | None] = [None] * slots
+        self.runner = self.columns.runner
         # The widest value of each bytes feature so far: the row width given to the runner
         # (a wider value refuses its task, decoded then the exact way, which widens it).
         self._widths = [0] * len(self.bytes)
@@ -353,8 +280,8 @@ class NativeTasks:
     ) -> tuple[np.ndarray, dict[str, Any]] | None:
         """The runner's columns for the records of ``piece`` (their shards' groups), in
         stream order, with the GIL released once; ``None`` if it refused a record."""
-        runner, shards = self.runner, self.tasks.shards
-        assert runner is not None  # _read calls this only with a runner
+        shards = self.tasks.shards
+        assert self.runner is not None  # _read calls this only with a runner
         pos = piece[0][1] if len(piece) == 1 else np.sort(np.concatenate([i for _, i in piece]))
         table = np.empty((len(pos), 3), np.int64)  # (shard slot, offset, framed size)
         held = shards.acquire_many([s for s, _ in piece])
@@ -367,95 +294,16 @@ class NativeTasks:
                 table[at, 1], table[at, 2] = m.lookup(rec[idx])
             widest = int(table[:, 2].max()) - OVERHEAD
             widths = [min(widest, w) if w else widest for w in self._widths]
-            payload = int(table[:, 2].sum()) - OVERHEAD * len(pos)
-            rooms = [self._room(k, payload) for k in range(len(self._per_byte))]
             bufs = tuple(m.buf for m in held)
-            for _ in range(2):  # a second run with the room the first one found too small
-                outs = _contract.task_outputs(self.fixed, len(pos), widths, self.pool.alloc)
-                outs += self._list_outputs(len(pos), rooms)
-                ok, got, needs = runner.run(bufs, table, outs)
-                lists = needs[len(outs) - len(rooms) :]
-                if ok or all(need <= room for need, room in zip(lists, rooms)):
-                    break
-                rooms = [max(need, room) for need, room in zip(lists, rooms)]
+            done = self.columns.run(bufs, table, widths, self.pool.alloc)
         finally:
             for m in held:
                 shards.release(m)
-        if not ok:
+        if done is None:
             return None
-        n, nfixed = len(pos), len(self.fixed)
-        columns = _contract.task_columns(
-            self.fixed, outs[: len(outs) - len(rooms)], got[:nfixed], n
-        )
+        columns = done
         self._widths = [max(w, columns[n].shape[1]) for w, n in zip(self._widths, self.bytes)]
-        columns.update(self._list_columns(outs[len(outs) - len(rooms) :], lists, payload))
         return pos, columns
-
-    def _room(self, slot: int, payload: int) -> int:
-        """The elements to allocate for packed or list slot ``slot`` of a task of
-        ``payload`` bytes: the most per byte seen so far, with an eighth more, or the bound
-        (a value's bytes, or an int64 list's count, are at most its payload's bytes; a
-        bytes list's values at most half of them)."""
-        seen = self._per_byte[slot]
-        bound = payload // 2 if self._is_value_lengths(slot) else payload
-        if seen is None:
-            return bound
-        return min(bound, int(seen * payload * 1.125) + 64)
-
-    def _is_value_lengths(self, slot: int) -> bool:
-        k = 0
-        for col in self.lists.values():
-            if col.mode == _contract.COL_BYTES_LIST:
-                if slot == k + 1:
-                    return True
-                k += 3
-            else:
-                k += 2
-        return False
-
-    def _list_outputs(self, n: int, rooms: list[int]) -> tuple[np.ndarray, ...]:
-        """The slots of the packed and list columns: per column its values (``rooms``), a
-        bytes list's values' lengths, and each record's size."""
-        outs: list[np.ndarray] = []
-        alloc, k = self.pool.alloc, 0
-        for col in self.lists.values():
-            if col.mode == _contract.COL_PACKED_INT64:
-                outs.append(alloc((rooms[k],), np.dtype(np.int64)))
-            else:
-                outs.append(alloc((rooms[k],), np.dtype(np.uint8)))
-            if col.mode == _contract.COL_BYTES_LIST:
-                outs.append(np.empty(rooms[k + 1], np.int64))
-                k += 1
-            outs.append(np.empty(n, np.int64))
-            k += 2
-        return tuple(outs)
-
-    def _list_columns(
-        self, outs: Sequence[np.ndarray], needs: Sequence[int], payload: int
-    ) -> dict[str, Any]:
-        """The ragged features' columns from their slots (see :meth:`_ragged`), learning
-        what each slot held per payload byte."""
-        columns: dict[str, Any] = {}
-        for k, need in enumerate(needs):
-            per = need / payload if payload else 0.0
-            self._per_byte[k] = max(self._per_byte[k] or 0.0, per)
-        k = 0
-        for name, col in self.lists.items():
-            if col.mode == _contract.COL_BYTES_LIST:
-                values, lengths, counts = outs[k : k + 3]
-                columns[name] = (values[: needs[k]], lengths[: needs[k + 1]], counts)
-                k += 3
-                continue
-            values, sizes = outs[k], outs[k + 1]
-            if col.mode == _contract.COL_PACKED:
-                values = values[: needs[k]].view(self.dtypes[name])
-                rows = sizes // col.row_bytes
-            else:
-                values = values[: needs[k]]
-                rows = sizes // col.nvalues
-            columns[name] = (values, rows)
-            k += 2
-        return columns
 
     def _decode(self, groups: list[tuple[int, np.ndarray]], rec: np.ndarray) -> list[Any]:
         """The columns of each shard's records by :meth:`BatchDecoder.decode`: exact for
@@ -474,24 +322,12 @@ class NativeTasks:
                     raise err.located(m.path, int(m.offsets[i]), i)
             columns = dict(batch.columns)
             for name in self.lists:
-                columns[name] = self._packed(name, columns[name])
+                dtype = self.dtypes[name] if name in self.inner else None
+                columns[name] = task_lists.from_records(columns[name], dtype)
             parts.append((idx, columns))
             for k, n in enumerate(self.bytes):
                 self._widths[k] = max(self._widths[k], batch.columns[n].shape[1])
         return parts
-
-    def _packed(self, name: str, records: list[Any]) -> tuple[np.ndarray, ...]:
-        """A ragged feature's per-record values (the reference decoder's) as the runner's
-        column gives them: numbers ``(values, rows)``, bytes ``(bytes, lengths, counts)``."""
-        if name not in self.inner:
-            counts = np.fromiter((len(r) for r in records), np.int64, len(records))
-            flat = [v for r in records for v in r]
-            lengths = np.fromiter((len(v) for v in flat), np.int64, len(flat))
-            return np.frombuffer(b"".join(flat), np.uint8), lengths, counts
-        dtype = self.dtypes[name]
-        rows = np.fromiter((len(r) for r in records), np.int64, len(records))
-        flat = [np.asarray(r, dtype).reshape(-1) for r in records]
-        return (np.concatenate(flat) if flat else np.empty(0, dtype)), rows
 
     def _ragged(
         self, n: int, name: str, parts: list[tuple[np.ndarray, dict[str, Any]]]
@@ -503,32 +339,32 @@ class NativeTasks:
         if name in self.inner:
             if len(parts) == 1:
                 values, rows = parts[0][1][name]
-                return [values, _splits(rows)]
+                return [values, task_lists.splits(rows)]
             unit = math.prod(self.inner[name])
-            rows = _scatter(n, [(idx, cols[name][1]) for idx, cols in parts])
-            values = _gather(
+            rows = task_lists.scatter(n, [(idx, cols[name][1]) for idx, cols in parts])
+            values = task_lists.gather(
                 rows * unit,
                 [(idx, cols[name][1] * unit, cols[name][0]) for idx, cols in parts],
                 self.dtypes[name],
             )
-            return [values, _splits(rows)]
+            return [values, task_lists.splits(rows)]
         if len(parts) == 1:
             values, lengths, counts = parts[0][1][name]
         else:
-            counts = _scatter(n, [(idx, cols[name][2]) for idx, cols in parts])
-            lengths = _gather(
+            counts = task_lists.scatter(n, [(idx, cols[name][2]) for idx, cols in parts])
+            lengths = task_lists.gather(
                 counts, [(idx, cols[name][2], cols[name][1]) for idx, cols in parts], np.int64
             )
-            sizes = [(idx, _sums(cols[name][1], cols[name][2])) for idx, cols in parts]
-            values = _gather(
-                _scatter(n, sizes),
+            sizes = [(idx, task_lists.sums(cols[name][1], cols[name][2])) for idx, cols in parts]
+            values = task_lists.gather(
+                task_lists.scatter(n, sizes),
                 [(idx, size, cols[name][0]) for (idx, size), (_, cols) in zip(sizes, parts)],
                 np.uint8,
             )
         starts = np.cumsum(lengths) - lengths
         if self.op is None:  # substr: one tf.string holding them all (a nonzero last byte)
             values = np.append(values, np.uint8(0xFF)).view(f"S{len(values) + 1}")
-        return [values, starts, lengths, _splits(counts)]
+        return [values, starts, lengths, task_lists.splits(counts)]
 
     def _join(self, n: int, parts: list[tuple[np.ndarray, dict[str, Any]]]) -> list[np.ndarray]:
         """The parts' columns as one task's, in stream order (one part: as they are)."""

@@ -271,7 +271,7 @@ def test_a_task_needing_more_room_than_guessed_runs_again(
     run = tfnative.NativeTasks._run
 
     def spied(self, *args):  # type: ignore[no-untyped-def]
-        runner = self.runner
+        runner = self.columns.runner
 
         class Counting:
             def run(self, *a):  # type: ignore[no-untyped-def]
@@ -279,11 +279,11 @@ def test_a_task_needing_more_room_than_guessed_runs_again(
                 runs.append(out[0])
                 return out
 
-        self.runner = Counting()
+        self.columns.runner = Counting()
         try:
             return run(self, *args)
         finally:
-            self.runner = runner
+            self.columns.runner = runner
 
     monkeypatch.setattr(tfnative.NativeTasks, "_run", spied)
     monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
