@@ -262,7 +262,6 @@ class BatchDecoder:
             or not self.plans
             or any(p.mode == "zstd" for p in self.plans)
             or any(p.name not in lists for p in slow)
-            or len(self._keys) != len(self._expect) + len(slow)
             or (self.bytes_as == "list" and any(p.mode == "bytes" for p in self.plans))
         ):
             return None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from ..codec import Bytes, Int64, Tensor
+from ..codec import Int64, Tensor
 from ..errors import CorruptRecordError
 from ..format import guard
 from ..format.framing import HEADER_SIZE, OVERHEAD, read_record
@@ -29,7 +29,7 @@ from ._contract import (
     FeaturePlan,
 )
 from ._contract import allocate as _alloc
-from .ragged import number_dtype, pad
+from .ragged import first_dim_ragged, number_dtype, pad
 
 if TYPE_CHECKING:
     from ..codec.limits import DecodeBudget, DecodeLimits
@@ -71,13 +71,9 @@ def packed(plans: list[FeaturePlan], keys: list[str]) -> dict[str, Packed]:
     4))``, ``Tensor(dtype, (None, 2))``); the others stay per record."""
     out: dict[str, Packed] = {}
     for plan in plans:
-        ftype, shape = plan.ftype, plan.ftype.shape
-        if plan.mode != "list" or isinstance(ftype, Bytes) or not shape or shape[0] is not None:
-            continue
-        inner = tuple(d for d in shape[1:] if d is not None)
-        if len(inner) != len(shape) - 1 or 0 in inner:
-            continue
-        if isinstance(ftype, Tensor) and ftype.compression:
+        ftype = plan.ftype
+        inner = first_dim_ragged(ftype) if plan.mode == "list" else None
+        if inner is None:
             continue
         dtype = number_dtype(ftype)
         count = math.prod(inner)

@@ -28,7 +28,16 @@ from ..codec import Bytes, FeatureType, Float32, Int64, Schema
 from ..errors import SchemaError
 from ._contract import Alloc, allocate
 
-__all__ = ["RAGGED_AS", "check_ragged_as", "number_dtype", "pad", "ragged_axes", "trim", "widest"]
+__all__ = [
+    "RAGGED_AS",
+    "check_ragged_as",
+    "first_dim_ragged",
+    "number_dtype",
+    "pad",
+    "ragged_axes",
+    "trim",
+    "widest",
+]
 
 RAGGED_AS = ("padded", "list")
 _I64 = np.dtype(np.int64)
@@ -58,6 +67,19 @@ def ragged_axes(schema: Schema, columns: Sequence[str] | None = None) -> dict[st
             )
         out[name] = tuple(i for i, d in enumerate(ftype.shape) if d is None)
     return out
+
+
+def first_dim_ragged(ftype: FeatureType) -> tuple[int, ...] | None:
+    """The dims after the first of a number feature whose only ``None`` is its first dim,
+    none of them 0, uncompressed (``Int64((None,))``: ``()``; ``Float32((None, 4))``:
+    ``(4,)``), whose values a record holds as one list; else ``None``."""
+    shape = ftype.shape
+    if isinstance(ftype, Bytes) or not shape or shape[0] is not None:
+        return None
+    inner = tuple(d for d in shape[1:] if d is not None)
+    if len(inner) != len(shape) - 1 or 0 in inner or getattr(ftype, "compression", None):
+        return None
+    return inner
 
 
 def number_dtype(ftype: FeatureType) -> np.dtype[Any]:

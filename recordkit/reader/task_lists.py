@@ -26,6 +26,7 @@ from ..format.framing import OVERHEAD
 from . import _contract
 from ._contract import Alloc, ColumnSpec
 from .decode import BatchDecoder
+from .ragged import first_dim_ragged
 
 __all__ = ["TaskLists", "from_records", "gather", "list_column", "scatter", "splits", "sums"]
 
@@ -43,14 +44,15 @@ def list_column(ftype: Any) -> ColumnSpec | None:
         return ColumnSpec(
             _contract.COL_BYTES_LIST, 0, 0, count, False, _contract.KIND_BYTES, not count
         )
-    if not shape or shape[0] is not None or None in shape[1:] or 0 in shape[1:]:
+    inner = first_dim_ragged(ftype)
+    if inner is None:
         return None
-    unit = math.prod(d for d in shape[1:] if d is not None)
+    unit = math.prod(inner)
     if isinstance(ftype, Int64):
         return ColumnSpec(_contract.COL_PACKED_INT64, 0, 0, unit, False, _contract.KIND_INT64, True)
     if isinstance(ftype, Float32):
         return ColumnSpec(_contract.COL_PACKED, 0, 4 * unit, 0, True, _contract.KIND_FLOAT, True)
-    if isinstance(ftype, Tensor) and not ftype.compression:
+    if isinstance(ftype, Tensor):
         nbytes = unit * np.dtype(ftype.dtype).itemsize
         return ColumnSpec(_contract.COL_PACKED, 0, nbytes, 0, True, _contract.KIND_BYTES, False)
     return None

@@ -1097,15 +1097,7 @@ def test_native_calls_release_the_gil(native):
 
 # The task runner has no Python twin: without it, tasks go through the thread pool
 # over BatchDecoder.decode, whose results tests/reader/test_runner.py compares it with.
-RUNNER_ONLY = {
-    "Runner",
-    "COL_BYTES",
-    "COL_FIXED",
-    "COL_INT64",
-    "COL_PACKED",
-    "COL_PACKED_INT64",
-    "COL_BYTES_LIST",
-}
+RUNNER_ONLY = {"Runner", *_contract._RUNNER_ONLY}
 # The .idx functions are recordkit.reader.index.text's (its NumPy twin parses whole
 # texts; tests/reader/index/test_shard_index.py compares them).
 INDEX_ONLY = {"FileMap", "map_fd", "index_parse", "index_scan", "index_fill"}

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from recordkit.codec import Bytes, Float32, Int64, Schema, Tensor, encode_example
+from recordkit.codec.wire import varint
 from recordkit.errors import CorruptRecordError
 from recordkit.format.framing import frame
 from recordkit.reader import decode
@@ -18,14 +19,7 @@ from recordkit.reader.ragged import pad
 
 
 def _varint(v: int) -> bytes:
-    v &= (1 << 64) - 1  # two's complement, as protobuf writes int64
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
+    return varint(v & (1 << 64) - 1)  # two's complement, as protobuf writes int64
 
 
 def _field(tag: int, body: bytes) -> bytes:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from recordkit.codec import Bytes, Float32, Int64, Schema, Tensor, encode_example
+from recordkit.codec.wire import varint
 from recordkit.format.framing import frame
 from recordkit.reader import _contract, decode
 from recordkit.reader._contract import ColumnSpec
@@ -141,18 +142,8 @@ def test_a_task_too_big_for_its_room_says_what_it_needs() -> None:
     _check(outs, again, recs)
 
 
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
-
-
 def _field(tag: int, body: bytes) -> bytes:
-    return bytes([tag]) + _varint(len(body)) + body
+    return bytes([tag]) + varint(len(body)) + body
 
 
 def _merged_bytes_list() -> bytes:

@@ -13,7 +13,7 @@ import pytest
 import recordkit as rk
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.codec import encode_example
-from recordkit.format.framing import frame
+from tests.tf.native_cases import count_calls, foreign, offset
 
 tf = pytest.importorskip("tensorflow")
 rtf = pytest.importorskip("recordkit.tf")
@@ -93,20 +93,7 @@ def every(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the native path's tasks: by the runner, and the exact way."""
-    seen = {"run": 0, "decode": 0}
-    run, decode = tfnative.NativeTasks._run, tfnative.NativeTasks._decode
-
-    def counted_run(self, *args):  # type: ignore[no-untyped-def]
-        seen["run"] += 1
-        return run(self, *args)
-
-    def counted_decode(self, *args):  # type: ignore[no-untyped-def]
-        seen["decode"] += 1
-        return decode(self, *args)
-
-    monkeypatch.setattr(tfnative.NativeTasks, "_run", counted_run)
-    monkeypatch.setattr(tfnative.NativeTasks, "_decode", counted_decode)
-    return seen
+    return count_calls(monkeypatch)
 
 
 def _rows(ds: object, batched: bool) -> list[dict[str, object]]:
@@ -273,36 +260,20 @@ def test_defaults_for_absent_features_read_natively_as_parse_example_reads_them(
     assert [r["lang"] for r in got][8:] == [b"en", b"", b"en", b"en", b"", b"en"]
 
 
-def _foreign(root: Path, payloads: list[bytes]) -> Path:
-    """One indexed shard of these payloads (a foreign folder the native path takes)."""
-    root.mkdir()
-    shard = root / "part-00000.tfrecord"
-    shard.write_bytes(b"".join(frame(p) for p in payloads))
-    rk.build_index(str(shard))
-    return shard
-
-
-def _offset(shard: Path, record: int) -> int:
-    data, at = shard.read_bytes(), 0
-    for _ in range(record):
-        at += int.from_bytes(data[at : at + 8], "little") + 16
-    return at
-
-
 def test_a_record_without_a_feature_is_an_error_on_both_paths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     schema = Schema(i=Int64(), f=Float32())
     payloads = [encode_example({"i": ("int64", [k]), "f": ("float", [k])}) for k in range(9)]
     payloads[6] = encode_example({"i": ("int64", [6])})  # no "f"
-    shard = _foreign(tmp_path / "d", payloads)
+    shard = foreign(tmp_path / "d", payloads)
     for native in (False, True):
         monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1" if native else "0")
         with pytest.raises(tf.errors.OpError) as info:
             list(rtf.dataset(tmp_path / "d", schema=schema, batch_size=4))
         text = str(info.value)
         assert "'f'" in text or "Feature: f" in text
-    assert f"{shard}:{_offset(shard, 6)}:6: feature 'f' is missing" in text
+    assert f"{shard}:{offset(shard, 6)}:6: feature 'f' is missing" in text
 
 
 def test_a_corrupt_record_names_file_offset_and_record(
@@ -312,16 +283,16 @@ def test_a_corrupt_record_names_file_offset_and_record(
     payloads = [
         encode_example({"i": ("int64", [k]), "b": ("bytes", [b"x" * 40])}) for k in range(9)
     ]
-    shard = _foreign(tmp_path / "d", payloads)
+    shard = foreign(tmp_path / "d", payloads)
     data = bytearray(shard.read_bytes())
-    data[_offset(shard, 5) + 12 + 20] ^= 0xFF  # a payload byte: its CRC no longer matches
+    data[offset(shard, 5) + 12 + 20] ^= 0xFF  # a payload byte: its CRC no longer matches
     shard.write_bytes(bytes(data))
     monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
     for shuffle in (False, True):
         with pytest.raises(tf.errors.OpError) as info:
             list(rtf.dataset(tmp_path / "d", schema=schema, batch_size=4, shuffle=shuffle))
         text = str(info.value)
-        assert "CorruptRecordError" in text and f"{shard}:{_offset(shard, 5)}:5:" in text
+        assert "CorruptRecordError" in text and f"{shard}:{offset(shard, 5)}:5:" in text
         assert "CRC" in text or "crc" in text
 
 

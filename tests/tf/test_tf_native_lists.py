@@ -15,7 +15,7 @@ import pytest
 import recordkit as rk
 from recordkit import Bytes, Float32, Int64, Schema, Tensor
 from recordkit.codec import encode_example
-from recordkit.format.framing import frame
+from tests.tf.native_cases import count_calls, foreign, offset
 
 tf = pytest.importorskip("tensorflow")
 rtf = pytest.importorskip("recordkit.tf")
@@ -73,20 +73,7 @@ def lists(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the native path's tasks: by the runner, and the exact way."""
-    seen = {"run": 0, "decode": 0}
-    run, decode = tfnative.NativeTasks._run, tfnative.NativeTasks._decode
-
-    def counted_run(self, *args):  # type: ignore[no-untyped-def]
-        seen["run"] += 1
-        return run(self, *args)
-
-    def counted_decode(self, *args):  # type: ignore[no-untyped-def]
-        seen["decode"] += 1
-        return decode(self, *args)
-
-    monkeypatch.setattr(tfnative.NativeTasks, "_run", counted_run)
-    monkeypatch.setattr(tfnative.NativeTasks, "_decode", counted_decode)
-    return seen
+    return count_calls(monkeypatch)
 
 
 def _plain(value: Any) -> Any:
@@ -216,7 +203,7 @@ def test_absent_features_read_as_parse_example_reads_them(
         elif k % 2:
             features.update(il=(None, []), f3=(None, []), bl=(None, []))  # no list set
         payloads.append(encode_example(features))
-    root = _foreign(tmp_path / "d", payloads)
+    root = foreign(tmp_path / "d", payloads).parent
     kw = {"schema": schema, "batch_size": 5, "shuffle": True, "seed": 1}
     spec0, want = _read(root, monkeypatch, native=False, **kw)
     spec1, got = _read(root, monkeypatch, native=True, **kw)
@@ -240,12 +227,12 @@ def test_a_record_of_the_wrong_size_names_file_offset_and_record(
     schema = Schema(i=Int64(), f3=Float32((None, 3)))
     payloads = [encode_example({"i": ("int64", [k]), "f3": ("float", [k] * 3)}) for k in range(9)]
     payloads[5] = encode_example({"i": ("int64", [5]), "f3": ("float", [1.0] * 4)})
-    root = _foreign(tmp_path / "d", payloads)
+    root = foreign(tmp_path / "d", payloads).parent
     monkeypatch.setenv("RECORDKIT_TF_NATIVE", "1")
     with pytest.raises(tf.errors.OpError) as info:
         list(rtf.dataset(root, schema=schema, batch_size=4))
     shard = root / "part-00000.tfrecord"
-    assert f"{shard}:{_offset(shard, 5)}:5:" in str(info.value)
+    assert f"{shard}:{offset(shard, 5)}:5:" in str(info.value)
 
 
 def test_a_task_needing_more_room_than_guessed_runs_again(
@@ -314,44 +301,3 @@ def test_checkpoint_resumes_ragged_batches(
     tf.train.Checkpoint(iterator=again).read(saved).assert_consumed()
     assert [{k: _plain(v) for k, v in b.items()} for b in again] == want
     assert len(want) == 6
-
-
-def _foreign(root: Path, payloads: list[bytes]) -> Path:
-    """One indexed shard of these payloads (a foreign folder the native path takes)."""
-    root.mkdir()
-    shard = root / "part-00000.tfrecord"
-    shard.write_bytes(b"".join(frame(p) for p in payloads))
-    rk.build_index(str(shard))
-    return root
-
-
-def _offset(shard: Path, record: int) -> int:
-    data, at = shard.read_bytes(), 0
-    for _ in range(record):
-        at += int.from_bytes(data[at : at + 8], "little") + 16
-    return at
-
-
-@pytest.mark.parametrize("batch_size", [None, 3])
-def test_padded_bytes_beside_lists(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], batch_size: int | None
-) -> None:
-    """bytes_as="padded": the one-value Bytes() as padded rows and lengths, the lists of
-    bytes still tf.string, ragged numbers ragged: parse_example's elements."""
-    from recordkit.reader import ReadOptions
-
-    schema = Schema(b=Bytes(), il=Int64((None,)), bl=Bytes((None,)))
-    with rk.Writer(tmp_path / "d", schema, max_records=4) as w:
-        for k in range(11):
-            w.write({"b": b"v" * (k % 4), "il": list(range(k % 3)), "bl": [b"x" * k] * (k % 2)})
-    kw = {
-        "batch_size": batch_size,
-        "shuffle": True,
-        "seed": 4,
-        "options": ReadOptions(bytes_as="padded"),
-    }
-    spec0, want = _read(tmp_path / "d", monkeypatch, native=False, **kw)
-    spec1, got = _read(tmp_path / "d", monkeypatch, native=True, **kw)
-    assert calls["run"] > 0 and calls["decode"] == 0
-    assert spec1 == spec0 and got == want
-    assert spec1["b"].dtype == tf.uint8 and spec1["bl"].dtype == tf.string
