@@ -111,3 +111,62 @@ def test_backup_and_restore_resumes_the_same_stream_with_the_epoch_callback(plai
     assert len(first) == 63
     rest = _fit(tmp, "resume", "rest")  # BackupAndRestore: fit starts at epoch 1
     assert first + rest == steps
+
+
+_RAGGED = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    import recordkit as rk
+    import recordkit.tf
+
+    data, out = sys.argv[1:3]
+    schema = rk.Schema(label=rk.Int64(), tokens=rk.Int64((None,)), boxes=rk.Float32((None, 4)))
+    with rk.Writer(data, schema, max_records=100) as w:
+        for i in range(500):
+            w.write({"label": i, "tokens": [i] * (i % 4), "boxes": np.tile([[i, 0, 0, 1]], (i % 3, 1))})
+
+    class Recording(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(1)
+            self.steps = []
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            x, labels = data
+            self.steps.append([labels.numpy().tolist(), x.numpy().tolist()])
+            return super().train_step((x, tf.cast(labels, tf.float32)))
+
+    def features(b):  # ragged in, dense out: what a model's first layer does with them
+        tokens = tf.cast(tf.reduce_sum(b["tokens"], axis=1), tf.float32)
+        boxes = tf.reduce_sum(b["boxes"][:, :, 0], axis=1)
+        return tf.stack([tokens, boxes], axis=1), b["label"]
+
+    ds = recordkit.tf.dataset(data, batch_size=32, shuffle=True, seed=0)
+    model = Recording()
+    model.compile(optimizer="sgd", loss="mse", run_eagerly=True)
+    model.fit(ds.map(features), epochs=2, verbose=0)
+    with open(out, "w") as f:
+        json.dump(model.steps, f)
+    """
+)
+
+
+def test_fit_over_ragged_features_read_natively(tmp_path):
+    """Ragged numbers on recordkit.tf's native path (RaggedTensor batches cut from each
+    task) through Keras fit: every record once an epoch, each with its own values."""
+    script = tmp_path / "ragged.py"
+    script.write_text(_RAGGED)
+    out = tmp_path / "steps.json"
+    run([sys.executable, str(script), str(tmp_path / "data"), str(out)])
+    steps = json.loads(out.read_text())
+    assert len(steps) == 2 * 16  # 500 records in batches of 32
+    epochs = [[i for labels, _ in steps[e * 16 : (e + 1) * 16] for i in labels] for e in (0, 1)]
+    assert all(sorted(e) == list(range(500)) for e in epochs) and epochs[0] != epochs[1]
+    for labels, x in steps:
+        for i, (tokens, boxes) in zip(labels, x):
+            assert tokens == i * (i % 4) and boxes == i * (i % 3)
