@@ -125,7 +125,8 @@ _RAGGED = textwrap.dedent(
     schema = rk.Schema(label=rk.Int64(), tokens=rk.Int64((None,)), boxes=rk.Float32((None, 4)))
     with rk.Writer(data, schema, max_records=100) as w:
         for i in range(500):
-            w.write({"label": i, "tokens": [i] * (i % 4), "boxes": np.tile([[i, 0, 0, 1]], (i % 3, 1))})
+            boxes = np.tile([[i, 0, 0, 1]], (i % 3, 1))
+            w.write({"label": i, "tokens": [i] * (i % 4), "boxes": boxes})
 
     class Recording(tf.keras.Model):
         def __init__(self):
