@@ -301,3 +301,28 @@ def test_checkpoint_resumes_ragged_batches(
     tf.train.Checkpoint(iterator=again).read(saved).assert_consumed()
     assert [{k: _plain(v) for k, v in b.items()} for b in again] == want
     assert len(want) == 6
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_padded_bytes_beside_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], batch_size: int | None
+) -> None:
+    """bytes_as="padded": the one-value Bytes() as padded rows and lengths, the lists of
+    bytes still tf.string, ragged numbers ragged: parse_example's elements."""
+    from recordkit.reader import ReadOptions
+
+    schema = Schema(b=Bytes(), il=Int64((None,)), bl=Bytes((None,)))
+    with rk.Writer(tmp_path / "d", schema, max_records=4) as w:
+        for k in range(11):
+            w.write({"b": b"v" * (k % 4), "il": list(range(k % 3)), "bl": [b"x" * k] * (k % 2)})
+    kw = {
+        "batch_size": batch_size,
+        "shuffle": True,
+        "seed": 4,
+        "options": ReadOptions(bytes_as="padded"),
+    }
+    spec0, want = _read(tmp_path / "d", monkeypatch, native=False, **kw)
+    spec1, got = _read(tmp_path / "d", monkeypatch, native=True, **kw)
+    assert calls["run"] > 0 and calls["decode"] == 0
+    assert spec1 == spec0 and got == want
+    assert spec1["b"].dtype == tf.uint8 and spec1["bl"].dtype == tf.string
