@@ -414,4 +414,10 @@ def _boot() -> None:
     _main = spec.get("main")
     module, _, name = entry.partition(":")
     function = getattr(importlib.import_module(module), name)
-    function(Connection(int(spec["fd"])))
+    try:
+        function(Connection(int(spec["fd"])))
+    except (BrokenPipeError, ConnectionResetError):
+        # The parent closed its end (Ctrl-C, a stop): nobody is left to tell, and its
+        # own line says what happened; a traceback here would only bury that line.
+        log.debug("the parent closed the connection: exit")
+        sys.exit(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from multiprocessing.connection import Connection
@@ -35,3 +36,14 @@ def stubborn(conn: Connection) -> None:
     conn.send("ready")
     while True:
         time.sleep(1)
+
+
+def chatty(conn: Connection) -> None:
+    """Say "ready", wait for the parent to close its end, then keep talking (as a writer
+    reporting progress does when Ctrl-C closed the parent's end under it)."""
+    conn.send("ready")
+    with contextlib.suppress(EOFError):
+        conn.recv()
+    for _ in range(1000):
+        conn.send(("progress", (1, 2, 3)))
+        time.sleep(0.001)

@@ -51,6 +51,16 @@ def test_a_child_answers_and_exits_when_asked(caplog):
     assert "terminate" not in caplog.text and not child.send("late")  # closed
 
 
+def test_a_child_whose_parent_closed_its_end_exits_without_a_traceback(capfd):
+    # Ctrl-C: the parent closes the connection while a writer still reports progress.
+    child = Child("tests._children:chatty", what="test process")
+    assert child.conn.recv() == "ready"
+    child.conn.close()
+    assert child.wait(60) == 1
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_join_terminate_kill_each_logged(caplog):
     child = Child("tests._children:stubborn", what="test process")
     assert child.conn.recv() == "ready"
