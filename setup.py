@@ -27,7 +27,7 @@ else:
 # unit when a shared header (recordkit.h, record.h) changes.
 NATIVE = "recordkit/native"
 # order: the shuffle's permutation (recordkit/reader/order.py is its NumPy twin)
-NATIVE_UNITS = ["module", "crc", "guard", "example", "batch", "spans", "task", "runner"]
+NATIVE_UNITS = ["module", "crc", "guard", "example", "batch", "spans", "lists", "task", "runner"]
 NATIVE_UNITS += ["index", "filemap", "order"]
 
 

@@ -240,7 +240,9 @@ int rk_parse_record(const uint8_t *base, const uint8_t *p, const uint8_t *end, C
         if (s->kind == KIND_ABSENT || s->kind == KIND_NONE) continue;
         Acc a = {0, 0, NULL, 0};
         if (s->nruns == 1 ? scan_list(s->kind, s->run, s->run_end, &a) : rescan_entry(s, &a)) return -1;
-        if (s->kind != KIND_BYTES && a.chunks > 1) sp[0] |= KIND_COMPLEX;
+        /* several chunks: a numeric list's runs, or a BytesList in several submessages
+           (merged): its values do not follow one another */
+        if (s->kind == KIND_BYTES ? s->nruns > 1 : a.chunks > 1) sp[0] |= KIND_COMPLEX;
         sp[1] = a.count;
         if (a.first) {
             sp[2] = (int64_t)(a.first - base);

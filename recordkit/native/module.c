@@ -6,7 +6,7 @@
  * is in the other units, one subject each (their map is in recordkit.h): CRC-32C
  * (crc.c), buffers and the SIGBUS guard (guard.c), one record's
  * framing, parse and copies (example.c), the batch functions
- * (batch.c), the one-span functions (spans.c), a reader task (task.c), the Runner
+ * (batch.c), the one-span functions (spans.c), lists of bytes values (lists.c), a reader task (task.c), the Runner
  * (runner.c), the .idx sidecar (index.c) and the maps it reads (filemap.c).
  */
 #include "recordkit.h"
@@ -40,6 +40,7 @@ static int module_exec(PyObject *m) {
     }
     if (PyModule_AddStringConstant(m, "CRC32C_IMPL", rk_crc32c_name) < 0) return -1;
     if (PyModule_AddFunctions(m, rk_span_methods) < 0) return -1; /* crc32c, read */
+    if (PyModule_AddFunctions(m, rk_list_methods) < 0) return -1; /* bytes_lists */
     if (rk_guard_init(m) < 0) return -1; /* MapFault, and the SIGBUS handler */
     if (rk_filemap_init(m) < 0) return -1;  /* FileMap, map_fd */
     if (rk_index_init(m) < 0) return -1;  /* the .idx functions */

@@ -288,6 +288,8 @@ static inline const uint8_t *rd_len(const uint8_t *p, const uint8_t *end, uint64
 /* The batch functions (batch.c), the module's m_methods; the one-span ones (spans.c). */
 RK_HIDDEN extern PyMethodDef rk_batch_methods[];
 RK_HIDDEN extern PyMethodDef rk_span_methods[];
+/* The values of many BytesLists as bytes objects (lists.c): bytes_lists. */
+RK_HIDDEN extern PyMethodDef rk_list_methods[];
 
 /* Whole files mapped without a descriptor (filemap.c): FileMap, map_fd. */
 RK_HIDDEN int rk_filemap_init(PyObject *m);

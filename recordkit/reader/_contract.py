@@ -12,7 +12,8 @@ twins (:mod:`recordkit.reader._fallback`) take their constants from here too.
   makes them;
 - four ``int64`` per record and key, its *span*: ``(kind, count, start, nbytes)``;
   ``kind`` is a ``KIND_*`` (``KIND_COMPLEX`` or-ed in when a numeric list is
-  spread over several chunks), ``start`` an absolute offset in the shard;
+  spread over several chunks, or a ``BytesList`` over several submessages that
+  protobuf merges), ``start`` an absolute offset in the shard;
 - *expect*: a ``(kind, count, nbytes)`` triple per fast feature (:func:`expected`),
   ``ANY`` where any value will do; a well-formed record whose spans differ gets
   ``STATUS_UNEXPECTED`` and takes the reference path.
@@ -120,7 +121,7 @@ KIND_BYTES = 1
 KIND_FLOAT = 2
 KIND_INT64 = 3
 KIND_NONE = 4  # the Feature is present with no list set
-KIND_COMPLEX = 0x10  # or-ed in: a numeric list spread over several chunks
+KIND_COMPLEX = 0x10  # or-ed in: a list spread over several chunks (or BytesLists)
 
 # Runner column modes: how one output column is filled.
 COL_BYTES = 0  # one bytes value per record, zero-padded rows, plus its lengths

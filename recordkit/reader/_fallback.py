@@ -73,6 +73,7 @@ __all__ = [
     "STATUS_TRUNCATED",
     "STATUS_UNEXPECTED",
     "MapFault",
+    "bytes_lists",
     "crc32c",
     "gather",
     "gather_verified",
@@ -298,7 +299,7 @@ def _bytes_span(payload: memoryview, runs: list[tuple[int, int]]) -> tuple[int, 
                 pos += size
             else:  # a field the BytesList does not define: the reference names it
                 raise CorruptRecordError("unknown field")
-    return KIND_BYTES, count, first, nbytes
+    return KIND_BYTES | (KIND_COMPLEX if len(runs) > 1 else 0), count, first, nbytes
 
 
 def _count_varints(payload: memoryview, start: int, stop: int) -> int:
@@ -449,3 +450,42 @@ def _varint_values(raw: np.ndarray, record: int) -> np.ndarray:
         raise ValueError(
             f"record {record}: a varint is truncated or longer than 10 bytes"
         ) from None
+
+
+def bytes_lists(buf: Any, starts: Any, nbytes: Any, counts: Any, /) -> list[Any]:
+    """The values of n ``BytesList``s as ``bytes``: n lists (``counts`` ``None``: the n
+    first values, flat). See ``recordkit.native._ext.bytes_lists``."""
+    view = _bytes_view(buf)
+    s, nb = _int64s(starts, "starts"), _int64s(nbytes, "nbytes")
+    c = _int64s(counts, "counts") if counts is not None else None
+    if len(nb) != len(s) or (c is not None and len(c) != len(s)):
+        lens = f"{len(s)}, {len(nb)}, {len(s) if c is None else len(c)}"
+        raise ValueError(f"starts, nbytes and counts differ in length ({lens})")
+    if c is not None and (c < 0).any():
+        i = int(np.flatnonzero(c < 0)[0])
+        raise ValueError(f"counts[{i}] = {int(c[i])} is invalid")
+    end = len(view)
+    out: list[Any] = []
+    for i, (start, size) in enumerate(zip(s.tolist(), nb.tolist())):
+        count = 1 if c is None else int(c[i])
+        values: list[bytes] = []
+        if count and (size < 0 or start < 0 or start > end or size > end - start):
+            raise ValueError(f"record {i}: the span is outside the buffer")
+        for k in range(count):
+            if k:  # the next value: BytesList.value (0x0A), its length, its bytes
+                pos = start + size
+                try:
+                    tag, pos = read_varint(view, pos, end)
+                except CorruptRecordError:
+                    tag = -1
+                if tag != LEN1:
+                    why = "a value after the first is not framed as BytesList.value"
+                    raise ValueError(f"record {i}: {why}")
+                try:
+                    size, start = read_len(view, pos, end)
+                except CorruptRecordError:
+                    why = "a value runs past the end of the buffer"
+                    raise ValueError(f"record {i}: {why}") from None
+            values.append(bytes(view[start : start + size]))
+        out.append(values if c is not None else values[0])
+    return out

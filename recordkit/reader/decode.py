@@ -53,7 +53,7 @@ from ..format.framing import DEFAULT_MAX_RECORD_BYTES
 from ..native import ext
 from . import _contract, _fallback
 from ._contract import Alloc, FeaturePlan
-from .decode_run import BatchRun, packed
+from .decode_run import BatchRun, bytes_lists, packed
 from .ragged import check_ragged_as, ragged_axes
 
 __all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch"]
@@ -169,6 +169,8 @@ class BatchDecoder:
         self.list_names = [p.name for p in self.plans if p.mode == "list"]
         # ragged numbers copied for the whole batch (decode_run.packed), not per record
         self.packed = packed(self.plans, keys)
+        # lists of bytes made into bytes for the whole batch (decode_run.bytes_lists)
+        self.bytes_lists = bytes_lists(self.plans, keys)
         self.python_features = any(p.mode in ("list", "zstd") for p in self.plans)
         self._fusable = [
             p

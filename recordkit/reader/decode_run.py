@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from ..codec import Int64, Tensor
+from ..codec import Bytes, Int64, Tensor
 from ..errors import CorruptRecordError
 from ..format import guard
 from ..format.framing import HEADER_SIZE, OVERHEAD, read_record
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..codec.limits import DecodeBudget, DecodeLimits
     from ..codec.schema import Schema
 
-__all__ = ["BatchRun", "Packed", "Planned", "packed", "unlocated"]
+__all__ = ["BatchRun", "BytesLists", "Packed", "Planned", "bytes_lists", "packed", "unlocated"]
 
 _I64 = np.dtype(np.int64)
 _U8 = np.dtype(np.uint8)
@@ -103,6 +103,40 @@ def _taken(spans: np.ndarray, pk: Packed) -> np.ndarray:
     return ok  # type: ignore[no-any-return]
 
 
+class BytesLists(NamedTuple):
+    """A list of bytes feature (``Bytes((n,))``, ``Bytes((None,))``) whose records' values
+    are made into ``bytes`` by one native call for the whole batch, not per record."""
+
+    key: int  # its index in the decoder's keys (the scan's spans)
+    count: int  # the values each record holds (0: any number)
+    empty_ok: bool  # a record without it (a default of []) holds no values
+
+
+def bytes_lists(plans: list[FeaturePlan], keys: list[str]) -> dict[str, BytesLists]:
+    """The ``"list"`` features that are lists of bytes (:class:`BytesLists`)."""
+    out: dict[str, BytesLists] = {}
+    for plan in plans:
+        ftype = plan.ftype
+        if plan.mode == "list" and isinstance(ftype, Bytes) and ftype.shape:
+            n = ftype.shape[0]
+            empty_ok = n is None and not ftype.required  # its default can only be []
+            out[plan.name] = BytesLists(keys.index(plan.name), n or 0, empty_ok)
+    return out
+
+
+def _taken_lists(spans: np.ndarray, bl: BytesLists) -> np.ndarray:
+    """Per record, whether its value of ``bl`` is one the batch's call makes: one
+    ``BytesList`` in one submessage of the count the shape wants (or absent, if that
+    is no values); anything else is left to the per-record decoder."""
+    kind, count = spans[:, bl.key, 0], spans[:, bl.key, 1]
+    ok = kind == KIND_BYTES
+    if bl.count:
+        ok &= count == bl.count
+    if bl.empty_ok:
+        ok |= (kind == KIND_ABSENT) | (kind == KIND_NONE)
+    return ok  # type: ignore[no-any-return]
+
+
 class Planned(Protocol):
     """What a run reads of its decoder (``BatchDecoder`` documents each)."""
 
@@ -118,6 +152,7 @@ class Planned(Protocol):
     columns_arg: list[str] | None
     ragged: dict[str, Any]
     packed: dict[str, Packed]
+    bytes_lists: dict[str, BytesLists]
 
     @property
     def impl(self) -> ModuleType: ...
@@ -170,17 +205,22 @@ class BatchRun:
         return guard.read(self.buf, start, length, offset=int(self.offsets[i]), check=False)
 
     def _per_record(self, fast: np.ndarray) -> None:
-        """The Python work per record: zstd and list features (but the ragged numbers of
-        records whose values :meth:`_packed_column` copies), then the slow path."""
+        """The Python work per record: zstd and list features (but the ragged numbers
+        and lists of bytes of records whose values :meth:`_packed_column` and
+        :meth:`_bytes_list_column` take for the batch), then the slow path."""
         dec = self.dec
         zstd = [p for p in dec.plans if p.mode == "zstd"]
         for plan in zstd:
             self.extra[plan.name] = {}
-        # Records whose ragged numbers are all copied for the batch: no Python for them.
+        # Records whose ragged numbers and lists of bytes are all taken for the batch:
+        # no Python per record for them.
         self.packed_ok = fast.copy()
         for pk in dec.packed.values():
             self.packed_ok &= _taken(self.spans, pk)
-        rest = [n for n in dec.list_names if n not in dec.packed]
+        for bl in dec.bytes_lists.values():
+            self.packed_ok &= _taken_lists(self.spans, bl)
+        batched = dec.packed.keys() | dec.bytes_lists.keys()
+        rest = [n for n in dec.list_names if n not in batched]
         values: dict[int, dict[str, Any]] = {}
         todo = fast if zstd or rest else fast & ~self.packed_ok
         for i in np.flatnonzero(todo).tolist():
@@ -267,8 +307,11 @@ class BatchRun:
         if name in self.dec.packed:
             self._packed_column(plan, columns, alloc, n, good)
             return
+        if name in self.dec.bytes_lists or (mode == "bytes" and self.dec.bytes_as == "list"):
+            self._bytes_list_column(plan, columns, good)
+            return
         order = range(len(self.fast)) if good is None else good.tolist()
-        if mode == "list" or (mode == "bytes" and self.dec.bytes_as == "list"):
+        if mode == "list":
             values = [self._value(i, plan) for i in order]
             if name not in self.dec.ragged:
                 columns[name] = values
@@ -352,6 +395,28 @@ class BatchRun:
             columns[name], columns[name + "/lengths"] = out, lens
         else:
             columns[name] = [out[r, : int(lengths[r])] for r in range(n)]
+
+    def _bytes_list_column(
+        self, plan: FeaturePlan, columns: dict[str, Any], good: np.ndarray | None
+    ) -> None:
+        """A list of bytes column (:func:`bytes_lists`), or ``bytes_as="list"``: the values
+        of the records the fast path took made into ``bytes`` by one native call for the
+        batch, the others' from the per-record decoder."""
+        name = plan.name
+        order = np.arange(len(self.fast)) if good is None else good
+        bl = self.dec.bytes_lists.get(name)
+        sp = self.spans[order, plan.key if bl is None else bl.key]
+        if bl is None:  # one bytes value (bytes_as="list"): every fast record holds one
+            vec = self.fast[order]
+            starts, nbytes = np.where(vec, sp[:, 2], 0), np.where(vec, sp[:, 3], 0)
+            values = self.impl.bytes_lists(self.buf, starts, nbytes, None)
+        else:
+            vec = self.packed_ok[order]
+            counts = np.where(vec & (sp[:, 0] == KIND_BYTES), sp[:, 1], 0)
+            values = self.impl.bytes_lists(self.buf, sp[:, 2], sp[:, 3], counts)
+        for r in np.flatnonzero(~vec).tolist():
+            values[r] = self._value(int(order[r]), plan)
+        columns[name] = values
 
     def _gather(
         self,

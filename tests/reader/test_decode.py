@@ -920,7 +920,7 @@ def test_fused_crc_copy_path(impl, monkeypatch):
         return impl.gather_verified(*args)
 
     monkeypatch.setattr(decode, "_impl", ModuleType("spy"))
-    for name in ("parse_batch", "gather", "varints"):
+    for name in ("parse_batch", "gather", "varints", "bytes_lists"):
         setattr(decode._impl, name, getattr(impl, name))
     decode._impl.gather_verified = spy
     rng = np.random.default_rng(4)

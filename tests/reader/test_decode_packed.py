@@ -140,6 +140,14 @@ def test_a_batch_of_only_empty_lists_and_an_empty_batch() -> None:
     assert none.n == 0 and none.columns["t"].shape == (0, 0, 2)
 
 
+def _merged_bytes(key: bytes) -> bytes:
+    """An Example's features entry (to append to an Example) holding one Feature whose
+    BytesList comes in two submessages, ``[b"y"]`` and ``[b"z"]``: protobuf merges them."""
+    lists = b"\x0a\x03\x0a\x01y" + b"\x0a\x03\x0a\x01z"  # bytes_list, twice
+    entry = b"\x0a" + bytes([len(key)]) + key + b"\x12" + bytes([len(lists)]) + lists
+    return b"\x0a" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry
+
+
 @pytest.mark.skipif(decode.IMPLEMENTATION != "native", reason="the fallback has no spans to trust")
 def test_records_the_batch_copies_take_no_python_decode(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the records the copy leaves are decoded by Schema.decode (here: none)."""
@@ -157,10 +165,15 @@ def test_records_the_batch_copies_take_no_python_decode(monkeypatch: pytest.Monk
     got = dec.decode(buf, offsets, sizes)
     assert not got.bad and calls == []
     assert got.columns["i"].tolist() == list(range(20))
-    mixed = Schema(i=Int64(), il=Int64((None,)), b=Bytes((None,)))  # a list of bytes: per record
+    mixed = Schema(i=Int64(), il=Int64((None,)), b=Bytes((None,)))  # lists of bytes too
     dec = BatchDecoder(mixed, ragged_as="padded")
     payload = encode_example({"i": ("int64", [1]), "il": ("int64", [1]), "b": ("bytes", [b"x"])})
     buf, offsets, sizes = _batch([payload] * 4)
     got = dec.decode(buf, offsets, sizes)
-    assert len(calls) == 4 and got.columns["b"] == [[b"x"]] * 4
+    assert calls == [] and got.columns["b"] == [[b"x"]] * 4
     assert got.columns["il"].tolist() == [[1]] * 4
+    # A BytesList in two submessages (protobuf merges them): that record alone per record.
+    two = encode_example({"i": ("int64", [2]), "il": ("int64", [])}) + _merged_bytes(b"b")
+    buf, offsets, sizes = _batch([payload, two, payload])
+    got = dec.decode(buf, offsets, sizes)
+    assert len(calls) == 1 and got.columns["b"] == [[b"x"], [b"y", b"z"], [b"x"]]

@@ -329,6 +329,8 @@ def test_guarded_native_calls_raise_instead_of_sigbus(tmp_path):
         "read": lambda: n.read(m, 500_000, 1000),
         "gather": lambda: n.gather(m, i64(0, 600_000), i64(10, 10), bytearray(20), 10),
         "varints": lambda: n.varints(m, i64(700_000), i64(1), i64(1), np.zeros(1, np.int64)),
+        "bytes_lists": lambda: n.bytes_lists(m, i64(0, 650_000), i64(10, 10), None),
+        "bytes_lists-walk": lambda: n.bytes_lists(m, i64(660_000), i64(10), i64(2)),
         "parse_batch": lambda: n.parse_batch(m, i64(0, 800_000), i64(100, 100), (b"a",), True),
         "gather_verified": lambda: n.gather_verified(
             m, i64(900_000), i64(1000), i64(900_012), i64(10), bytearray(10), 10),
@@ -356,10 +358,13 @@ def test_guarded_native_calls_raise_instead_of_sigbus(tmp_path):
     """
     got = run(script, tmp_path)
     calls = got["got"]
-    assert len(calls) == 6 * 3 + 1
+    assert len(calls) == 8 * 3 + 1
     for tag in ("", "again-", "thread-"):
         assert calls[tag + "parse_batch"] == [1, 800_000], calls
         assert calls[tag + "varints"] == [0, 700_000], calls
+        assert calls[tag + "bytes_lists"][0] == 1, calls  # the copy: value 1
+        assert 650_000 <= calls[tag + "bytes_lists"][1] < 650_010, calls
+        assert calls[tag + "bytes_lists-walk"] == [0, 660_010], calls  # the walk: record 0
         assert calls[tag + "gather_verified"][0] == 0, calls
         assert 900_012 <= calls[tag + "gather_verified"][1] < 900_022, calls
         assert calls[tag + "gather"][0] == 1, calls
