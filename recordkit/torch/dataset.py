@@ -537,7 +537,10 @@ class RecordDataset(IterableDataset):  # type: ignore[type-arg]
             return chunk_samples(chunk, self.stats)
         padded = self._ragged_mode() == "padded"
         return chunk_batches(
-            chunk, self.stats, ragged_axes(self.schema, self.columns) if padded else {}
+            chunk,
+            self.stats,
+            ragged_axes(self.schema, self.columns) if padded else {},
+            self.schema,
         )
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> Any:

@@ -4,6 +4,8 @@ for every feature kind, through a plain ``torch.utils.data.DataLoader``, and
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -143,3 +145,26 @@ def test_collate_without_a_schema_and_bad_input():
         collate(same, bytes_as="text")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sample 1 has keys"):
         collate([{"x": torch.ones(1)}, {"y": torch.ones(1)}])
+
+
+def test_lists_of_bytes_pass_the_consuming_thread_without_a_look_at_each_value(
+    path, monkeypatch
+):
+    """Lists of bytes (and bytes_as="list") come in batches as the decoder made them:
+    ``to_torch`` is never called on one of their values on the training thread."""
+    collate_mod = importlib.import_module("recordkit.torch.collate")  # the name is a function
+    seen = []
+    real = collate_mod.to_torch
+
+    def spy(value):
+        seen.append(type(value))
+        return real(value)
+
+    monkeypatch.setattr(collate_mod, "to_torch", spy)
+    ds = RecordDataset(path, batch_size=4, options=ReadOptions(bytes_as="list"))
+    batches = list(ds)
+    assert bytes not in seen and seen  # the number columns still go through it
+    got = [v for b in batches for v in b["bl"]]
+    assert got == [[b"x"] * (k % 3) for k in range(N)]
+    assert [v for b in batches for v in b["b2"]] == [[b"a" * k, b"b"] for k in range(N)]
+    assert [v for b in batches for v in b["b"]] == [b"v" * k for k in range(N)]
