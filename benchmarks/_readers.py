@@ -177,6 +177,17 @@ def _recordkit_shuffle(wl: Workload, files: Files) -> Iterator[int]:
     return _count(_epochs(ds), lambda b: b["label"])
 
 
+def _recordkit_bytes_list(wl: Workload, files: Files) -> Iterator[int]:
+    """``ReadOptions(bytes_as="list")``: each ``Bytes()`` value a ``bytes`` object, as
+    tf.data's ``tf.string`` holds one per value (the like-for-like layout)."""
+    import recordkit.torch as rkt
+    from recordkit.reader import ReadOptions
+
+    options = ReadOptions(bytes_as="list")
+    ds = rkt.RecordDataset(files.tfrecord_dir, batch_size=BATCH, options=options)
+    return _count(_epochs(ds), lambda b: b["label"])
+
+
 def _recordkit_pool(wl: Workload, files: Files) -> Iterator[int]:
     """``RecordDataset`` with the earlier reader: a thread pool that takes the GIL
     between native calls (``RECORDKIT_NATIVE_TASKS=0``), for same-run comparisons."""
@@ -403,6 +414,7 @@ def _dataloader_map(wl: Workload, files: Files) -> Iterator[int]:
 READERS: dict[str, Reader] = {
     "recordkit": _recordkit,
     "recordkit-shuffle": _recordkit_shuffle,
+    "recordkit-bytes-list": _recordkit_bytes_list,
     "recordkit-proc": _recordkit_proc,
     "recordkit-pool": _recordkit_pool,
     "tf.data": _tfdata,
