@@ -56,7 +56,7 @@ from ._contract import Alloc, FeaturePlan
 from .decode_run import BatchRun, bytes_lists, packed
 from .ragged import check_ragged_as, ragged_axes
 
-__all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch"]
+__all__ = ["IMPLEMENTATION", "Alloc", "BatchDecoder", "DecodedBatch", "split_bytes"]
 
 
 def _load() -> tuple[ModuleType, str]:
@@ -72,6 +72,12 @@ _impl, IMPLEMENTATION = _load()
 _I64 = np.dtype(np.int64)
 _U8 = np.dtype(np.uint8)
 _F4 = np.dtype("<f4")
+
+
+def split_bytes(buf: Any, starts: np.ndarray, lengths: np.ndarray) -> list[bytes]:
+    """``[bytes(buf[s:s + n]) for s, n in zip(starts, lengths)]``, the objects made by
+    one native call (``bytes_lists``): a few times faster than slicing in Python."""
+    return _impl.bytes_lists(buf, starts, lengths, None)  # type: ignore[no-any-return]
 
 
 @dataclass

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import itertools
 import logging
 import mmap
 import os
@@ -45,7 +44,7 @@ from .._procs import Child, Deadline, receive
 from ..codec.schema import Schema
 from ..errors import CorruptRecordError, LoaderTimeoutError, RecordkitError
 from .buffers import BufferPool, Lease
-from .decode import BatchDecoder
+from .decode import BatchDecoder, split_bytes
 from .pipeline import Chunk, OnError, ReaderStats, RecordReader, TaskDone
 from .plan import EpochPlan, Split
 from .shards import ShardSet
@@ -316,9 +315,9 @@ def _chunk(region: np.ndarray, meta: list[tuple[Any, ...]], rows: int) -> Chunk:
         elif kind == "arrays":
             value = [view(*m) for m in entry[2]]
         elif kind == "bytes":
-            offset, lengths = entry[2], entry[3]
-            ends = np.cumsum([0, *lengths]) + offset
-            value = [region[a:b].tobytes() for a, b in itertools.pairwise(ends)]
+            sizes = np.array(entry[3], np.int64)
+            starts = np.cumsum(sizes) - sizes + entry[2]
+            value = split_bytes(region, starts, sizes)
         else:
             value = entry[2]
         columns[name] = value
