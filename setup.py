@@ -76,5 +76,5 @@ setup(
             extra_compile_args=args,
         ),
         *_tf_op(),
-    ]
+    ],
 )

@@ -147,9 +147,7 @@ def test_collate_without_a_schema_and_bad_input():
         collate([{"x": torch.ones(1)}, {"y": torch.ones(1)}])
 
 
-def test_lists_of_bytes_pass_the_consuming_thread_without_a_look_at_each_value(
-    path, monkeypatch
-):
+def test_lists_of_bytes_pass_the_consuming_thread_without_a_look_at_each_value(path, monkeypatch):
     """Lists of bytes (and bytes_as="list") come in batches as the decoder made them:
     ``to_torch`` is never called on one of their values on the training thread."""
     collate_mod = importlib.import_module("recordkit.torch.collate")  # the name is a function
