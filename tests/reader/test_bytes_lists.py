@@ -3,8 +3,6 @@ records :class:`BatchDecoder` takes through it, against the reference decoder.""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -14,7 +12,6 @@ from recordkit.codec import Bytes, Int64, Schema, encode_example
 from recordkit.reader import _fallback, decode
 from recordkit.reader.decode import BatchDecoder
 from tests.reader.test_decode import (
-    IMPLS,
     byteslist,
     check,
     entry,
@@ -25,15 +22,7 @@ from tests.reader.test_decode import (
     slow_ok,
 )
 
-
-@pytest.fixture(params=list(IMPLS))
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """The implementation under test (test_decode's); BatchDecoder uses it too."""
-    module = IMPLS[request.param]
-    if module is None:
-        pytest.skip("recordkit.native._ext is not built")
-    monkeypatch.setattr(decode, "_impl", module)
-    return module
+from .conftest import IMPLS
 
 
 def i64(*v: int) -> np.ndarray:

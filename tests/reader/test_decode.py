@@ -36,13 +36,9 @@ from recordkit.format import frame, iter_records, read_record
 from recordkit.reader import _contract, _fallback, decode
 from recordkit.reader.decode import BatchDecoder
 
-try:
-    from recordkit.native import _ext as _native
-except ImportError:  # built without a compiler: only the fallback is tested
-    _native = None  # type: ignore[assignment]
+from .conftest import IMPLS, _native
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
-IMPLS = {"native": _native, "fallback": _fallback}
 
 
 def slow_ok(max_examples: int) -> settings:
@@ -51,16 +47,6 @@ def slow_ok(max_examples: int) -> settings:
         max_examples=max_examples,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
-
-
-@pytest.fixture(params=list(IMPLS))
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """The implementation under test; BatchDecoder uses it too."""
-    module = IMPLS[request.param]
-    if module is None:
-        pytest.skip("recordkit.native._ext is not built")
-    monkeypatch.setattr(decode, "_impl", module)
-    return module
 
 
 @pytest.fixture(params=["plain", "fused"])
