@@ -94,25 +94,33 @@ static int sum_counts(const I64In *counts, Py_ssize_t n, Py_ssize_t *total) {
     return 0;
 }
 
-/* The result's objects, storage not yet filled (j->dst set): a new reference, or NULL. */
+/* Value v's bytes object, its storage not yet filled (j->dst[v] set), or NULL. */
+static PyObject *new_value(ListsJob *j, Py_ssize_t v) {
+    PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)j->vlen[v]);
+    if (b) j->dst[v] = PyBytes_AS_STRING(b);
+    return b;
+}
+
+/* The result's objects, storage not yet filled: a new reference, or NULL. */
 static PyObject *lists_alloc(ListsJob *j) {
     PyObject *out = PyList_New(j->n);
     if (!out) return NULL;
     Py_ssize_t v = 0;
     for (Py_ssize_t i = 0; i < j->n; i++) {
-        Py_ssize_t c = j->counts ? (Py_ssize_t)i64_at(j->counts, i) : 1;
-        PyObject *inner = j->counts ? PyList_New(c) : NULL;
-        if (j->counts && !inner) goto fail;
-        if (j->counts) PyList_SET_ITEM(out, i, inner);
-        for (Py_ssize_t k = 0; k < c; k++, v++) {
-            PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)j->vlen[v]);
+        if (!j->counts) { /* flat: one value per record */
+            PyObject *b = new_value(j, v++);
             if (!b) goto fail;
-            j->dst[v] = PyBytes_AS_STRING(b);
-            if (j->counts) {
-                PyList_SET_ITEM(inner, k, b);
-            } else {
-                PyList_SET_ITEM(out, i, b);
-            }
+            PyList_SET_ITEM(out, i, b);
+            continue;
+        }
+        Py_ssize_t c = (Py_ssize_t)i64_at(j->counts, i);
+        PyObject *inner = PyList_New(c);
+        if (!inner) goto fail;
+        PyList_SET_ITEM(out, i, inner);
+        for (Py_ssize_t k = 0; k < c; k++) {
+            PyObject *b = new_value(j, v++);
+            if (!b) goto fail;
+            PyList_SET_ITEM(inner, k, b);
         }
     }
     return out;
